@@ -1,0 +1,369 @@
+"""The event contract (v1): the only coupling between the probe and the streaming job.
+
+One event per Kafka record, UTF-8 JSON, record key = the entity key (so one entity's events
+stay ordered in one partition of the events topic).  Every event carries the envelope
+(``schema``, ``type``, ``event_id``, ``cluster``, ``source``, ``seq``, ``observed_at``) and a
+type-specific ``data`` object.
+
+The payload classes below are the single source of truth: the JSON Schema shipped in
+``docs/event-schema.json``, the reference in ``docs/events.md`` and the Spark schema the job
+parses with are all generated from them (``kafka-monitor schema``).
+
+Compatibility rules: readers accept and ignore unknown extra fields; a new required field or a
+changed meaning is a new ``schema`` version, and readers keep reading the old one.
+
+Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
+never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
+is what a MetadataResponse says and the job alerts on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+SCHEMA_V1 = "kafka-monitor/v1"
+SUPPORTED_SCHEMAS = (SCHEMA_V1,)
+
+#: Kafka's "no offset" sentinels (OFFSET_INVALID = -1001, and -1 from ListOffsets / OffsetFetch).
+KAFKA_OFFSET_SENTINELS = frozenset({-1, -1001})
+#: leader id in a MetadataResponse for a partition without a leader.
+NO_LEADER = -1
+
+
+class ContractError(ValueError):
+    """An event that does not satisfy the contract.  ``reason`` is short and stable
+    (it becomes a metric label); ``detail`` says what exactly is wrong."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Payloads
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Broker:
+    node_id: int = _doc("Broker id.")
+    host: str = _doc("Advertised host.")
+    port: int = _doc("Advertised port.")
+    rack: Optional[str] = _doc("Rack, when the broker reports one.", default=None)
+
+
+@dataclass(frozen=True)
+class MetadataRefresh:
+    """One metadata refresh attempt by a client (successful or not)."""
+
+    version: int = _doc("Metadata version after this attempt (bumped on every successful update).")
+    reason: str = _doc("Why the refresh ran: bootstrap, periodic, invalidated or new_topic.")
+    ok: bool = _doc("Whether the refresh succeeded.")
+    duration_ms: float = _doc("How long the request took, in milliseconds.")
+    cause: Optional[str] = _doc("For invalidated refreshes: what invalidated the metadata.", default=None)
+    error: Optional[str] = _doc("Error text when ok is false.", default=None)
+    node_id: Optional[int] = _doc("Broker that answered, when known.", default=None)
+    controller_id: Optional[int] = _doc("Controller id from the response.", default=None)
+    brokers: list[Broker] = _doc("Brokers in the response.", default_factory=list)
+    topic_count: int = _doc("Topics in the response.", default=0)
+    partition_count: int = _doc("Partitions in the response.", default=0)
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    """One partition as one metadata refresh saw it."""
+
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    leader: int = _doc("Leader broker id; -1 when the partition has no leader (offline).")
+    replicas: list[int] = _doc("Replica broker ids, preferred leader first.")
+    isr: list[int] = _doc("In-sync replica broker ids.")
+    metadata_version: int = _doc("Version of the client's metadata this came from.")
+    leader_epoch: Optional[int] = _doc("Leader epoch, when the client exposes it.", default=None)
+    offline_replicas: list[int] = _doc("Replicas on offline log dirs or brokers.", default_factory=list)
+    min_insync_replicas: Optional[int] = _doc("The topic's min.insync.replicas, when known.", default=None)
+    error: Optional[str] = _doc("Partition-level error code name from the response, if any.", default=None)
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """A partition's offsets, as a fetch response or ListOffsets returned them."""
+
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    high_watermark: int = _doc("High watermark: offset of the next record to be committed to the log.")
+    via: str = _doc("Where the offsets came from: fetch (a fetch response) or list_offsets.")
+    log_start_offset: Optional[int] = _doc("First offset still in the log, when known.", default=None)
+    last_stable_offset: Optional[int] = _doc("Last stable offset (transactions), when known.", default=None)
+
+
+@dataclass(frozen=True)
+class GroupOffsets:
+    """A group's committed offset for one partition, with the partition's HW observed together."""
+
+    group: str = _doc("Consumer group id.")
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    committed_offset: Optional[int] = _doc("Committed offset; null when the group has committed nothing here.")
+    high_watermark: Optional[int] = _doc("The partition's HW observed with the commit (null when unknown).")
+    hw_observed_at: Optional[int] = _doc("When that HW was observed (epoch ms).", default=None)
+    member_id: Optional[str] = _doc("Owning member id, when known.", default=None)
+    client_id: Optional[str] = _doc("Owning member's client id, when known.", default=None)
+    host: Optional[str] = _doc("Owning member's host, when known.", default=None)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str = _doc("Member id assigned by the coordinator.")
+    client_id: Optional[str] = _doc("Client id.", default=None)
+    host: Optional[str] = _doc("Client host.", default=None)
+    assignment: list[str] = _doc("Assigned partitions as 'topic/partition'.", default_factory=list)
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A consumer group as its coordinator describes it."""
+
+    group: str = _doc("Consumer group id.")
+    state: str = _doc("Empty, PreparingRebalance, CompletingRebalance, Stable, Dead or Unknown.")
+    protocol: Optional[str] = _doc("Protocol type (consumer, ...).", default=None)
+    assignor: Optional[str] = _doc("Partition assignor chosen for the generation.", default=None)
+    coordinator: Optional[int] = _doc("Coordinator broker id.", default=None)
+    generation: Optional[int] = _doc("Generation id, where the broker reports it.", default=None)
+    members: list[GroupMember] = _doc("Members and their assignment.", default_factory=list)
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """One phase of the rebalance protocol as an instrumented member lived it."""
+
+    group: str = _doc("Consumer group id.")
+    phase: str = _doc("join_started, assigned, revoked, lost or failed.")
+    member_id: Optional[str] = _doc("Member id.", default=None)
+    client_id: Optional[str] = _doc("Client id.", default=None)
+    generation: Optional[int] = _doc("Generation id.", default=None)
+    partitions: list[str] = _doc("Partitions concerned, as 'topic/partition'.", default_factory=list)
+    reason: Optional[str] = _doc("Why the phase happened, when known.", default=None)
+    duration_ms: Optional[float] = _doc("Duration of the phase in milliseconds.", default=None)
+
+
+@dataclass(frozen=True)
+class ClientFetch:
+    """One partition as an instrumented consumer's statistics report it."""
+
+    group: str = _doc("Consumer group id.")
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    fetch_state: Optional[str] = _doc("librdkafka fetch state (active, stopped, offset-query, ...).", default=None)
+    position: Optional[int] = _doc("Next offset the consumer will fetch.", default=None)
+    committed: Optional[int] = _doc("Last committed offset.", default=None)
+    high_watermark: Optional[int] = _doc("HW from the last fetch response.", default=None)
+    last_stable_offset: Optional[int] = _doc("LSO from the last fetch response.", default=None)
+    log_start_offset: Optional[int] = _doc("Log start offset.", default=None)
+    consumer_lag: Optional[int] = _doc("HW - committed, as the client computes it.", default=None)
+    leader: Optional[int] = _doc("Leader broker id the client uses.", default=None)
+    leader_epoch: Optional[int] = _doc("Leader epoch the client uses.", default=None)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A source's periodic sign of life; the job raises SourceSilent when these stop."""
+
+    interval_ms: int = _doc("How often this source sends heartbeats.")
+    events_sent: int = _doc("Events delivered since the source started.")
+    events_dropped: int = _doc("Events dropped since the source started (buffer full, delivery failed).")
+    watching: list[str] = _doc("What the source watches (topics, groups or patterns).", default_factory=list)
+    started_at: Optional[int] = _doc("When the source started (epoch ms): a change means seq restarted.", default=None)
+
+
+#: type name -> (payload class, fields that make up the entity key after the cluster)
+PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "metadata_refresh": (MetadataRefresh, ("@source",)),
+    "partition_metadata": (PartitionMetadata, ("topic", "partition")),
+    "partition_offsets": (PartitionOffsets, ("topic", "partition")),
+    "group_offsets": (GroupOffsets, ("group", "topic", "partition")),
+    "group_state": (GroupState, ("group",)),
+    "rebalance": (Rebalance, ("group",)),
+    "client_fetch": (ClientFetch, ("group", "topic", "partition")),
+    "heartbeat": (Heartbeat, ("@source",)),
+}
+EVENT_TYPES = tuple(PAYLOADS)
+TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
+
+Payload = Union[
+    MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
+    ClientFetch, Heartbeat,
+]
+
+ENVELOPE_DOCS = {
+    "schema": "Contract version, \"kafka-monitor/v1\".",
+    "type": "Event type (one of the payload types below).",
+    "event_id": "Unique id of this event (readers de-duplicate on it).",
+    "cluster": "Id of the cluster the observation is about.",
+    "source": "Which probe or instrumented client observed it.",
+    "seq": "Per-source counter from 0: gaps mean loss, repeats mean replays.",
+    "observed_at": "Event time: when the observation was made, epoch milliseconds.",
+    "data": "The type-specific payload.",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    cluster: str
+    source: str
+    seq: int
+    observed_at: int
+    data: Payload
+    event_id: str = ""
+    schema: str = SCHEMA_V1
+
+    def __post_init__(self) -> None:
+        if not self.event_id:
+            object.__setattr__(self, "event_id", uuid.uuid4().hex)
+        if self.type not in PAYLOADS:
+            raise ContractError("unknown_type", f"type {self.type!r} is not one of {', '.join(EVENT_TYPES)}")
+        if not isinstance(self.data, PAYLOADS[self.type][0]):
+            raise ContractError("bad_payload", f"{self.type} carries a {type(self.data).__name__}")
+
+    @classmethod
+    def of(cls, data: Payload, *, cluster: str, source: str, seq: int, observed_at: int) -> "Event":
+        return cls(type=TYPE_OF_PAYLOAD[type(data)], cluster=cluster, source=source, seq=seq,
+                   observed_at=observed_at, data=data)
+
+    def key(self) -> str:
+        """The entity key: the record key in the events topic."""
+        return entity_key(self.type, self.cluster, self.source, dataclasses.asdict(self.data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema, "type": self.type, "event_id": self.event_id,
+            "cluster": self.cluster, "source": self.source, "seq": self.seq,
+            "observed_at": self.observed_at, "data": dataclasses.asdict(self.data),
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: Union[bytes, str]) -> "Event":
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ContractError("malformed_json", str(e)) from None
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "Event":
+        if not isinstance(obj, dict):
+            raise ContractError("not_an_object", f"an event is a JSON object, got {type(obj).__name__}")
+        schema = obj.get("schema")
+        if schema not in SUPPORTED_SCHEMAS:
+            raise ContractError("unknown_schema", f"schema {schema!r} is not one of {SUPPORTED_SCHEMAS}")
+        etype = obj.get("type")
+        if etype not in PAYLOADS:
+            raise ContractError("unknown_type", f"type {etype!r} is not one of {', '.join(EVENT_TYPES)}")
+        env = {}
+        for name, typ in (("event_id", str), ("cluster", str), ("source", str), ("seq", int),
+                          ("observed_at", int)):
+            env[name] = _coerce(typ, obj.get(name), name, required=True)
+        if env["seq"] < 0 or env["observed_at"] < 0:
+            raise ContractError("out_of_range", "seq and observed_at must be >= 0")
+        data = _build(PAYLOADS[etype][0], obj.get("data"), "data")
+        return cls(type=etype, data=data, schema=schema, **env)
+
+
+def entity_key(etype: str, cluster: str, source: str, data: dict[str, Any]) -> str:
+    parts = [cluster]
+    for f in PAYLOADS[etype][1]:
+        parts.append(source if f == "@source" else str(data[f]))
+    return "/".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation against the dataclass annotations (used by from_dict)
+# ---------------------------------------------------------------------------------------------
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _unwrap_optional(typ: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(typ)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return typ, False
+
+
+def _coerce(typ: Any, value: Any, path: str, required: bool = False) -> Any:
+    inner, optional = _unwrap_optional(typ)
+    if value is None:
+        if optional and not required:
+            return None
+        raise ContractError("missing_field", f"{path} is required")
+    if dataclasses.is_dataclass(inner):
+        return _build(inner, value, path)
+    if typing.get_origin(inner) is list:
+        (item,) = typing.get_args(inner)
+        if not isinstance(value, list):
+            raise ContractError("wrong_type", f"{path} must be a list")
+        return [_coerce(item, v, f"{path}[{i}]", required=True) for i, v in enumerate(value)]
+    if inner is bool:
+        if not isinstance(value, bool):
+            raise ContractError("wrong_type", f"{path} must be a boolean")
+        return value
+    if inner is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ContractError("wrong_type", f"{path} must be an integer")
+        return value
+    if inner is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ContractError("wrong_type", f"{path} must be a number")
+        return float(value)
+    if inner is str:
+        if not isinstance(value, str):
+            raise ContractError("wrong_type", f"{path} must be a string")
+        return value
+    raise TypeError(f"unsupported annotation {typ!r} at {path}")  # a bug in this module
+
+
+def _build(cls: type, obj: Any, path: str) -> Any:
+    if not isinstance(obj, dict):
+        raise ContractError("wrong_type", f"{path} must be an object")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name not in obj:
+            if required and not _unwrap_optional(hints(cls)[f.name])[1]:
+                raise ContractError("missing_field", f"{path}.{f.name} is required")
+            if required:  # Optional without default: must be present, may be null
+                raise ContractError("missing_field", f"{path}.{f.name} is required (null allowed)")
+            continue
+        kwargs[f.name] = _coerce(hints(cls)[f.name], obj[f.name], f"{path}.{f.name}")
+    # unknown extra fields are accepted and ignored (forward compatibility)
+    return cls(**kwargs)
+
+
+def kafka_offset(value: Optional[int]) -> Optional[int]:
+    """Kafka's -1 / -1001 'no offset' sentinels become None; real offsets pass through."""
+    if value is None or value in KAFKA_OFFSET_SENTINELS or value < 0:
+        return None
+    return value

@@ -1,0 +1,312 @@
+"""The probe: watches one cluster and reports what it sees as contract events.
+
+Each cycle:
+1. a metadata refresh (``metadata_refresh`` + one ``partition_metadata`` per partition);
+2. the committed offsets of every matching consumer group;
+3. the watermarks of every watched partition (``partition_offsets``), read *after* the commits
+   so that, for one observation, HW >= committed (a lag computed from them is never negative
+   because of the order of reads);
+4. one ``group_offsets`` per group and partition with the committed offset and that HW;
+5. a ``heartbeat``.
+
+Watermarks come from one of two places (``offsets_via``):
+- ``list_offsets`` (default): ListOffsets earliest/latest through the admin client — cheap,
+  right on Apache Kafka;
+- ``fetch``: a tail consumer assigned to every watched partition keeps fetching and the HW is
+  taken from the fetch responses (``get_watermark_offsets(cached=True)``).  It reads every new
+  record once, so it costs the topic's throughput, but it is right on brokers whose ListOffsets
+  is not — Tansu answers "latest" with the base offset of the last record batch + 1, so a
+  partition whose last batch holds several records looks shorter than it is.  The embedded
+  default uses ``fetch`` for that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from monitor.contract import (
+    Broker, GroupOffsets, Heartbeat, MetadataRefresh, PartitionMetadata, PartitionOffsets,
+    kafka_offset,
+)
+from monitor.emitter import EventEmitter
+
+log = logging.getLogger(__name__)
+
+OFFSETS_VIA = ("list_offsets", "fetch")
+
+
+class ConfigError(ValueError):
+    """A setting with a value that cannot work; the message names the setting."""
+
+
+@dataclass
+class ProbeConfig:
+    bootstrap_servers: str
+    events_topic: str = "kafka-monitor.events"
+    #: cluster label; default: the cluster id the brokers report
+    cluster: Optional[str] = None
+    source: str = field(default_factory=lambda: f"probe-{socket.gethostname()}")
+    interval_s: float = 10.0
+    offsets_via: str = "list_offsets"
+    topics_include: str = ".*"
+    topics_exclude: str = "^__"
+    groups_include: str = ".*"
+    groups_exclude: str = "^kafka-monitor-"
+    request_timeout_s: float = 10.0
+    #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
+    kafka: dict[str, str] = field(default_factory=dict)
+    #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
+    events_kafka: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> "ProbeConfig":
+        if not self.bootstrap_servers:
+            raise ConfigError("probe.bootstrap_servers: required (host:port[,host:port...])")
+        if not self.events_topic:
+            raise ConfigError("probe.events_topic: must not be empty")
+        if not self.interval_s > 0:
+            raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
+        if self.offsets_via not in OFFSETS_VIA:
+            raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
+        for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as e:
+                raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
+        return self
+
+    def client_conf(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+
+
+class Probe:
+    def __init__(self, cfg: ProbeConfig, *, emitter: Optional[EventEmitter] = None,
+                 clock: Callable[[], float] = time.time):
+        self.cfg = cfg.validate()
+        self._clock = clock
+        self._admin = AdminClient({**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000)})
+        self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
+                                                cfg.events_topic, cluster=cfg.cluster or "unknown",
+                                                source=cfg.source, clock=clock)
+        self._tail: Optional[Consumer] = None
+        self._tail_assigned: set[tuple[str, int]] = set()
+        self._metadata_version = 0
+        self._started_at = self._now_ms()
+        self._topics_in = re.compile(cfg.topics_include)
+        self._topics_out = re.compile(cfg.topics_exclude)
+        self._groups_in = re.compile(cfg.groups_include)
+        self._groups_out = re.compile(cfg.groups_exclude)
+        self.cycles = 0
+
+    @property
+    def emitter(self) -> EventEmitter:
+        return self._emitter
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # -- one cycle -------------------------------------------------------------------------
+
+    def cycle(self) -> None:
+        partitions = self._refresh_metadata()
+        if partitions is not None:
+            committed = self._committed_offsets()
+            offsets, offsets_at = self._watermarks(partitions)
+            for (topic, part), (lo, hi, lso) in offsets.items():
+                self._emitter.emit(PartitionOffsets(topic=topic, partition=part, high_watermark=hi,
+                                                    log_start_offset=lo, last_stable_offset=lso,
+                                                    via=self.cfg.offsets_via), observed_at=offsets_at)
+            for group, tps in committed.items():
+                for (topic, part), off in tps.items():
+                    hw = offsets.get((topic, part))
+                    self._emitter.emit(GroupOffsets(group=group, topic=topic, partition=part,
+                                                    committed_offset=off,
+                                                    high_watermark=hw[1] if hw else None,
+                                                    hw_observed_at=offsets_at if hw else None),
+                                       observed_at=offsets_at)
+        self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
+                                     events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
+                                     watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
+                                     started_at=self._started_at))
+        self._emitter.poll(0)
+        self.cycles += 1
+
+    def _watched(self, topic: str) -> bool:
+        return bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
+
+    def _refresh_metadata(self) -> Optional[list[tuple[str, int]]]:
+        reason = "bootstrap" if self._metadata_version == 0 else "periodic"
+        t0 = time.monotonic()
+        try:
+            md = self._admin.list_topics(timeout=self.cfg.request_timeout_s)
+        except Exception as e:  # KafkaException: transport failure, timeout
+            self._emitter.emit(MetadataRefresh(version=self._metadata_version, reason=reason, ok=False,
+                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(e)))
+            log.warning("metadata refresh failed: %s", e)
+            return None
+        duration_ms = (time.monotonic() - t0) * 1000
+        now = self._now_ms()
+        self._metadata_version += 1
+        if self.cfg.cluster is None and md.cluster_id:
+            self._emitter.cluster = md.cluster_id
+        n_parts = sum(len(t.partitions) for t in md.topics.values())
+        self._emitter.emit(MetadataRefresh(
+            version=self._metadata_version, reason=reason, ok=True, duration_ms=duration_ms,
+            node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
+            controller_id=md.controller_id if md.controller_id >= 0 else None,
+            brokers=[Broker(node_id=b.id, host=b.host, port=b.port) for b in md.brokers.values()],
+            topic_count=len(md.topics), partition_count=n_parts), observed_at=now)
+        watched = []
+        for name, tmd in sorted(md.topics.items()):
+            if not self._watched(name) or tmd.error is not None:
+                continue
+            for pid, pmd in sorted(tmd.partitions.items()):
+                self._emitter.emit(PartitionMetadata(
+                    topic=name, partition=pid, leader=pmd.leader, replicas=list(pmd.replicas),
+                    isr=list(pmd.isrs), metadata_version=self._metadata_version,
+                    error=pmd.error.name() if pmd.error is not None else None), observed_at=now)
+                watched.append((name, pid))
+        return watched
+
+    def _committed_offsets(self) -> dict[str, dict[tuple[str, int], Optional[int]]]:
+        try:
+            listing = self._admin.list_consumer_groups(request_timeout=self.cfg.request_timeout_s).result()
+        except Exception as e:
+            log.warning("listing consumer groups failed: %s", e)
+            return {}
+        out: dict[str, dict[tuple[str, int], Optional[int]]] = {}
+        for g in sorted(listing.valid, key=lambda g: g.group_id):
+            gid = g.group_id
+            if not self._groups_in.search(gid) or self._groups_out.search(gid):
+                continue
+            try:
+                futs = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)],
+                                                               request_timeout=self.cfg.request_timeout_s)
+                res = futs[gid].result()
+            except Exception as e:
+                log.warning("committed offsets of group %s: %s", gid, e)
+                continue
+            out[gid] = {(tp.topic, tp.partition): kafka_offset(tp.offset)
+                        for tp in res.topic_partitions if tp.error is None and self._watched(tp.topic)}
+        return out
+
+    def _watermarks(self, partitions: list[tuple[str, int]]) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
+        if self.cfg.offsets_via == "fetch":
+            return self._watermarks_from_fetch(partitions)
+        return self._watermarks_from_list_offsets(partitions)
+
+    def _watermarks_from_list_offsets(self, partitions):
+        out = {}
+        if not partitions:
+            return out, self._now_ms()
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        try:
+            latest = self._admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                              request_timeout=self.cfg.request_timeout_s)
+            earliest = self._admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
+                                                request_timeout=self.cfg.request_timeout_s)
+            at = self._now_ms()
+            for tp in tps:
+                try:
+                    hi = latest[tp].result().offset
+                    lo = earliest[tp].result().offset
+                except Exception as e:
+                    log.warning("offsets of %s/%d: %s", tp.topic, tp.partition, e)
+                    continue
+                if hi is not None and hi >= 0:
+                    out[(tp.topic, tp.partition)] = (kafka_offset(lo), hi, None)
+        except Exception as e:
+            log.warning("list_offsets failed: %s", e)
+            at = self._now_ms()
+        return out, at
+
+    # -- fetch mode: a tail consumer ------------------------------------------------------------
+
+    def _ensure_tail(self, partitions: list[tuple[str, int]]) -> Consumer:
+        if self._tail is None:
+            self._tail = Consumer({
+                **self.cfg.client_conf(),
+                "group.id": f"kafka-monitor-probe-{self.cfg.source}",  # never joins nor commits
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "fetch.wait.max.ms": 250,
+            })
+        new = [tp for tp in partitions if tp not in self._tail_assigned]
+        if new:
+            self._tail.incremental_assign([TopicPartition(t, p, OFFSET_END) for t, p in new])
+            self._tail_assigned.update(new)
+        gone = self._tail_assigned - set(partitions)
+        if gone:
+            self._tail.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+            self._tail_assigned -= gone
+        return self._tail
+
+    def _watermarks_from_fetch(self, partitions):
+        tail = self._ensure_tail(partitions)
+        self._drain_tail(0)
+        at = self._now_ms()
+        out = {}
+        for t, p in partitions:
+            lo, hi = tail.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            if hi is None or hi < 0:
+                continue  # no fetch response yet for this partition
+            # The LSO is not exposed with the cached watermarks (statistics carry it, but from an
+            # older moment than the HW); null rather than a value from another observation.
+            out[(t, p)] = (kafka_offset(lo), hi, None)
+        return out, at
+
+    def _drain_tail(self, timeout: float) -> None:
+        """Consume (and discard) what the tail consumer fetched, for up to ``timeout`` seconds;
+        its fetch queue must not fill up, or fetching — and so the HW — would stop."""
+        if self._tail is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            for m in self._tail.consume(num_messages=10_000, timeout=max(0.0, min(0.5, remaining))):
+                err = m.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("tail consumer: %s", err)
+            if remaining <= 0:
+                return
+
+    # -- loop ---------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        log.info("probe %s watching %s every %.1fs (offsets via %s), events -> %s",
+                 self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s,
+                 self.cfg.offsets_via, self.cfg.events_topic)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("probe cycle failed; retrying next interval")
+            remaining = self.cfg.interval_s - (time.monotonic() - started)
+            self._wait(remaining, stop)
+
+    def _wait(self, seconds: float, stop: threading.Event) -> None:
+        deadline = time.monotonic() + max(0.0, seconds)
+        while not stop.is_set() and time.monotonic() < deadline:
+            step = min(0.5, deadline - time.monotonic())
+            if self._tail is not None:
+                self._drain_tail(step)
+            else:
+                stop.wait(step)
+            self._emitter.poll(0)
+
+    def close(self, flush_timeout: float = 10.0) -> None:
+        left = self._emitter.flush(flush_timeout)
+        if left:
+            log.warning("%d events were still undelivered at shutdown", left)
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None

@@ -1,0 +1,153 @@
+"""The Prometheus exporter: the job's state changes become gauges, alert series and counters.
+
+Every metric is documented in ``docs/metrics.md`` (a test keeps the two in step).  Naming: one
+prefix (``kafka_monitor_``), base units, ``_total`` only on counters, a fixed label vocabulary
+(``cluster``, ``topic``, ``partition``, ``group``, ``source``, ``alert``, ``severity``,
+``action``, ``reason``).  Series of entities that go away are removed.  The number of entity
+series is capped (``max_series``); what the cap refuses is counted, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Iterable, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+log = logging.getLogger(__name__)
+
+P = "kafka_monitor_"
+PART = ("cluster", "topic", "partition")
+GPART = ("cluster", "group", "topic", "partition")
+ALERT = ("alert", "severity", "cluster", "topic", "partition", "group")
+
+#: name -> (type, help, labels); the catalogue docs/metrics.md is checked against
+CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    P + "partition_high_watermark": ("gauge", "High watermark of the partition (offset of the next record to be committed).", PART),
+    P + "partition_log_start_offset": ("gauge", "First offset still in the partition's log.", PART),
+    P + "partition_last_stable_offset": ("gauge", "Last stable offset of the partition (transactions).", PART),
+    P + "partition_leader": ("gauge", "Broker id of the partition's leader; -1 when it has none.", PART),
+    P + "partition_replicas": ("gauge", "Number of replicas of the partition.", PART),
+    P + "partition_in_sync_replicas": ("gauge", "Number of in-sync replicas of the partition.", PART),
+    P + "group_partition_committed_offset": ("gauge", "Offset the consumer group committed for the partition.", GPART),
+    P + "group_partition_lag": ("gauge", "Consumer lag in offsets: HW - committed offset, from one observation; never negative.", GPART),
+    P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
+    P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
+    P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
+    P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
+    P + "exporter_series_refused_total": ("counter", "Entity series not created because the exporter's series cap was reached.", ()),
+    P + "job_up": ("gauge", "1 while the streaming query runs, 0 after it failed.", ()),
+    P + "job_batches_total": ("counter", "Micro-batches the job has completed.", ()),
+    P + "job_input_rows_total": ("counter", "State-output rows the sink has applied.", ()),
+    P + "job_last_batch_duration_seconds": ("gauge", "Wall time of the last micro-batch's sink.", ()),
+    P + "job_last_batch_timestamp_seconds": ("gauge", "When the last micro-batch completed (Unix time).", ()),
+}
+
+
+class Exporter:
+    def __init__(self, registry: Optional[CollectorRegistry] = None, max_series: int = 200_000):
+        self.registry = registry or CollectorRegistry()
+        self.max_series = max_series
+        self._m: dict[str, Any] = {}
+        for name, (typ, help_, labels) in CATALOGUE.items():
+            cls = Counter if typ == "counter" else Gauge
+            # prometheus_client appends _total to counters itself
+            base = name[: -len("_total")] if typ == "counter" else name
+            self._m[name] = cls(base, help_, labels, registry=self.registry)
+        self._series: dict[tuple[str, tuple], None] = {}
+        self._lock = threading.Lock()
+        self._last_batch_id: Optional[int] = None
+        self._server = None
+
+    def m(self, name: str) -> Any:
+        return self._m[P + name]
+
+    # -- series bookkeeping ------------------------------------------------------------------
+
+    def _set(self, name: str, labels: tuple, value: Optional[float]) -> None:
+        if value is None:
+            return
+        key = (name, labels)
+        if key not in self._series:
+            if len(self._series) >= self.max_series:
+                self.m("exporter_series_refused_total").inc()
+                return
+            self._series[key] = None
+        self.m(name).labels(*labels).set(value)
+
+    def _remove(self, name: str, labels: tuple) -> None:
+        if (name, labels) in self._series:
+            del self._series[(name, labels)]
+            self.m(name).remove(*labels)
+
+    # -- applying the job's output -------------------------------------------------------------
+
+    def apply(self, rows: Iterable[dict], batch_id: Optional[int] = None) -> int:
+        """Apply the state-output rows of one micro-batch.  A batch id seen just before is
+        skipped (Spark re-runs the last batch after a restart; counters must not count twice)."""
+        with self._lock:
+            if batch_id is not None and batch_id == self._last_batch_id:
+                return 0
+            n = 0
+            for r in rows:
+                n += 1
+                kind, action = r["kind"], r["action"]
+                if kind == "partition":
+                    lab = (r["cluster"], r["topic"], str(r["partition"]))
+                    names = ("partition_high_watermark", "partition_log_start_offset", "partition_last_stable_offset",
+                             "partition_leader", "partition_replicas", "partition_in_sync_replicas")
+                    vals = (r["high_watermark"], r["log_start_offset"], r["last_stable_offset"], r["leader"],
+                            r["replicas"], r["isr"])
+                    for name, v in zip(names, vals):
+                        self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
+                elif kind == "group_partition":
+                    lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
+                    for name, v in (("group_partition_committed_offset", r["committed_offset"]),
+                                    ("group_partition_lag", r["lag"])):
+                        if action == "remove" or v is None:
+                            self._remove(name, lab)
+                        else:
+                            self._set(name, lab, v)
+                elif kind == "source":
+                    lab = (r["cluster"], r["source"])
+                    if action == "remove":
+                        self._remove("source_last_heartbeat_timestamp_seconds", lab)
+                    else:
+                        self._set("source_last_heartbeat_timestamp_seconds", lab, r["at"] / 1000.0)
+                elif kind == "alert":
+                    lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
+                           "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "")
+                    if action == "open":
+                        self._set("alert_active", lab, 1)
+                    else:
+                        self._remove("alert_active", lab)
+                    self.m("alert_transitions_total").labels(r["alert"], action).inc()
+                elif kind == "quarantine":
+                    self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)
+            self._last_batch_id = batch_id
+            return n
+
+    def batch_done(self, rows: int, duration_s: float, finished_at: float) -> None:
+        self.m("job_batches_total").inc()
+        self.m("job_input_rows_total").inc(rows)
+        self.m("job_last_batch_duration_seconds").set(duration_s)
+        self.m("job_last_batch_timestamp_seconds").set(finished_at)
+
+    def set_up(self, up: bool) -> None:
+        self.m("job_up").set(1 if up else 0)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics; returns the bound port (pass 0 for a free one)."""
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}; "
+                          f"choose another port with --metrics-port") from None
+        return self._server.server_address[1]
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,247 @@
+"""A Spark streaming source for Kafka written as a Python data source over confluent-kafka.
+
+PySpark's wheel has no Kafka connector and no Maven repository is reachable, so the job reads
+the events topic with this reader (format name ``kafka-monitor-kafka``).
+
+Semantics (the ones Spark's own Kafka source has):
+- the offset Spark checkpoints is ``{"topic": T, "offsets": {"<partition>": <next offset>}}``;
+- a micro-batch reads exactly the records with offsets in [start, end) of each partition, one
+  Spark task per Kafka partition with new records; a replayed batch reads the same records;
+- ``maxOffsetsPerTrigger`` caps the records per micro-batch (shared across partitions in
+  proportion to their backlog) through Spark's admission control (``latestOffset(start, limit)``,
+  PySpark >= 4.2);
+- ``startingOffsets``: ``earliest`` (default), ``latest`` or JSON ``{"<partition>": offset}``;
+  partitions that appear later start at their earliest offset;
+- ``failOnDataLoss`` (default true): when records in [start, end) were deleted by retention
+  before they were read, fail the batch with a message that says so; with false, skip them.
+- every option starting with ``kafka.`` is passed to librdkafka without the prefix
+  (``kafka.bootstrap.servers``, ``kafka.security.protocol``, ``kafka.sasl.*``, ``kafka.ssl.*``).
+
+End offsets come from ListOffsets.  On Tansu that answer is the base offset of the last record
+batch + 1, so the last batch of a partition becomes visible only once another batch is written
+after it (the probe writes every cycle, so this costs at most one probe interval there; Apache
+Kafka answers with the true high watermark).
+
+Option keys reach the reader lower-cased (Spark's options are case-insensitive), so they are
+looked up in lower case here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+log = logging.getLogger(__name__)
+
+FORMAT = "kafka-monitor-kafka"
+SCHEMA = "key string, value string, topic string, partition int, offset long, timestamp long"
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.string()), ("value", pa.string()), ("topic", pa.string()),
+    ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", pa.int64()),
+])
+ARROW_BATCH_ROWS = 20_000
+
+
+class SourceError(RuntimeError):
+    pass
+
+
+def _options(options: Any) -> tuple[str, dict[str, str], dict[str, str]]:
+    opts = {k.lower(): v for k, v in dict(options).items()}
+    topic = opts.get("subscribe")
+    if not topic or "," in topic:
+        raise SourceError("option 'subscribe' must name exactly one topic (the events topic)")
+    kafka = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
+    if "bootstrap.servers" not in kafka:
+        raise SourceError("option 'kafka.bootstrap.servers' is required")
+    return topic, kafka, opts
+
+
+class KafkaSourcePartition(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int, end: int, kafka: dict[str, str],
+                 fail_on_data_loss: bool):
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.kafka = kafka
+        self.fail_on_data_loss = fail_on_data_loss
+
+
+class KafkaEventSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> "KafkaStreamReader":
+        return KafkaStreamReader(self.options)
+
+
+class KafkaStreamReader(DataSourceStreamReader):
+    def __init__(self, options: Any):
+        self.topic, self.kafka, opts = _options(options)
+        self.starting = opts.get("startingoffsets", "earliest")
+        self.fail_on_data_loss = opts.get("failondataloss", "true").lower() != "false"
+        self.max_offsets = int(opts["maxoffsetspertrigger"]) if opts.get("maxoffsetspertrigger") else None
+        if self.max_offsets is not None and self.max_offsets <= 0:
+            raise SourceError("option 'maxOffsetsPerTrigger' must be > 0")
+        self._admin = None
+
+    # -- driver side ------------------------------------------------------------------------
+
+    def _admin_client(self):
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+            self._admin = AdminClient(dict(self.kafka))
+        return self._admin
+
+    def _watermarks(self) -> dict[int, tuple[int, int]]:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        admin = self._admin_client()
+        md = admin.list_topics(self.topic, timeout=30)
+        tmd = md.topics.get(self.topic)
+        if tmd is None or tmd.error is not None:
+            raise SourceError(f"events topic {self.topic!r} is not available: {tmd.error if tmd else 'absent'}")
+        tps = [TopicPartition(self.topic, p) for p in sorted(tmd.partitions)]
+        lo = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=30)
+        hi = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=30)
+        return {tp.partition: (lo[tp].result().offset, hi[tp].result().offset) for tp in tps}
+
+    def initialOffset(self) -> dict:
+        marks = self._watermarks()
+        if self.starting == "earliest":
+            offs = {str(p): lo for p, (lo, _) in marks.items()}
+        elif self.starting == "latest":
+            offs = {str(p): hi for p, (_, hi) in marks.items()}
+        else:
+            try:
+                given = {str(k): int(v) for k, v in json.loads(self.starting).items()}
+            except (ValueError, AttributeError) as e:
+                raise SourceError(f"option 'startingOffsets' must be earliest, latest or JSON "
+                                  f"{{\"<partition>\": offset}}: {e}") from None
+            offs = {str(p): given.get(str(p), lo) for p, (lo, _) in marks.items()}
+        return {"topic": self.topic, "offsets": offs}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_offsets) if self.max_offsets else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        marks = self._watermarks()
+        begin = {int(p): o for p, o in (start or {}).get("offsets", {}).items()}
+        end: dict[int, int] = {}
+        for p, (lo, hi) in marks.items():
+            s = begin.get(p, lo)  # a new partition starts at its earliest offset
+            end[p] = max(s, hi)
+        if isinstance(limit, ReadMaxRows):
+            end = cap(begin, end, limit.max_rows, {p: lo for p, (lo, _) in marks.items()})
+        return {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaSourcePartition]:
+        out = []
+        begin = start.get("offsets", {}) if start else {}
+        for p, e in sorted(end.get("offsets", {}).items(), key=lambda kv: int(kv[0])):
+            s = begin.get(p, 0)
+            if e > s:
+                out.append(KafkaSourcePartition(self.topic, int(p), s, e, self.kafka, self.fail_on_data_loss))
+        return out
+
+    def commit(self, end: dict) -> None:
+        pass  # Spark's checkpoint is the source of truth; nothing is committed to Kafka
+
+    def stop(self) -> None:
+        self._admin = None
+
+    # -- executor side ----------------------------------------------------------------------
+
+    def read(self, partition: KafkaSourcePartition) -> Iterator[pa.RecordBatch]:
+        return read_range(partition)
+
+
+def cap(begin: dict[int, int], end: dict[int, int], max_rows: int, earliest: dict[int, int]) -> dict[int, int]:
+    """Limit the total records in [begin, end) to ``max_rows``, shared in proportion to each
+    partition's backlog; every partition with a backlog advances by at least one record so that
+    a small cap over many partitions still makes progress everywhere."""
+    backlog = {p: e - begin.get(p, earliest.get(p, 0)) for p, e in end.items()}
+    total = sum(b for b in backlog.values() if b > 0)
+    if total <= max_rows:
+        return end
+    out = {}
+    for p, e in end.items():
+        s = begin.get(p, earliest.get(p, 0))
+        b = backlog[p]
+        take = max(1, (b * max_rows) // total) if b > 0 else 0
+        out[p] = min(e, s + take)
+    return out
+
+
+def read_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[pa.RecordBatch]:
+    """Yield the records of [part.start, part.end) as Arrow record batches."""
+    import time
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({
+        **part.kafka,
+        "group.id": f"kafka-monitor-source-{uuid.uuid4().hex[:8]}",  # never joins nor commits
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error" if part.fail_on_data_loss else "earliest",
+        "fetch.wait.max.ms": 100,
+    })
+    cols: dict[str, list] = {n: [] for n in ARROW_SCHEMA.names}
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        nxt = part.start
+        last_progress = time.monotonic()
+        while nxt < part.end:
+            msgs = consumer.consume(num_messages=5000, timeout=1.0)
+            if not msgs and time.monotonic() - last_progress > idle_timeout_s:
+                raise SourceError(f"{part.topic}/{part.partition}: no records for {idle_timeout_s:.0f}s "
+                                  f"while reading [{part.start}, {part.end}) at offset {nxt}")
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # Records missing below the end (control records, compaction) are not an
+                        # error: the broker says the log ends at m.offset().
+                        if m.offset() >= part.end:
+                            nxt = part.end
+                        continue
+                    if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise SourceError(
+                            f"{part.topic}/{part.partition}: offsets from {nxt} were deleted (retention) before "
+                            f"they were read; restart with option failOnDataLoss=false to skip them ({err.str()})")
+                    if err.fatal() or not err.retriable():
+                        raise SourceError(f"{part.topic}/{part.partition}: {err.str()}")
+                    continue
+                off = m.offset()
+                if off >= part.end:
+                    nxt = part.end
+                    break
+                if off < nxt:
+                    continue
+                k, v = m.key(), m.value()
+                cols["key"].append(k.decode("utf-8", "replace") if k is not None else None)
+                cols["value"].append(v.decode("utf-8", "replace") if v is not None else None)
+                cols["topic"].append(part.topic)
+                cols["partition"].append(part.partition)
+                cols["offset"].append(off)
+                cols["timestamp"].append(m.timestamp()[1])
+                nxt = off + 1
+                last_progress = time.monotonic()
+                if len(cols["offset"]) >= ARROW_BATCH_ROWS:
+                    yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
+                    cols = {n: [] for n in ARROW_SCHEMA.names}
+        if cols["offset"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
+    finally:
+        consumer.close()
