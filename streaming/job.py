@@ -86,7 +86,8 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
     # pandas warns inside PySpark's worker when it concatenates frames with all-null columns
     os.environ.setdefault("PYTHONWARNINGS", "ignore:The behavior of DataFrame concatenation:FutureWarning")
     b = SparkSession.builder.appName(app_name)
-    if cfg.master or not os.environ.get("SPARK_MASTER_SET_BY_SUBMIT"):
+    # Under spark-submit the JVM already runs with its --master (and it set PYSPARK_GATEWAY_PORT).
+    if cfg.master or not os.environ.get("PYSPARK_GATEWAY_PORT"):
         b = b.master(cfg.master or "local[*]")
     cores = os.cpu_count() or 2
     b = (b.config("spark.sql.shuffle.partitions", str(cfg.shuffle_partitions or cores))

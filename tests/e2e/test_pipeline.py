@@ -1,0 +1,104 @@
+"""End to end: Tansu -> probe -> events topic -> Spark job -> exporter /metrics.
+
+The HW the test expects is the true one (records produced), which Tansu's ListOffsets does
+not report for multi-record batches; the test checks that precondition, so a probe that took
+its HW from ListOffsets would fail here instead of passing by luck."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from kafka_monitor.broker import create_topics
+from monitor.probe import Probe, ProbeConfig
+from streaming.exporter import Exporter
+from streaming.job import JobConfig, start, stop_query
+from tests.conftest import unique, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def produce(bootstrap, topic, counts):
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100})
+    for part, n in counts.items():
+        for i in range(n):
+            p.produce(topic, value=b"order-%d" % i, partition=part)
+    assert p.flush(10) == 0
+
+
+def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
+    orders, events, group = unique("orders"), unique("events"), unique("billing")
+    create_topics(tansu.bootstrap, {orders: 2, events: 3})
+    produce(tansu.bootstrap, orders, {0: 37, 1: 12})
+    c = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(orders, 0, 30), TopicPartition(orders, 1, 12)], asynchronous=False)
+    _, listed = c.get_watermark_offsets(TopicPartition(orders, 0), timeout=10)
+    c.close()
+    assert listed != 37, "precondition: Tansu's ListOffsets must under-report, or a wrong HW could pass"
+
+    # one malformed record in the events topic: quarantined and counted, never fatal
+    bad = Producer({"bootstrap.servers": tansu.bootstrap})
+    bad.produce(events, key=b"junk", value=b"{this is not json", partition=0)
+    bad.flush(10)
+
+    stop = threading.Event()
+    probe = Probe(ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=1,
+                              offsets_via="fetch", topics_include=f"^{orders}$", groups_include=f"^{group}$",
+                              cluster="e2e", source="probe-e2e"))
+    probe_thread = threading.Thread(target=probe.run, args=(stop,), daemon=True)
+    probe_thread.start()
+    exporter = Exporter()
+    port = exporter.serve(0)
+    cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp_path / "ckpt"), events_topic=events,
+                    trigger_s=1, buckets=4, metrics_port=port)
+    q = start(spark, cfg, exporter, query_name=unique("e2e"))
+    try:
+        P = lambda p: (("cluster", "e2e"), ("partition", str(p)), ("topic", orders))
+        G = lambda p: (("cluster", "e2e"), ("group", group), ("partition", str(p)), ("topic", orders))
+        expected = {
+            ("kafka_monitor_partition_high_watermark", P(0)): 37,
+            ("kafka_monitor_partition_high_watermark", P(1)): 12,
+            ("kafka_monitor_group_partition_committed_offset", G(0)): 30,
+            ("kafka_monitor_group_partition_lag", G(0)): 7,
+            ("kafka_monitor_group_partition_lag", G(1)): 0,
+            ("kafka_monitor_partition_in_sync_replicas", P(0)): 1,
+            ("kafka_monitor_partition_replicas", P(0)): 1,
+            ("kafka_monitor_events_quarantined_total", (("reason", "malformed_json"),)): 1,
+            ("kafka_monitor_job_up", ()): 1,
+        }
+
+        def matches(want):
+            def check():
+                assert q.exception() is None, q.exception()
+                got = scrape(port)
+                return got if all(got.get(k) == v for k, v in want.items()) else None
+            return check
+
+        got = wait_for(matches(expected), timeout=180, interval=1,
+                       what=f"metrics {expected} (query status {q.status})")
+        assert not any(k[0] == "kafka_monitor_alert_active" for k in got)  # one node: nothing under-replicated
+
+        # live: more records and the HW and lag follow
+        produce(tansu.bootstrap, orders, {0: 5})
+        wait_for(matches({("kafka_monitor_partition_high_watermark", P(0)): 42,
+                          ("kafka_monitor_group_partition_lag", G(0)): 12}),
+                 timeout=120, interval=1, what="HW 42 and lag 12 after 5 more records")
+    finally:
+        stop.set()
+        probe_thread.join(15)
+        probe.close(flush_timeout=2)
+        stop_query(q)
+        exporter.shutdown()

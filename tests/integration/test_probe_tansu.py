@@ -1,0 +1,178 @@
+"""The probe against a real Tansu broker."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from kafka_monitor.broker import create_topics, free_port
+from monitor.contract import Event
+from monitor.probe import ConfigError, Probe, ProbeConfig
+from tests.conftest import unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def read_events(bootstrap: str, topic: str) -> list[Event]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    md = c.list_topics(topic, timeout=10)
+    parts = list(md.topics[topic].partitions)
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    out, eof = [], set()
+    try:
+        while len(eof) < len(parts):
+            for m in c.consume(500, timeout=2):
+                if m.error():
+                    eof.add(m.partition())
+                else:
+                    out.append(Event.from_json(m.value()))
+    finally:
+        c.close()
+    return out
+
+
+def produce_batched(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
+    """Write ``counts[p]`` records to partition p in multi-record batches (linger), then flush."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "enable.idempotence": True})
+    for part, n in counts.items():
+        for i in range(n):
+            p.produce(topic, value=b"r%d" % i, partition=part)
+    assert p.flush(10) == 0
+
+
+def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        c.close()
+
+
+def latest_of(events, etype, **match):
+    hits = [e for e in events if e.type == etype and all(getattr(e.data, k) == v for k, v in match.items())]
+    return max(hits, key=lambda e: e.seq) if hits else None
+
+
+def test_fetch_mode_reports_the_true_hw_and_commits_observed_with_it(tansu):
+    topic, events, group = unique("orders"), unique("events"), unique("app")
+    create_topics(tansu.bootstrap, {topic: 2, events: 1})
+    produce_batched(tansu.bootstrap, topic, {0: 25, 1: 7})
+    commit(tansu.bootstrap, group, topic, {0: 10})
+
+    # Tansu's ListOffsets "latest" is the base offset of the last batch + 1: the reason for fetch mode.
+    probe_lo = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": unique("x")})
+    lo, listed = probe_lo.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    probe_lo.close()
+    assert listed < 25, "Tansu now answers ListOffsets right; the fetch-mode workaround can be revisited"
+
+    cfg = ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=1, offsets_via="fetch",
+                      topics_include=f"^{topic}$", groups_include=f"^{group}$", cluster="it", source="probe-it")
+    probe = Probe(cfg)
+    stop = threading.Event()
+    try:
+        def hw_seen():
+            probe.cycle()
+            probe._wait(0.5, stop)
+            probe.emitter.flush(5)
+            evs = read_events(tansu.bootstrap, events)
+            e = latest_of(evs, "partition_offsets", topic=topic, partition=0)
+            return evs if e is not None and e.data.high_watermark == 25 else None
+
+        evs = wait_for(hw_seen, timeout=60, what="partition_offsets with HW 25")
+    finally:
+        probe.close()
+
+    p1 = latest_of(evs, "partition_offsets", topic=topic, partition=1)
+    assert p1.data.high_watermark == 7 and p1.data.via == "fetch" and p1.data.log_start_offset == 0
+    g0 = latest_of(evs, "group_offsets", group=group, topic=topic, partition=0)
+    assert (g0.data.committed_offset, g0.data.high_watermark) == (10, 25)
+    assert g0.data.hw_observed_at == g0.observed_at
+    assert latest_of(evs, "group_offsets", group=group, topic=topic, partition=1) is None  # never committed there
+
+    md = latest_of(evs, "partition_metadata", topic=topic, partition=0)
+    assert md.data.replicas == md.data.isr == [md.data.leader]  # Tansu: one node
+    refresh = [e for e in evs if e.type == "metadata_refresh"]
+    assert refresh[0].data.reason == "bootstrap" and refresh[0].data.ok
+    assert all(r.data.reason == "periodic" for r in refresh[1:])
+    assert [r.data.version for r in refresh] == list(range(1, len(refresh) + 1))
+    assert len(refresh[0].data.brokers) == 1 and refresh[0].data.brokers[0].port == tansu.port
+    assert any(e.type == "heartbeat" for e in evs)
+    # one source, one counter: no gaps, no repeats; keys are entities
+    seqs = sorted(e.seq for e in evs)
+    assert seqs == list(range(len(seqs)))
+    assert {e.cluster for e in evs} == {"it"}
+
+
+def test_list_offsets_mode_reports_what_the_broker_lists(tansu):
+    """On Tansu this is the under-reported value: the mode is right for Apache Kafka only."""
+    topic, events = unique("orders"), unique("events")
+    create_topics(tansu.bootstrap, {topic: 1, events: 1})
+    produce_batched(tansu.bootstrap, topic, {0: 12})
+    probe = Probe(ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=1,
+                              topics_include=f"^{topic}$", groups_include="^$", source="probe-lo"))
+    try:
+        probe.cycle()
+        probe.emitter.flush(5)
+    finally:
+        probe.close()
+    c = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": unique("x")})
+    _, listed = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    c.close()
+    e = latest_of(read_events(tansu.bootstrap, events), "partition_offsets", topic=topic, partition=0)
+    assert e.data.via == "list_offsets" and e.data.high_watermark == listed
+
+
+def test_a_topic_created_while_the_probe_runs_is_reported(tansu):
+    events, late = unique("events"), unique("late")
+    create_topics(tansu.bootstrap, {events: 1})
+    probe = Probe(ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=1,
+                              offsets_via="fetch", topics_include=f"^{late}$", source="probe-late"))
+    try:
+        probe.cycle()
+        create_topics(tansu.bootstrap, {late: 3})
+        produce_batched(tansu.bootstrap, late, {2: 4})
+
+        def seen():
+            probe.cycle()
+            probe._wait(0.5, threading.Event())
+            probe.emitter.flush(5)
+            e = latest_of(read_events(tansu.bootstrap, events), "partition_offsets", topic=late, partition=2)
+            return e is not None and e.data.high_watermark == 4
+
+        wait_for(seen, timeout=60, what="the new topic's offsets")
+    finally:
+        probe.close()
+    evs = read_events(tansu.bootstrap, events)
+    assert {e.data.partition for e in evs if e.type == "partition_metadata" and e.data.topic == late} == {0, 1, 2}
+
+
+def test_unreachable_cluster_is_a_failed_refresh_event_not_a_crash(tansu):
+    events = unique("events")
+    create_topics(tansu.bootstrap, {events: 1})
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    probe = Probe(ProbeConfig(bootstrap_servers=dead, events_topic=events, interval_s=1, request_timeout_s=2,
+                              source="probe-dead", cluster="gone",
+                              events_kafka={"bootstrap.servers": tansu.bootstrap}))
+    try:
+        probe.cycle()
+        probe.emitter.flush(5)
+    finally:
+        probe.close()
+    evs = read_events(tansu.bootstrap, events)
+    failed = [e for e in evs if e.type == "metadata_refresh"]
+    assert len(failed) == 1 and not failed[0].data.ok and failed[0].data.error
+    assert any(e.type == "heartbeat" for e in evs)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"interval_s": 0}, "probe.interval_s"),
+    ({"offsets_via": "magic"}, "probe.offsets_via"),
+    ({"topics_include": "("}, "probe.topics_include"),
+    ({"bootstrap_servers": ""}, "probe.bootstrap_servers"),
+])
+def test_bad_settings_name_the_setting(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        ProbeConfig(**{"bootstrap_servers": "127.0.0.1:1", **kw}).validate()

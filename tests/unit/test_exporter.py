@@ -1,0 +1,83 @@
+"""The exporter against a fresh CollectorRegistry, and the metric catalogue in docs/metrics.md."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+from streaming.exporter import CATALOGUE, Exporter
+from streaming.state import OUTPUT_COLUMNS
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def row(**kw):
+    return {**{n: None for n, _ in OUTPUT_COLUMNS}, **kw}
+
+
+def part(action="upsert", **kw):
+    return row(kind="partition", action=action, cluster="k", topic="t", partition=0, leader=1, replicas=3,
+               isr=2, high_watermark=100, log_start_offset=0, **kw)
+
+
+def v(e, name, **labels):
+    return e.registry.get_sample_value("kafka_monitor_" + name, labels)
+
+
+def test_partition_gauges_set_and_removed():
+    e = Exporter()
+    e.apply([part()], batch_id=0)
+    lab = {"cluster": "k", "topic": "t", "partition": "0"}
+    assert v(e, "partition_high_watermark", **lab) == 100
+    assert v(e, "partition_in_sync_replicas", **lab) == 2
+    assert v(e, "partition_last_stable_offset", **lab) is None  # unknown stays absent, not 0
+    e.apply([part(action="remove")], batch_id=1)
+    assert v(e, "partition_high_watermark", **lab) is None
+
+
+def test_lag_absent_when_unknown():
+    e = Exporter()
+    g = dict(kind="group_partition", cluster="k", consumer_group="g", topic="t", partition=1)
+    e.apply([row(action="upsert", committed_offset=5, high_watermark=9, lag=4, **g)], batch_id=0)
+    lab = {"cluster": "k", "group": "g", "topic": "t", "partition": "1"}
+    assert v(e, "group_partition_lag", **lab) == 4
+    e.apply([row(action="upsert", committed_offset=None, high_watermark=9, lag=None, **g)], batch_id=1)
+    assert v(e, "group_partition_lag", **lab) is None
+
+
+def test_alert_series_open_and_resolve_and_counters():
+    e = Exporter()
+    a = dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0)
+    e.apply([row(action="open", **a)], batch_id=0)
+    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": ""}
+    assert v(e, "alert_active", **lab) == 1
+    e.apply([row(action="resolve", **a)], batch_id=1)
+    assert v(e, "alert_active", **lab) is None
+    assert v(e, "alert_transitions_total", alert="IsrShrink", action="open") == 1
+    assert v(e, "alert_transitions_total", alert="IsrShrink", action="resolve") == 1
+
+
+def test_a_replayed_batch_is_not_counted_twice():
+    e = Exporter()
+    q = row(kind="quarantine", action="count", alert="malformed_json", count=3)
+    e.apply([q], batch_id=7)
+    e.apply([q], batch_id=7)
+    assert v(e, "events_quarantined_total", reason="malformed_json") == 3
+
+
+def test_series_cap_refuses_and_counts():
+    e = Exporter(max_series=5)  # one partition with an unknown LSO = 5 series
+    e.apply([part(), {**part(), "partition": 1}], batch_id=0)
+    assert v(e, "partition_high_watermark", cluster="k", topic="t", partition="0") == 100
+    assert v(e, "partition_high_watermark", cluster="k", topic="t", partition="1") is None
+    assert v(e, "exporter_series_refused_total") == 5
+
+
+def test_every_metric_is_documented_in_the_catalogue():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(kafka_monitor_[a-z_]+)`", doc, re.M))
+    assert documented == set(CATALOGUE)
+    for name, (typ, _, labels) in CATALOGUE.items():
+        assert name.endswith("_total") == (typ == "counter"), name
+        line = next(l for l in doc.splitlines() if l.startswith(f"| `{name}`"))
+        assert typ in line and all(f"`{lab}`" in line for lab in labels), line
