@@ -95,9 +95,11 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
 def _stop_spark() -> None:
     from pyspark.sql import SparkSession
 
+    from streaming.job import stop_spark
+
     spark = SparkSession.getActiveSession()
     if spark is not None:
-        spark.stop()
+        stop_spark(spark)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,32 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
     return spark
 
 
+def stop_spark(spark: SparkSession, timeout_s: float = 30.0) -> None:
+    """Stop the session and wait for its JVM to exit.  The JVM otherwise lives until this
+    Python process exits (it watches our end of its stdin pipe) and is then left as a zombie
+    of whoever inherits it."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    if proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception:  # already gone
+        pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    try:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout_s)
+    except Exception:
+        proc.kill()
+        proc.wait(10)
+
+
 def parse(raw: DataFrame) -> DataFrame:
     """Raw records -> one flat row per event with ``reason`` (null when the event is good)."""
     ev = raw.select(F.col("value").alias("raw"), F.from_json("value", EVENT_SCHEMA).alias("e"))

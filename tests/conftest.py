@@ -30,7 +30,7 @@ def tansu():
 
 @pytest.fixture(scope="session")
 def spark():
-    from streaming.job import JobConfig, spark_session
+    from streaming.job import JobConfig, spark_session, stop_spark
 
     tmp = tempfile.mkdtemp(prefix="km-spark-")
     session = spark_session(JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tmp, master="local[2]",
@@ -38,7 +38,7 @@ def spark():
     try:
         yield session
     finally:
-        session.stop()
+        stop_spark(session)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
