@@ -25,6 +25,17 @@ subcommands:
 """
 
 
+class JsonFormatter(logging.Formatter):
+    """Structured logs: one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+               "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
 def _kv(pairs: Optional[list[str]], flag: str) -> dict[str, str]:
     out = {}
     for p in pairs or []:
@@ -39,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kafka-monitor", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    ap.add_argument("--log-format", default="text", choices=["text", "json"],
+                    help="json: one JSON object per line (time, level, logger, message, exception)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema}")
 
     d = sub.add_parser("demo", help="run the embedded default (broker, workload, probe, job, exporter)",
@@ -49,51 +62,66 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: run until Ctrl-C)")
 
     p = sub.add_parser("probe", help="watch a cluster and write events to the events topic",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Refresh metadata, read watermarks and committed offsets on an interval and "
-                                   "produce contract events (keyed by entity) to the events topic.")
-    p.add_argument("--bootstrap-servers", required=True, help="the cluster to watch (host:port,...)")
-    p.add_argument("--events-topic", default="kafka-monitor.events", help="where events go (default %(default)s)")
+                                   "produce contract events (keyed by entity) to the events topic.\n\n"
+                                   "Settings come from flags, then KAFKA_MONITOR_PROBE_<SETTING> environment "
+                                   "variables, then the [probe] table of --config, then the defaults shown.")
+    p.add_argument("--config", help="TOML file with a [probe] table (and [probe.kafka] librdkafka properties)")
+    p.add_argument("--bootstrap-servers", help="the cluster to watch (host:port,...); required")
+    p.add_argument("--events-topic", help="where events go (default kafka-monitor.events)")
     p.add_argument("--events-bootstrap-servers", help="cluster holding the events topic (default: the watched one)")
     p.add_argument("--cluster", help="cluster label on every event (default: the cluster id the brokers report)")
     p.add_argument("--source", help="name of this probe in events (default probe-<hostname>)")
-    p.add_argument("--interval", type=float, default=10.0, help="seconds between observation cycles (default 10)")
-    p.add_argument("--offsets-via", choices=["list_offsets", "fetch"], default="list_offsets",
+    p.add_argument("--interval", dest="interval_s", type=float, help="seconds between observation cycles (default 10)")
+    p.add_argument("--offsets-via", choices=["list_offsets", "fetch"],
                    help="read watermarks with ListOffsets (default) or from fetch responses of a tail consumer "
                         "(needed on brokers whose ListOffsets is wrong, e.g. Tansu)")
-    p.add_argument("--topics", default=".*", help="regex of topics to watch (default all)")
-    p.add_argument("--exclude-topics", default="^__", help="regex of topics not to watch (default internal ones)")
-    p.add_argument("--groups", default=".*", help="regex of consumer groups to watch (default all)")
-    p.add_argument("--exclude-groups", default="^kafka-monitor-", help="regex of groups not to watch")
+    p.add_argument("--topics", dest="topics_include", help="regex of topics to watch (default all)")
+    p.add_argument("--exclude-topics", dest="topics_exclude", help="regex of topics not to watch (default ^__)")
+    p.add_argument("--groups", dest="groups_include", help="regex of consumer groups to watch (default all)")
+    p.add_argument("--exclude-groups", dest="groups_exclude", help="regex of groups not to watch (default ^kafka-monitor-)")
     p.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for every client (SASL/SSL...); repeatable")
 
     j = sub.add_parser("job", help="run the streaming job and serve /metrics",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Read the events topic with Spark Structured Streaming, keep per-partition and "
                                    "per-group state, emit alert transitions and serve Prometheus metrics. Run it "
-                                   "directly (local mode) or through spark-submit.")
-    j.add_argument("--bootstrap-servers", required=True, help="cluster holding the events topic")
-    j.add_argument("--checkpoint", required=True, help="checkpoint directory (durable; the job resumes from it)")
-    j.add_argument("--events-topic", default="kafka-monitor.events")
-    j.add_argument("--trigger", type=float, default=5.0, help="micro-batch interval in seconds (default 5)")
-    j.add_argument("--max-offsets-per-trigger", type=int, default=500_000, help="records per micro-batch at most")
-    j.add_argument("--starting-offsets", default="earliest", help="earliest, latest or JSON {\"<partition>\": offset}")
-    j.add_argument("--buckets", type=int, default=16, help="state grouping keys (default 16)")
-    j.add_argument("--entity-ttl", type=float, default=900, help="seconds before an unobserved entity is dropped")
-    j.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
-    j.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds to (default 127.0.0.1)")
-    j.add_argument("--metrics-port", type=int, default=9465, help="port of /metrics (default 9465)")
+                                   "directly (local mode) or through spark-submit.\n\n"
+                                   "Settings come from flags, then KAFKA_MONITOR_JOB_<SETTING> environment "
+                                   "variables, then the [job] table of --config, then the defaults shown.")
+    j.add_argument("--config", help="TOML file with a [job] table (and [job.kafka] librdkafka properties)")
+    j.add_argument("--bootstrap-servers", help="cluster holding the events topic; required")
+    j.add_argument("--checkpoint", dest="checkpoint_dir", help="checkpoint directory (durable; the job resumes from it); required")
+    j.add_argument("--events-topic", help="default kafka-monitor.events")
+    j.add_argument("--trigger", dest="trigger_s", type=float, help="micro-batch interval in seconds (default 5)")
+    j.add_argument("--max-offsets-per-trigger", type=int, help="records per micro-batch at most (default 500000)")
+    j.add_argument("--starting-offsets", help="earliest (default), latest or JSON {\"<partition>\": offset}")
+    j.add_argument("--buckets", type=int, help="state grouping keys (default 16)")
+    j.add_argument("--entity-ttl", dest="entity_ttl_s", type=float, help="seconds before an unobserved entity is dropped (default 900)")
+    j.add_argument("--state-store", choices=["hdfs", "rocksdb"], help="default hdfs")
+    j.add_argument("--metrics-host", help="address /metrics binds to (default 127.0.0.1)")
+    j.add_argument("--metrics-port", type=int, help="port of /metrics (default 9465)")
     j.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 
-    s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)")
-    s.add_argument("--format", choices=["json", "markdown"], default="json")
+    s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
+                       description="Print the event contract v1, generated from monitor/contract.py: as JSON "
+                                   "Schema (what docs/event-schema.json holds; validate events of other producers "
+                                   "with it) or as the Markdown reference (docs/events.md).")
+    s.add_argument("--format", choices=["json", "markdown"], default="json",
+                   help="json (JSON Schema 2020-12, default) or markdown")
     return ap
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if args.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     if args.cmd == "schema":
@@ -105,47 +133,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         from kafka_monitor.demo import run_demo
         return run_demo(metrics_port=args.metrics_port, duration_s=args.duration)
 
-    if args.cmd == "probe":
-        from monitor.probe import ConfigError, Probe, ProbeConfig
-        kafka = _kv(args.kafka, "-X")
-        cfg = ProbeConfig(bootstrap_servers=args.bootstrap_servers, events_topic=args.events_topic,
-                          cluster=args.cluster, interval_s=args.interval, offsets_via=args.offsets_via,
-                          topics_include=args.topics, topics_exclude=args.exclude_topics,
-                          groups_include=args.groups, groups_exclude=args.exclude_groups, kafka=kafka,
-                          events_kafka={"bootstrap.servers": args.events_bootstrap_servers}
-                          if args.events_bootstrap_servers else {})
-        if args.source:
-            cfg.source = args.source
+    if args.cmd in ("probe", "job"):
+        from kafka_monitor.config import ConfigError, build, read_file
+        flags = {k: v for k, v in vars(args).items() if k not in ("cmd", "config", "log_level", "log_format")}
+        flags["kafka"] = _kv(args.kafka, "-X") or None
         try:
-            probe = Probe(cfg)
+            if args.cmd == "probe":
+                from monitor.probe import Probe, ProbeConfig
+                ebs = flags.pop("events_bootstrap_servers")
+                flags["events_kafka"] = {"bootstrap.servers": ebs} if ebs else None
+                cfg = build(ProbeConfig, "probe", file_data=read_file(args.config), flags=flags)
+            else:
+                from streaming.job import JobConfig
+                cfg = build(JobConfig, "job", file_data=read_file(args.config), flags=flags)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        try:
-            probe.run(stop)
-        finally:
-            probe.close()
-        return 0
-
-    if args.cmd == "job":
-        from streaming.job import JobConfig, JobConfigError, run
-        cfg = JobConfig(bootstrap_servers=args.bootstrap_servers, checkpoint_dir=args.checkpoint,
-                        events_topic=args.events_topic, trigger_s=args.trigger,
-                        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
-                        buckets=args.buckets, entity_ttl_s=args.entity_ttl, state_store=args.state_store,
-                        metrics_host=args.metrics_host, metrics_port=args.metrics_port, master=args.master,
-                        kafka=_kv(args.kafka, "-X"))
-        try:
-            cfg.validate()
-        except JobConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        if args.cmd == "probe":
+            probe = Probe(cfg)
+            try:
+                probe.run(stop)
+            finally:
+                probe.close()  # final flush of what is buffered
+            return 0
+        from streaming.job import run
         try:
             run(cfg, stop_event=stop, on_started=lambda port: print(
                 f"metrics at http://{cfg.metrics_host}:{port}/metrics", flush=True))

@@ -1,0 +1,48 @@
+"""The command line: every subcommand explains itself; bad settings exit 2 with a message."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from kafka_monitor import cli
+
+
+@pytest.mark.parametrize("argv", [[], ["demo"], ["probe"], ["job"], ["schema"]])
+def test_help_explains(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv + ["--help"])
+    assert e.value.code == 0
+    assert len(capsys.readouterr().out) > 200
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["probe"], "probe.bootstrap_servers: required"),
+    (["probe", "--bootstrap-servers", "x:1", "--interval", "0"], "probe.interval_s: must be > 0"),
+    (["probe", "--bootstrap-servers", "x:1", "-X", "novalue"], "expects key=value"),
+    (["job", "--bootstrap-servers", "x:1"], "job.checkpoint_dir: required"),
+    (["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--buckets", "0"], "job.buckets"),
+])
+def test_bad_settings_exit_2_with_the_setting_named(argv, message, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 2
+        err = str(e.code) + capsys.readouterr().err
+    else:
+        err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+
+
+def test_schema_prints_the_contract(capsys):
+    assert cli.main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["$id"] == "kafka-monitor/v1"
+
+
+def test_json_log_lines():
+    rec = logging.LogRecord("monitor.probe", logging.WARNING, __file__, 1, "lost %s", ("broker 2",), None)
+    line = json.loads(cli.JsonFormatter().format(rec))
+    assert line["level"] == "WARNING" and line["message"] == "lost broker 2" and line["logger"] == "monitor.probe"
