@@ -82,3 +82,23 @@ class EventEmitter:
     def flush(self, timeout: float = 10.0) -> int:
         """Wait for outstanding deliveries; returns how many are still undelivered."""
         return self._producer.flush(timeout)
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Final flush, then release the producer (its threads and connections go with it);
+        returns how many events were still undelivered and so are lost."""
+        left = self._producer.flush(timeout)
+        self._producer = _Closed()
+        return left
+
+
+class _Closed:
+    """Stands in for the producer after close(): emitting then drops and counts."""
+
+    def produce(self, *a: Any, **kw: Any) -> None:
+        raise BufferError("emitter closed")
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0

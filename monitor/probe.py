@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from monitor.contract import (
-    Broker, GroupOffsets, Heartbeat, MetadataRefresh, PartitionMetadata, PartitionOffsets,
+    Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionMetadata, PartitionOffsets,
     kafka_offset,
 )
 from monitor.emitter import EventEmitter
@@ -42,6 +42,18 @@ from monitor.emitter import EventEmitter
 log = logging.getLogger(__name__)
 
 OFFSETS_VIA = ("list_offsets", "fetch")
+
+
+#: ConsumerGroupState names as the brokers' protocol spells them
+_GROUP_STATES = {"EMPTY": "Empty", "PREPARING_REBALANCING": "PreparingRebalance", "PREPARING_REBALANCE": "PreparingRebalance",
+                 "COMPLETING_REBALANCING": "CompletingRebalance", "COMPLETING_REBALANCE": "CompletingRebalance",
+                 "STABLE": "Stable", "DEAD": "Dead", "UNKNOWN": "Unknown"}
+
+
+def group_state_name(state: Any) -> str:
+    """confluent-kafka's ConsumerGroupState enum -> the name Kafka uses (Stable, Empty, ...)."""
+    name = getattr(state, "name", str(state)).upper()
+    return _GROUP_STATES.get(name, name.title())
 
 
 class ConfigError(ValueError):
@@ -62,6 +74,8 @@ class ProbeConfig:
     groups_include: str = ".*"
     groups_exclude: str = "^kafka-monitor-"
     request_timeout_s: float = 10.0
+    #: how often each topic's configuration (min.insync.replicas) is read again
+    config_refresh_s: float = 300.0
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
     kafka: dict[str, str] = field(default_factory=dict)
     #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
@@ -99,6 +113,8 @@ class Probe:
         self._tail: Optional[Consumer] = None
         self._tail_assigned: set[tuple[str, int]] = set()
         self._metadata_version = 0
+        self._min_isr: dict[str, Optional[int]] = {}
+        self._min_isr_at: dict[str, float] = {}
         self._started_at = self._now_ms()
         self._topics_in = re.compile(cfg.topics_include)
         self._topics_out = re.compile(cfg.topics_exclude)
@@ -119,6 +135,7 @@ class Probe:
         partitions = self._refresh_metadata()
         if partitions is not None:
             committed = self._committed_offsets()
+            self._group_states(sorted(committed))
             offsets, offsets_at = self._watermarks(partitions)
             for (topic, part), (lo, hi, lso) in offsets.items():
                 self._emitter.emit(PartitionOffsets(topic=topic, partition=part, high_watermark=hi,
@@ -165,16 +182,41 @@ class Probe:
             brokers=[Broker(node_id=b.id, host=b.host, port=b.port) for b in md.brokers.values()],
             topic_count=len(md.topics), partition_count=n_parts), observed_at=now)
         watched = []
-        for name, tmd in sorted(md.topics.items()):
-            if not self._watched(name) or tmd.error is not None:
-                continue
+        topics = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
+        min_isr = self._topic_min_isr(topics)
+        for name in sorted(topics):
+            tmd = md.topics[name]
             for pid, pmd in sorted(tmd.partitions.items()):
                 self._emitter.emit(PartitionMetadata(
                     topic=name, partition=pid, leader=pmd.leader, replicas=list(pmd.replicas),
                     isr=list(pmd.isrs), metadata_version=self._metadata_version,
+                    min_insync_replicas=min_isr.get(name),
                     error=pmd.error.name() if pmd.error is not None else None), observed_at=now)
                 watched.append((name, pid))
         return watched
+
+    def _topic_min_isr(self, topics: list[str]) -> dict[str, Optional[int]]:
+        """Each topic's min.insync.replicas (DescribeConfigs), read for new topics and again every
+        ``config_refresh_s``; None where the broker does not report it (Tansu reports none)."""
+        now = time.monotonic()
+        stale = [t for t in topics if now - self._min_isr_at.get(t, -1e18) > self.cfg.config_refresh_s]
+        for t in set(self._min_isr) - set(topics):
+            self._min_isr.pop(t, None)
+            self._min_isr_at.pop(t, None)
+        if stale:
+            try:
+                futs = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in stale],
+                                                    request_timeout=self.cfg.request_timeout_s)
+                for res, fut in futs.items():
+                    try:
+                        entry = fut.result().get("min.insync.replicas")
+                        self._min_isr[res.name] = int(entry.value) if entry is not None and entry.value else None
+                        self._min_isr_at[res.name] = now
+                    except Exception as e:
+                        log.warning("configuration of topic %s: %s", res.name, e)
+            except Exception as e:
+                log.warning("describe_configs failed: %s", e)
+        return {t: self._min_isr.get(t) for t in topics}
 
     def _committed_offsets(self) -> dict[str, dict[tuple[str, int], Optional[int]]]:
         try:
@@ -197,6 +239,33 @@ class Probe:
             out[gid] = {(tp.topic, tp.partition): kafka_offset(tp.offset)
                         for tp in res.topic_partitions if tp.error is None and self._watched(tp.topic)}
         return out
+
+    def _group_states(self, groups: list[str]) -> None:
+        """One ``group_state`` per group from the coordinator's DescribeGroups answer.  The
+        generation is not exposed by DescribeGroups (nor by the admin API), so it stays null."""
+        if not groups:
+            return
+        try:
+            futs = self._admin.describe_consumer_groups(groups, request_timeout=self.cfg.request_timeout_s)
+        except Exception as e:
+            log.warning("describing consumer groups failed: %s", e)
+            return
+        at = self._now_ms()
+        for gid, fut in futs.items():
+            try:
+                d = fut.result()
+            except Exception as e:
+                log.warning("describing group %s: %s", gid, e)
+                continue
+            members = [GroupMember(member_id=m.member_id, client_id=m.client_id, host=m.host,
+                                   assignment=[f"{tp.topic}/{tp.partition}" for tp in
+                                               (m.assignment.topic_partitions if m.assignment else [])])
+                       for m in d.members]
+            self._emitter.emit(GroupState(group=gid, state=group_state_name(d.state),
+                                          protocol="consumer" if not d.is_simple_consumer_group else "simple",
+                                          assignor=d.partition_assignor or None,
+                                          coordinator=d.coordinator.id if d.coordinator is not None else None,
+                                          members=members), observed_at=at)
 
     def _watermarks(self, partitions: list[tuple[str, int]]) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
         if self.cfg.offsets_via == "fetch":
@@ -304,9 +373,11 @@ class Probe:
             self._emitter.poll(0)
 
     def close(self, flush_timeout: float = 10.0) -> None:
-        left = self._emitter.flush(flush_timeout)
+        """Final flush of buffered events, then release every client."""
+        left = self._emitter.close(flush_timeout)
         if left:
-            log.warning("%d events were still undelivered at shutdown", left)
+            log.warning("%d events were still undelivered at shutdown and are lost", left)
         if self._tail is not None:
             self._tail.close()
             self._tail = None
+        self._admin = None

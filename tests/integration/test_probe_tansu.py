@@ -176,3 +176,43 @@ def test_unreachable_cluster_is_a_failed_refresh_event_not_a_crash(tansu):
 def test_bad_settings_name_the_setting(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         ProbeConfig(**{"bootstrap_servers": "127.0.0.1:1", **kw}).validate()
+
+
+def test_group_joining_and_leaving_shows_in_group_state(tansu):
+    """Tansu answers DescribeGroups with the state but no members (a known limit), and lists only
+    groups that have committed, so the member commits once before the probe looks."""
+    topic, events, group = unique("orders"), unique("events"), unique("joiner")
+    create_topics(tansu.bootstrap, {topic: 2, events: 1})
+    produce_batched(tansu.bootstrap, topic, {0: 3})
+    member = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                       "enable.auto.commit": False, "session.timeout.ms": 2000, "heartbeat.interval.ms": 500})
+    assigned = []
+    member.subscribe([topic], on_assign=lambda c, ps: assigned.append(ps))
+    probe = Probe(ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=1,
+                              offsets_via="fetch", topics_include=f"^{topic}$", groups_include=f"^{group}$",
+                              source="probe-groups"))
+    try:
+        got = []
+        wait_for(lambda: got.extend(member.consume(10, 0.2)) or len(got) >= 3, timeout=30,
+                 what="the member to consume 3 records")
+        member.commit(asynchronous=False)
+
+        def state_is(expected):
+            def check():
+                probe.cycle()
+                probe.emitter.flush(5)
+                e = latest_of(read_events(tansu.bootstrap, events), "group_state", group=group)
+                return e if e is not None and e.data.state == expected else None
+            return check
+
+        stable = wait_for(state_is("Stable"), timeout=30, what="group_state Stable")
+        assert stable.data.coordinator is not None and stable.data.generation is None
+        member.close()
+        member = None
+        wait_for(state_is("Empty"), timeout=30, what="group_state Empty after the member left")
+        g = latest_of(read_events(tansu.bootstrap, events), "group_offsets", group=group, topic=topic, partition=0)
+        assert (g.data.committed_offset, g.data.high_watermark) == (3, 3)
+    finally:
+        if member is not None:
+            member.close()
+        probe.close()
