@@ -64,6 +64,16 @@ class Broker:
 
 
 @dataclass(frozen=True)
+class PartitionCountChange:
+    topic: str = _doc("Topic whose partition count changed.")
+    old_count: int = _doc("Partitions in the client's previous metadata.")
+    new_count: int = _doc("Partitions in this refresh.")
+    unseen_for_at_most_ms: Optional[int] = _doc(
+        "Time since the client's previous successful refresh: the change happened at most this long before "
+        "the client saw it (how stale this client's partitioning was).", default=None)
+
+
+@dataclass(frozen=True)
 class MetadataRefresh:
     """One metadata refresh attempt by a client (successful or not)."""
 
@@ -78,6 +88,9 @@ class MetadataRefresh:
     brokers: list[Broker] = _doc("Brokers in the response.", default_factory=list)
     topic_count: int = _doc("Topics in the response.", default=0)
     partition_count: int = _doc("Partitions in the response.", default=0)
+    partition_count_changes: list[PartitionCountChange] = _doc(
+        "Topics whose partition count differs from the client's previous metadata.", default_factory=list)
+    leaderless_partitions: int = _doc("Partitions without a leader in the response.", default=0)
 
 
 @dataclass(frozen=True)

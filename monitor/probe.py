@@ -1,8 +1,15 @@
 """The probe: watches one cluster and reports what it sees as contract events.
 
-Each cycle:
-1. a metadata refresh (``metadata_refresh`` + one ``partition_metadata`` per partition);
-2. the committed offsets of every matching consumer group;
+Metadata follows the Java client's rules (``monitor.metadata.MetadataCache``): a refresh runs at
+start (bootstrap), every ``metadata_max_age_s`` (periodic, default: every interval), and as soon
+as the refresh backoff allows after something invalidated the metadata — a failed connection,
+a timed-out request, a partition without a leader, an error such as NOT_LEADER_OR_FOLLOWER in
+any response the probe gets, a topic it has not seen (new_topic).  Each attempt is one
+``metadata_refresh`` event with its reason and cause, and a successful one is followed by one
+``partition_metadata`` per watched partition.
+
+Every ``interval_s``, one observation:
+1. the committed offsets of every matching consumer group (and a ``group_state`` per group);
 3. the watermarks of every watched partition (``partition_offsets``), read *after* the commits
    so that, for one observation, HW >= committed (a lag computed from them is never negative
    because of the order of reads);
@@ -30,14 +37,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from monitor.contract import (
-    Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionMetadata, PartitionOffsets,
-    kafka_offset,
+    Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
+    PartitionMetadata, PartitionOffsets, kafka_offset,
 )
 from monitor.emitter import EventEmitter
+from monitor.metadata import ClusterView, MetadataCache, cause_for_error
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,10 @@ class ProbeConfig:
     groups_include: str = ".*"
     groups_exclude: str = "^kafka-monitor-"
     request_timeout_s: float = 10.0
+    #: periodic metadata refresh (Kafka's metadata.max.age.ms); default: every interval_s
+    metadata_max_age_s: Optional[float] = None
+    #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
+    refresh_backoff_s: float = 1.0
     #: how often each topic's configuration (min.insync.replicas) is read again
     config_refresh_s: float = 300.0
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
@@ -88,6 +100,10 @@ class ProbeConfig:
             raise ConfigError("probe.events_topic: must not be empty")
         if not self.interval_s > 0:
             raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
+        if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
+            raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
+        if not self.refresh_backoff_s >= 0:
+            raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
         if self.offsets_via not in OFFSETS_VIA:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
         for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
@@ -106,13 +122,17 @@ class Probe:
                  clock: Callable[[], float] = time.time):
         self.cfg = cfg.validate()
         self._clock = clock
-        self._admin = AdminClient({**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000)})
+        self._admin = AdminClient({**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
+                                   "error_cb": self._on_client_error})
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
         self._tail: Optional[Consumer] = None
         self._tail_assigned: set[tuple[str, int]] = set()
-        self._metadata_version = 0
+        self.metadata = MetadataCache(
+            metadata_max_age_ms=int((cfg.metadata_max_age_s or cfg.interval_s) * 1000),
+            refresh_backoff_ms=int(cfg.refresh_backoff_s * 1000), clock=self._now_ms)
+        self._watched_partitions: list[tuple[str, int]] = []
         self._min_isr: dict[str, Optional[int]] = {}
         self._min_isr_at: dict[str, float] = {}
         self._started_at = self._now_ms()
@@ -121,6 +141,7 @@ class Probe:
         self._groups_in = re.compile(cfg.groups_include)
         self._groups_out = re.compile(cfg.groups_exclude)
         self.cycles = 0
+        self.warnings: dict[str, int] = {}
 
     @property
     def emitter(self) -> EventEmitter:
@@ -132,8 +153,16 @@ class Probe:
     # -- one cycle -------------------------------------------------------------------------
 
     def cycle(self) -> None:
-        partitions = self._refresh_metadata()
-        if partitions is not None:
+        """One full cycle: a metadata refresh, then one observation.  ``run()`` schedules the
+        two separately (a refresh also runs as soon as the metadata is invalidated)."""
+        self.refresh_metadata()
+        self.observe()
+
+    def observe(self) -> None:
+        """Committed offsets, then watermarks (so HW >= committed within one observation), then
+        the events; and a heartbeat."""
+        if self.metadata.cluster is not None:
+            partitions = self._watched_partitions
             committed = self._committed_offsets()
             self._group_states(sorted(committed))
             offsets, offsets_at = self._watermarks(partitions)
@@ -156,44 +185,75 @@ class Probe:
         self._emitter.poll(0)
         self.cycles += 1
 
+    def invalidate(self, error: Any, where: str) -> Optional[str]:
+        """Kafka's rule: any error that suggests the metadata may be wrong marks it stale
+        (``requestUpdate()``); the next refresh then runs as soon as the backoff allows, with
+        reason ``invalidated`` and this cause."""
+        cause = cause_for_error(error)
+        if cause is not None:
+            self.metadata.request_update(cause)
+            log.info("metadata invalidated by %s (%s): %s", where, cause, error)
+        return cause
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        """error_cb of the probe's clients (served from their poll)."""
+        if self.invalidate(err, "client error") is None:
+            self._warn_once(f"client:{err.name()}", "client error: %s", err)
+
     def _watched(self, topic: str) -> bool:
         return bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
 
-    def _refresh_metadata(self) -> Optional[list[tuple[str, int]]]:
-        reason = "bootstrap" if self._metadata_version == 0 else "periodic"
+    def refresh_metadata(self) -> bool:
+        """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and one
+        ``partition_metadata`` per watched partition when it succeeded)."""
+        reason, cause = self.metadata.next_reason()
         t0 = time.monotonic()
         try:
             md = self._admin.list_topics(timeout=self.cfg.request_timeout_s)
-        except Exception as e:  # KafkaException: transport failure, timeout
-            self._emitter.emit(MetadataRefresh(version=self._metadata_version, reason=reason, ok=False,
-                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(e)))
-            log.warning("metadata refresh failed: %s", e)
-            return None
+        except KafkaException as e:  # transport failure, timeout
+            err = e.args[0] if e.args else e
+            self.metadata.failed_update(error=str(err))
+            self.invalidate(err, "metadata request")
+            self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,
+                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(err)))
+            self._warn_once("metadata", "metadata refresh failed: %s", err)
+            return False
         duration_ms = (time.monotonic() - t0) * 1000
-        now = self._now_ms()
-        self._metadata_version += 1
-        if self.cfg.cluster is None and md.cluster_id:
-            self._emitter.cluster = md.cluster_id
-        n_parts = sum(len(t.partitions) for t in md.topics.values())
+        previous_ok = self.metadata.last_successful_refresh_ms
+        change = self.metadata.update(ClusterView.from_confluent(md))
+        now = change.at_ms
+        view = self.metadata.cluster
+        if not change.ok:
+            self._emitter.emit(MetadataRefresh(version=change.version, reason=reason, cause=cause, ok=False,
+                                               duration_ms=duration_ms, error=change.error), observed_at=now)
+            return False
+        if self.cfg.cluster is None and view.cluster_id:
+            self._emitter.cluster = view.cluster_id
+        n_parts = sum(t.partition_count for t in view.topics.values())
         self._emitter.emit(MetadataRefresh(
-            version=self._metadata_version, reason=reason, ok=True, duration_ms=duration_ms,
+            version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
             node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
-            controller_id=md.controller_id if md.controller_id >= 0 else None,
-            brokers=[Broker(node_id=b.id, host=b.host, port=b.port) for b in md.brokers.values()],
-            topic_count=len(md.topics), partition_count=n_parts), observed_at=now)
-        watched = []
-        topics = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
+            controller_id=view.controller_id,
+            brokers=[Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in view.brokers],
+            topic_count=len(view.topics), partition_count=n_parts,
+            partition_count_changes=[
+                PartitionCountChange(topic=t, old_count=old, new_count=new,
+                                     unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
+                for t, (old, new) in sorted(change.partition_count_changes.items())],
+            leaderless_partitions=len(change.no_leader)), observed_at=now)
+        topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]
         min_isr = self._topic_min_isr(topics)
+        watched = []
         for name in sorted(topics):
-            tmd = md.topics[name]
-            for pid, pmd in sorted(tmd.partitions.items()):
+            for pv in sorted(view.topics[name].partitions, key=lambda p: p.partition):
                 self._emitter.emit(PartitionMetadata(
-                    topic=name, partition=pid, leader=pmd.leader, replicas=list(pmd.replicas),
-                    isr=list(pmd.isrs), metadata_version=self._metadata_version,
-                    min_insync_replicas=min_isr.get(name),
-                    error=pmd.error.name() if pmd.error is not None else None), observed_at=now)
-                watched.append((name, pid))
-        return watched
+                    topic=name, partition=pv.partition, leader=pv.leader, leader_epoch=pv.leader_epoch,
+                    replicas=list(pv.replicas), isr=list(pv.isr), offline_replicas=list(pv.offline_replicas),
+                    metadata_version=change.version, min_insync_replicas=min_isr.get(name), error=pv.error),
+                    observed_at=now)
+                watched.append((name, pv.partition))
+        self._watched_partitions = watched
+        return True
 
     def _topic_min_isr(self, topics: list[str]) -> dict[str, Optional[int]]:
         """Each topic's min.insync.replicas (DescribeConfigs), read for new topics and again every
@@ -204,6 +264,9 @@ class Probe:
             self._min_isr.pop(t, None)
             self._min_isr_at.pop(t, None)
         if stale:
+            for t in stale:  # read or not, not asked again before config_refresh_s
+                self._min_isr_at[t] = now
+                self._min_isr.setdefault(t, None)
             try:
                 futs = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in stale],
                                                     request_timeout=self.cfg.request_timeout_s)
@@ -211,12 +274,18 @@ class Probe:
                     try:
                         entry = fut.result().get("min.insync.replicas")
                         self._min_isr[res.name] = int(entry.value) if entry is not None and entry.value else None
-                        self._min_isr_at[res.name] = now
                     except Exception as e:
-                        log.warning("configuration of topic %s: %s", res.name, e)
+                        self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
+                                        "unavailable, reported as unknown: %s", e)
             except Exception as e:
-                log.warning("describe_configs failed: %s", e)
+                self._warn_once("describe_configs", "describe_configs failed: %s", e)
         return {t: self._min_isr.get(t) for t in topics}
+
+    def _warn_once(self, kind: str, msg: str, *args: Any) -> None:
+        """Log a recurring problem once at WARNING, then at DEBUG (it is counted, not repeated)."""
+        n = self.warnings.get(kind, 0)
+        self.warnings[kind] = n + 1
+        log.log(logging.WARNING if n == 0 else logging.DEBUG, msg, *args)
 
     def _committed_offsets(self) -> dict[str, dict[tuple[str, int], Optional[int]]]:
         try:
@@ -236,8 +305,20 @@ class Probe:
             except Exception as e:
                 log.warning("committed offsets of group %s: %s", gid, e)
                 continue
-            out[gid] = {(tp.topic, tp.partition): kafka_offset(tp.offset)
-                        for tp in res.topic_partitions if tp.error is None and self._watched(tp.topic)}
+            known = self.metadata.cluster.topics if self.metadata.cluster is not None else {}
+            tps: dict[tuple[str, int], Optional[int]] = {}
+            for tp in res.topic_partitions:
+                if tp.error is not None:
+                    self.invalidate(tp.error, f"committed offsets of {gid}")
+                    continue
+                if not self._watched(tp.topic):
+                    continue
+                if tp.topic not in known:
+                    # a topic this client has not seen yet (created, or deleted under the group):
+                    # Kafka's add(topic) forces a metadata update
+                    self.metadata.add_topic(tp.topic)
+                tps[(tp.topic, tp.partition)] = kafka_offset(tp.offset)
+            out[gid] = tps
         return out
 
     def _group_states(self, groups: list[str]) -> None:
@@ -287,13 +368,16 @@ class Probe:
                 try:
                     hi = latest[tp].result().offset
                     lo = earliest[tp].result().offset
-                except Exception as e:
-                    log.warning("offsets of %s/%d: %s", tp.topic, tp.partition, e)
+                except KafkaException as e:
+                    err = e.args[0] if e.args else e
+                    if self.invalidate(err, f"offsets of {tp.topic}/{tp.partition}") is None:
+                        self._warn_once("list_offsets", "offsets of %s/%d: %s", tp.topic, tp.partition, err)
                     continue
                 if hi is not None and hi >= 0:
                     out[(tp.topic, tp.partition)] = (kafka_offset(lo), hi, None)
-        except Exception as e:
-            log.warning("list_offsets failed: %s", e)
+        except KafkaException as e:
+            self.invalidate(e.args[0] if e.args else e, "list_offsets")
+            self._warn_once("list_offsets", "list_offsets failed: %s", e)
             at = self._now_ms()
         return out, at
 
@@ -307,6 +391,7 @@ class Probe:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "fetch.wait.max.ms": 250,
+                "error_cb": self._on_client_error,
             })
         new = [tp for tp in partitions if tp not in self._tail_assigned]
         if new:
@@ -343,24 +428,32 @@ class Probe:
             for m in self._tail.consume(num_messages=10_000, timeout=max(0.0, min(0.5, remaining))):
                 err = m.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("tail consumer: %s", err)
+                    if self.invalidate(err, "tail consumer fetch") is None:
+                        self._warn_once(f"tail:{err.name()}", "tail consumer: %s", err)
             if remaining <= 0:
                 return
 
     # -- loop ---------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        """Refresh metadata when the cache says so (periodic, bootstrap, invalidated, new topic)
+        and observe offsets every ``interval_s``, until ``stop`` is set."""
         log.info("probe %s watching %s every %.1fs (offsets via %s), events -> %s",
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s,
                  self.cfg.offsets_via, self.cfg.events_topic)
+        next_observation = 0.0
         while not stop.is_set():
-            started = time.monotonic()
             try:
-                self.cycle()
+                if self.metadata.should_refresh():
+                    self.refresh_metadata()
+                if time.monotonic() >= next_observation:
+                    next_observation = time.monotonic() + self.cfg.interval_s
+                    self.observe()
             except Exception:
-                log.exception("probe cycle failed; retrying next interval")
-            remaining = self.cfg.interval_s - (time.monotonic() - started)
-            self._wait(remaining, stop)
+                log.exception("probe cycle failed; retrying")
+                next_observation = time.monotonic() + self.cfg.interval_s
+            until_refresh = self.metadata.time_to_next_update() / 1000.0
+            self._wait(max(0.05, min(until_refresh, next_observation - time.monotonic())), stop)
 
     def _wait(self, seconds: float, stop: threading.Event) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
@@ -371,6 +464,8 @@ class Probe:
             else:
                 stop.wait(step)
             self._emitter.poll(0)
+            if self._admin is not None:
+                self._admin.poll(0)  # serves error_cb
 
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""

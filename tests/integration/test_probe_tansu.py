@@ -164,6 +164,8 @@ def test_unreachable_cluster_is_a_failed_refresh_event_not_a_crash(tansu):
     evs = read_events(tansu.bootstrap, events)
     failed = [e for e in evs if e.type == "metadata_refresh"]
     assert len(failed) == 1 and not failed[0].data.ok and failed[0].data.error
+    assert failed[0].data.reason == "bootstrap" and failed[0].data.version == 0
+    assert probe.metadata.need_update and probe.metadata.version == 0  # still stale: retried after the backoff
     assert any(e.type == "heartbeat" for e in evs)
 
 

@@ -1,0 +1,837 @@
+"""Instrument an application's own confluent-kafka clients so they emit kafka-monitor events.
+
+Two ways in, both leave what the application sees unchanged:
+
+``instrument(conf, events=...)``
+    returns a NEW config dict for ``confluent_kafka.Consumer`` or ``Producer``: ``stats_cb`` and
+    ``error_cb`` are wrapped (the application's own callbacks still run first, with the identical
+    argument), and ``statistics.interval.ms`` is set to 5000 when the application set none.
+    ``instrumentation_of(conf)`` gives back the :class:`Instrumentation` (counters, ``close()``).
+
+``InstrumentedConsumer(conf, events=...)``
+    a ``confluent_kafka.Consumer`` subclass with the same config wrapping, whose ``subscribe()``
+    also chains the rebalance callbacks, whose ``poll()``/``consume()`` watch for group errors and
+    whose ``close()`` flushes the events (bounded).  A plain ``Consumer`` built from
+    ``instrument(conf)`` gets the same rebalance events with
+    ``consumer.subscribe(topics, **instrumentation_of(conf).rebalance_callbacks(on_assign=...))``.
+
+What is emitted (contract v1, ``monitor.contract``):
+
+``client_fetch``
+    one per assigned partition (``desired`` true; librdkafka's internal partition -1 is skipped)
+    per statistics JSON of a consumer with a group.  ``position`` is librdkafka's ``app_offset``
+    (offset of the last message handed to the application + 1, i.e. Kafka's consumer position), not
+    ``next_offset`` (the prefetcher's position, which runs ahead by whatever sits in the local fetch
+    queue).  ``committed`` = ``committed_offset``, ``high_watermark`` = ``hi_offset``,
+    ``last_stable_offset`` = ``ls_offset``, ``log_start_offset`` = ``lo_offset``, ``consumer_lag``
+    and ``leader_epoch`` as librdkafka reports them.  The -1 / -1001 sentinels become ``None``;
+    ``leader`` -1 also becomes ``None`` (here it means "this client knows no leader", which is not
+    the same as a MetadataResponse saying the partition is offline).
+    ``observed_at`` is when librdkafka built the statistics (its ``ts``, CLOCK_MONOTONIC µs, mapped
+    to wall time), not when the application got round to polling them.
+
+``metadata_refresh``
+    when the sum of the per-broker ``req.Metadata`` counters grew since the previous statistics;
+    nothing when it did not.  Limitation: statistics only say that Metadata requests were SENT, not
+    why, not whether they succeeded, nor how long they took.  So: one event per statistics interval
+    (however many requests), ``version`` = cumulative count of Metadata requests seen (version
+    differences give the count), ``reason`` = ``bootstrap`` for the first one, ``new_topic`` when
+    the statistics gained a topic in the same interval, otherwise ``periodic`` (which here covers
+    every cause statistics cannot tell apart: the periodic refresh, group joins, invalidations);
+    ``ok`` is always true, ``duration_ms`` is 0.0 (unknown), ``cause`` carries the evidence
+    (request count, new topics, disconnects and timeouts seen in the same interval).
+
+``rebalance`` (consumers whose subscribe goes through this module)
+    - ``join_started`` when ``subscribe()`` is called;
+    - ``revoked`` / ``lost`` when librdkafka calls the revoke callback (``lost`` when the assignment
+      was lost: session timeout, max.poll.interval.ms exceeded, fencing); ``duration_ms`` = time the
+      application's own callback took (the part of that phase the member controls);
+    - ``assigned`` when the assign callback runs; ``duration_ms`` = time since the rebalance began
+      for this member (the last ``subscribe()``, or revoke/lost callback, whichever came later);
+      ``None`` when no start was seen (e.g. an incremental assign with nothing revoked);
+    - ``failed``: a group-membership error reached the application (``error_cb``, or a consumer
+      error returned by ``InstrumentedConsumer.poll``/``consume``) with a code in
+      :data:`GROUP_FAILURE_CODES` (e.g. ``_MAX_POLL_EXCEEDED``, ``UNKNOWN_MEMBER_ID``,
+      ``ILLEGAL_GENERATION``, ``FENCED_INSTANCE_ID``, ``GROUP_AUTHORIZATION_FAILED``);
+      ``reason`` = the error.  Transient coordinator errors that librdkafka retries by itself are
+      not failures.
+    ``generation`` comes from ``consumer_group_metadata()``: officially opaque, in fact librdkafka's
+    serialised form (``CGMDv2:`` + native int32 generation + group id + member id ...).  It is read
+    only when the magic and the group id match and is ``None`` otherwise (never guessed).
+
+Never blocking or breaking the application: every event goes through the non-blocking
+``EventEmitter`` (a full queue drops and counts); every exception inside the instrumentation is
+caught, counted (``instrumentation_errors``, ``errors_by_kind``) and logged once per kind; it never
+reaches librdkafka's callbacks (which run inside the application's ``poll()``).  Exceptions raised
+by the APPLICATION's callbacks propagate exactly as they would without instrumentation.  An events
+cluster that is unreachable costs nothing but dropped events; an invalid ``events`` dict disables
+emitting (logged) instead of failing the application.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Union
+
+from confluent_kafka import Consumer, KafkaError
+
+from monitor.contract import Broker, ClientFetch, MetadataRefresh, Payload, Rebalance, kafka_offset
+from monitor.emitter import EventEmitter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATISTICS_INTERVAL_MS = 5000
+DEFAULT_EVENTS_TOPIC = "kafka-monitor.events"
+#: how long events wait for the watched cluster's id before going out with the emitter's default
+CLUSTER_ID_WAIT_S = 30.0
+MAX_PENDING_EVENTS = 1000
+#: statistics older than this (or from the future) get the callback time as observed_at instead
+MAX_STATS_DELAY_US = 10 * 60 * 1_000_000
+
+#: error codes that mean this member's group membership failed (emitted as phase ``failed``)
+GROUP_FAILURE_CODES: frozenset[int] = frozenset(
+    getattr(KafkaError, name) for name in (
+        "_MAX_POLL_EXCEEDED", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "FENCED_INSTANCE_ID",
+        "UNRELEASED_INSTANCE_ID", "GROUP_AUTHORIZATION_FAILED", "INVALID_SESSION_TIMEOUT",
+        "INCONSISTENT_GROUP_PROTOCOL", "GROUP_MAX_SIZE_REACHED", "INVALID_GROUP_ID",
+        "UNSUPPORTED_ASSIGNOR", "FENCED_MEMBER_EPOCH")
+    if hasattr(KafkaError, name))
+
+_CGMD_MAGIC = b"CGMDv2:"
+_INSTANCE_COUNTER = itertools.count(1)
+_UNSET: Any = object()
+_PENDING: Any = object()
+
+
+class EmitterLike(Protocol):
+    """The narrow part of :class:`EventEmitter` the instrumentation uses."""
+
+    sent: int
+    dropped: int
+
+    def emit(self, data: Payload, observed_at: Optional[int] = None, **kwargs: Any) -> Any: ...
+
+
+class _DisabledEmitter:
+    """Stands in when the events producer could not be created: drops (and counts) everything."""
+
+    def __init__(self, reason: str):
+        self.sent = 0
+        self.dropped = 0
+        self.last_error: Optional[str] = reason
+
+    def emit(self, data: Payload, observed_at: Optional[int] = None, **kwargs: Any) -> None:
+        self.dropped += 1
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers: statistics JSON -> payloads (no I/O, no clock)
+# ---------------------------------------------------------------------------------------------
+
+
+def _int(value: Any) -> Optional[int]:
+    """An int from librdkafka's JSON, or None for anything else (bool included)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _offset(p: Mapping[str, Any], name: str) -> Optional[int]:
+    return kafka_offset(_int(p.get(name)))
+
+
+def _broker_id(value: Any) -> Optional[int]:
+    v = _int(value)
+    return v if v is not None and v >= 0 else None
+
+
+def parse_stats(raw: Union[str, bytes]) -> dict[str, Any]:
+    """Decode one statistics JSON; anything but a JSON object is a ValueError."""
+    stats = json.loads(raw)
+    if not isinstance(stats, dict):
+        raise ValueError(f"statistics JSON is a {type(stats).__name__}, not an object")
+    return stats
+
+
+def assigned_partitions(stats: Mapping[str, Any]) -> Iterable[tuple[str, int, Mapping[str, Any]]]:
+    """(topic, partition, fields) of every partition a consumer's statistics show as assigned.
+
+    librdkafka lists every partition it knows of a topic; ``desired`` marks the assigned ones.
+    Partition -1 is its internal UA (unassigned) partition and never an assignment."""
+    for tname, topic in (stats.get("topics") or {}).items():
+        if not isinstance(topic, Mapping):
+            continue
+        name = topic.get("topic") if isinstance(topic.get("topic"), str) else tname
+        for p in (topic.get("partitions") or {}).values():
+            part = _int(p.get("partition")) if isinstance(p, Mapping) else None
+            if part is None or part < 0 or p.get("desired") is not True:
+                continue
+            yield name, part, p
+
+
+def client_fetch_of(group: str, topic: str, partition: int, p: Mapping[str, Any]) -> ClientFetch:
+    """One partition's statistics as a ``client_fetch`` payload (sentinels become None)."""
+    state = p.get("fetch_state")
+    return ClientFetch(
+        group=group, topic=topic, partition=partition,
+        fetch_state=state if isinstance(state, str) else None,
+        position=_offset(p, "app_offset"),
+        committed=_offset(p, "committed_offset"),
+        high_watermark=_offset(p, "hi_offset"),
+        last_stable_offset=_offset(p, "ls_offset"),
+        log_start_offset=_offset(p, "lo_offset"),
+        consumer_lag=_offset(p, "consumer_lag"),
+        leader=_broker_id(p.get("leader")),
+        leader_epoch=_offset(p, "leader_epoch"),
+    )
+
+
+def client_fetches(stats: Mapping[str, Any], group: Optional[str]) -> list[ClientFetch]:
+    """``client_fetch`` payloads for a consumer's statistics; none for producers or group-less consumers."""
+    if stats.get("type") != "consumer" or not group:
+        return []
+    return [client_fetch_of(group, t, part, p) for t, part, p in assigned_partitions(stats)]
+
+
+def stats_observed_at(stats: Mapping[str, Any], now_ms: int, monotonic_us: int) -> int:
+    """When librdkafka built these statistics, in epoch ms.
+
+    ``ts`` is librdkafka's CLOCK_MONOTONIC in µs (the clock Python's ``time.monotonic`` reads on
+    Linux); statistics wait in the queue until the application polls, so ``now - (mono - ts)`` is
+    the better event time.  Implausible delays fall back to ``now_ms``."""
+    ts = _int(stats.get("ts"))
+    if ts is None:
+        return now_ms
+    delay_us = monotonic_us - ts
+    if not 0 <= delay_us <= MAX_STATS_DELAY_US:
+        return now_ms
+    return now_ms - delay_us // 1000
+
+
+def _host_port(nodename: Any) -> Optional[tuple[str, int]]:
+    if not isinstance(nodename, str) or ":" not in nodename:
+        return None
+    host, _, port = nodename.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+def _brokers(stats: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    brokers = stats.get("brokers")
+    return {n: b for n, b in brokers.items() if isinstance(b, Mapping)} if isinstance(brokers, Mapping) else {}
+
+
+def _counter(b: Mapping[str, Any], *path: str) -> int:
+    v: Any = b
+    for key in path:
+        v = v.get(key) if isinstance(v, Mapping) else None
+    return _int(v) or 0
+
+
+@dataclass
+class MetadataRequestTracker:
+    """Turns the per-broker ``req.Metadata`` counters of successive statistics into refresh events.
+
+    Counters are tracked per broker name: brokers come and go in statistics (librdkafka drops the
+    bootstrap brokers once it has learned the real ones), so a plain sum could shrink and then
+    "grow" without any new request.  A broker seen again with a lower count is a new broker object
+    and all its requests are new."""
+
+    previous: dict[str, int] = field(default_factory=dict)
+    previous_errors: dict[str, int] = field(default_factory=dict)
+    topics: Optional[set[str]] = None
+    total: int = 0
+
+    def observe(self, stats: Mapping[str, Any]) -> Optional[MetadataRefresh]:
+        brokers = _brokers(stats)
+        grown = self._grown(brokers)
+        errors = self._error_growth(brokers)
+        topics = set(stats.get("topics") or {})
+        new_topics = sorted(topics - self.topics) if self.topics is not None else []
+        self.topics = topics
+        if not grown:
+            return None
+        first = self.total == 0
+        requests = sum(grown.values())
+        self.total += requests
+        reason = "bootstrap" if first else "new_topic" if new_topics else "periodic"
+        return MetadataRefresh(
+            version=self.total, reason=reason, ok=True, duration_ms=0.0,
+            cause=self._cause(requests, new_topics, errors),
+            node_id=self._node_id(brokers, grown),
+            brokers=_learned_brokers(brokers),
+            topic_count=_int(stats.get("metadata_cache_cnt")) or len(topics),
+            partition_count=_partition_count(stats),
+        )
+
+    def _grown(self, brokers: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+        grown = {}
+        for name, b in brokers.items():
+            now, before = _counter(b, "req", "Metadata"), self.previous.get(name, 0)
+            delta = now - before if now >= before else now
+            if delta > 0:
+                grown[name] = delta
+            self.previous[name] = now
+        return grown
+
+    def _error_growth(self, brokers: Mapping[str, Mapping[str, Any]]) -> int:
+        growth = 0
+        for name, b in brokers.items():
+            now = sum(_counter(b, k) for k in ("disconnects", "req_timeouts", "txerrs", "rxerrs"))
+            before = self.previous_errors.get(name, 0)
+            growth += now - before if now >= before else now
+            self.previous_errors[name] = now
+        return growth
+
+    @staticmethod
+    def _cause(requests: int, new_topics: list[str], errors: int) -> str:
+        parts = [f"{requests} Metadata request(s) since the previous statistics"]
+        if new_topics:
+            parts.append("new topics: " + ",".join(new_topics))
+        if errors:
+            parts.append(f"{errors} disconnect(s)/timeout(s)/transport error(s) in the same interval")
+        return "; ".join(parts)
+
+    @staticmethod
+    def _node_id(brokers: Mapping[str, Mapping[str, Any]], grown: Mapping[str, int]) -> Optional[int]:
+        """The one broker that answered, when exactly one did (logical brokers such as
+        ``GroupCoordinator`` report node -1 and are mapped to their real broker by host:port)."""
+        by_addr = {b.get("nodename"): _broker_id(b.get("nodeid")) for b in brokers.values()
+                   if _broker_id(b.get("nodeid")) is not None}
+        ids = set()
+        for name in grown:
+            b = brokers[name]
+            ids.add(_broker_id(b.get("nodeid")) if _broker_id(b.get("nodeid")) is not None
+                    else by_addr.get(b.get("nodename")))
+        return ids.pop() if len(ids) == 1 else None
+
+
+def _learned_brokers(brokers: Mapping[str, Mapping[str, Any]]) -> list[Broker]:
+    out = []
+    for b in brokers.values():
+        node, hp = _broker_id(b.get("nodeid")), _host_port(b.get("nodename"))
+        if node is not None and hp is not None and b.get("source") == "learned":
+            out.append(Broker(node_id=node, host=hp[0], port=hp[1]))
+    return sorted(out, key=lambda b: b.node_id)
+
+
+def _partition_count(stats: Mapping[str, Any]) -> int:
+    count = 0
+    for topic in (stats.get("topics") or {}).values():
+        parts = topic.get("partitions") if isinstance(topic, Mapping) else None
+        count += sum(1 for p in (parts or {}).values()
+                     if isinstance(p, Mapping) and (_int(p.get("partition")) or 0) >= 0)
+    return count
+
+
+def generation_of(group_metadata: Any, group_id: Optional[str] = None) -> Optional[int]:
+    """The generation id inside ``Consumer.consumer_group_metadata()``, or None.
+
+    The value is documented as opaque; it is librdkafka's ``rd_kafka_consumer_group_metadata_write``
+    form: ``b"CGMDv2:"``, int32 generation id (native byte order), group id NUL, member id NUL, ...
+    Read only when the magic and (if given) the group id match; a negative generation is None."""
+    if not isinstance(group_metadata, (bytes, bytearray)) or not group_metadata.startswith(_CGMD_MAGIC):
+        return None
+    start = len(_CGMD_MAGIC)
+    if len(group_metadata) < start + 5:
+        return None
+    (generation,) = struct.unpack_from("=i", group_metadata, start)
+    group, sep, _ = bytes(group_metadata[start + 4:]).partition(b"\0")
+    if not sep or (group_id is not None and group.decode("utf-8", "replace") != group_id):
+        return None
+    return generation if generation >= 0 else None
+
+
+def partition_names(partitions: Iterable[Any]) -> list[str]:
+    """TopicPartitions as 'topic/partition'."""
+    return [f"{tp.topic}/{tp.partition}" for tp in partitions]
+
+
+def _interval_ms(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The instrumentation of one client
+# ---------------------------------------------------------------------------------------------
+
+
+class Instrumentation:
+    """State and callbacks of one instrumented client (one per Consumer or Producer).
+
+    ``events`` is an emitter (anything with ``emit(payload, observed_at=None, cluster=...)``) or a
+    dict: ``topic`` (default ``kafka-monitor.events``), optional ``max_buffered``, and librdkafka
+    producer properties for the monitoring cluster (``bootstrap.servers``, security settings).
+    Creating the producer does not connect, so an unreachable cluster never delays the application;
+    an invalid dict disables emitting (logged, counted) rather than failing the application.
+
+    ``cluster``: the watched cluster's id for the envelope.  Default: an app-supplied emitter's own
+    cluster; for an emitter created here, the client's cluster id as librdkafka learns it (read
+    without blocking; events wait for it at most :data:`CLUSTER_ID_WAIT_S`, then go out as
+    "unknown").  ``source``: only for an emitter created here (an emitter brings its own)."""
+
+    def __init__(self, *, events: Union[EmitterLike, Mapping[str, Any]], group: Optional[str] = None,
+                 cluster: Optional[str] = None, source: Optional[str] = None, client_id: Optional[str] = None,
+                 statistics_interval_ms: int = DEFAULT_STATISTICS_INTERVAL_MS,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
+        self.group = group
+        self.client_id = client_id
+        self.statistics_interval_ms = statistics_interval_ms
+        self.instrumentation_errors = 0
+        self.errors_by_kind: dict[str, int] = {}
+        self.events_emitted = 0
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lock = threading.RLock()
+        self._metadata = MetadataRequestTracker()
+        self._client: Any = None
+        self._wrapped = False
+        self._closed = False
+        self._rebalance_started: Optional[float] = None
+        self._last_failure: Optional[str] = None
+        self._generation: Optional[int] = None
+        self._pending: list[tuple[Payload, int]] = []
+        self._pending_since: Optional[float] = None
+        self._cluster = cluster
+        self.emitter, self.owns_emitter = self._make_emitter(events, cluster, source, client_id)
+        self._resolve_cluster = cluster is None and self.owns_emitter
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _make_emitter(self, events: Any, cluster: Optional[str], source: Optional[str],
+                      client_id: Optional[str]) -> tuple[EmitterLike, bool]:
+        if isinstance(events, Mapping):
+            return _emitter_from_settings(events, cluster, source or default_source(client_id)), True
+        if not callable(getattr(events, "emit", None)):
+            raise TypeError("events must be an EventEmitter (or anything with emit()) or a dict of settings")
+        if source is not None and getattr(events, "source", source) != source:
+            raise ValueError("source belongs to the EventEmitter passed as events; set it there")
+        return events, False
+
+    def wrap(self, conf: Mapping[str, Any]) -> dict[str, Any]:
+        """A new config with ``stats_cb``/``error_cb`` wrapped and statistics enabled if unset.
+
+        The application's ``stats_cb`` is only forwarded when the application itself enabled
+        statistics: without instrumentation it would never have been called.  A non-callable
+        application callback is left in place so the client raises exactly its usual error."""
+        if not isinstance(conf, Mapping):
+            raise TypeError("conf must be a dict of librdkafka properties")
+        if isinstance(conf.get("stats_cb"), _StatsCallback) or isinstance(conf.get("error_cb"), _ErrorCallback):
+            raise ValueError("this config is already instrumented")
+        if self._wrapped:
+            raise RuntimeError("one Instrumentation per client: create a new one for this config")
+        self._wrapped = True
+        new = dict(conf)
+        self.group = self.group or _str_or_none(conf.get("group.id"))
+        self.client_id = self.client_id or _str_or_none(conf.get("client.id"))
+        app_interval = _interval_ms(conf.get("statistics.interval.ms"))
+        if "statistics.interval.ms" not in conf:
+            new["statistics.interval.ms"] = self.statistics_interval_ms
+        elif app_interval == 0:
+            log.warning("statistics.interval.ms is 0 in the application's config: no client_fetch or "
+                        "metadata_refresh events from this client")
+        app_stats, app_error = conf.get("stats_cb"), conf.get("error_cb")
+        if app_stats is None or callable(app_stats):
+            forward = app_stats if app_interval is not None and app_interval > 0 else None
+            new["stats_cb"] = _StatsCallback(self, forward)
+        if app_error is None or callable(app_error):
+            new["error_cb"] = _ErrorCallback(self, app_error, conf.get("logger"))
+        return new
+
+    def bind(self, client: Any) -> None:
+        """Give the instrumentation its client (member id, generation, cluster id); optional."""
+        self._client = client
+
+    # -- counters ----------------------------------------------------------------------------
+
+    @property
+    def events_sent(self) -> int:
+        return int(getattr(self.emitter, "sent", 0))
+
+    @property
+    def events_dropped(self) -> int:
+        return int(getattr(self.emitter, "dropped", 0))
+
+    def _failed(self, where: str, exc: BaseException) -> None:
+        kind = f"{where}:{type(exc).__name__}"
+        with self._lock:
+            self.instrumentation_errors += 1
+            first = kind not in self.errors_by_kind
+            self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
+        if first:
+            log.warning("kafka-monitor instrumentation error in %s (%s): %s; counted, further ones of "
+                        "this kind are not logged", where, type(exc).__name__, exc, exc_info=exc)
+
+    def _guard(self, where: str, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # never into librdkafka's callback / the application's poll
+            self._failed(where, e)
+
+    # -- emitting ----------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _cluster_now(self) -> Any:
+        """The cluster for the envelope now: a name, None (emitter default) or _PENDING (wait)."""
+        if self._cluster is not None or not self._resolve_cluster:
+            return self._cluster
+        client = self._client
+        if client is not None:
+            try:
+                cid = client.cluster_id(0)  # cached value or an immediate error; never waits
+            except Exception:
+                cid = None
+            if cid:
+                self._cluster = str(cid)
+                return self._cluster
+            if self._pending_since is None:
+                self._pending_since = self._monotonic()
+            if (self._monotonic() - self._pending_since < CLUSTER_ID_WAIT_S
+                    and len(self._pending) < MAX_PENDING_EVENTS):
+                return _PENDING
+        return None
+
+    def _emit(self, payload: Payload, observed_at: int) -> None:
+        with self._lock:
+            cluster = self._cluster_now()
+            if cluster is _PENDING:
+                self._pending.append((payload, observed_at))
+                return
+            self._drain(cluster)
+            self._send(payload, observed_at, cluster)
+
+    def _drain(self, cluster: Optional[str]) -> None:
+        pending, self._pending, self._pending_since = self._pending, [], None
+        for payload, observed_at in pending:
+            self._send(payload, observed_at, cluster)
+
+    def _send(self, payload: Payload, observed_at: int, cluster: Optional[str]) -> None:
+        try:
+            if cluster is None:
+                self.emitter.emit(payload, observed_at=observed_at)
+            else:
+                self.emitter.emit(payload, observed_at=observed_at, cluster=cluster)
+            self.events_emitted += 1
+        except Exception as e:
+            self._failed("emit", e)
+
+    def tick(self) -> None:
+        """Send events that wait for the cluster id, if it is known now (or waited long enough)."""
+        if not self._pending:
+            return
+
+        def drain() -> None:
+            with self._lock:
+                cluster = self._cluster_now()
+                if cluster is not _PENDING:
+                    self._drain(cluster)
+
+        self._guard("tick", drain)
+
+    # -- statistics and errors ---------------------------------------------------------------
+
+    def on_stats(self, raw: Union[str, bytes]) -> None:
+        """Handle one statistics JSON (already guarded by the callback)."""
+        stats = parse_stats(raw)
+        observed_at = stats_observed_at(stats, self.now_ms(), int(self._monotonic() * 1_000_000))
+        with self._lock:
+            refresh = self._metadata.observe(stats)
+        for fetch in client_fetches(stats, self.group):
+            self._emit(fetch, observed_at)
+        if refresh is not None:
+            self._emit(refresh, observed_at)
+
+    def on_error(self, err: Any) -> None:
+        """An error from ``error_cb`` or a consumer error message: group failures become events."""
+        code = err.code() if callable(getattr(err, "code", None)) else None
+        if code not in GROUP_FAILURE_CODES:
+            return
+        name = err.name() if callable(getattr(err, "name", None)) else str(code)
+        text = err.str() if callable(getattr(err, "str", None)) else str(err)
+        self._last_failure = name
+        started = self._rebalance_started
+        duration = (self._monotonic() - started) * 1000 if started is not None else None
+        self._rebalance(self._client, "failed", [], reason=f"{name}: {text}", duration_ms=duration)
+
+    def observe_consumer_error(self, err: Any) -> None:
+        """Guarded entry for consumer errors the application got from poll()/consume()."""
+        self._guard("consumer_error", self.on_error, err)
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    def join_started(self, started: Optional[float] = None) -> None:
+        """Record (and emit) that the member starts joining: ``subscribe()`` was called."""
+        def record() -> None:
+            self._rebalance_started = self._monotonic() if started is None else started
+            self._last_failure = None
+            self._rebalance(self._client, "join_started", [], reason="subscribe")
+
+        self._guard("join_started", record)
+
+    def rebalance_callbacks(self, on_assign: Any = _UNSET, on_revoke: Any = _UNSET,
+                            on_lost: Any = _UNSET) -> dict[str, Callable[[Any, list], None]]:
+        """``on_assign``/``on_revoke``/``on_lost`` for ``Consumer.subscribe`` that chain to the
+        application's (same arguments, their exceptions propagate unchanged) and emit rebalance
+        events.  Like confluent-kafka, lost partitions go to ``on_revoke`` when there is no
+        ``on_lost``.  A non-callable application callback raises the binding's TypeError."""
+        app = {}
+        for name, cb in (("on_assign", on_assign), ("on_revoke", on_revoke), ("on_lost", on_lost)):
+            if cb is _UNSET:
+                continue
+            if not callable(cb):
+                raise TypeError(f"{name} expects a callable")
+            app[name] = cb
+        lost_app = app.get("on_lost", app.get("on_revoke"))
+        return {"on_assign": self._assign_callback(app.get("on_assign")),
+                "on_revoke": self._revoke_callback("revoked", app.get("on_revoke")),
+                "on_lost": self._revoke_callback("lost", lost_app)}
+
+    def _assign_callback(self, app_cb: Optional[Callable]) -> Callable[[Any, list], None]:
+        def on_assign(consumer: Any, partitions: list) -> None:
+            entered = self._monotonic()
+            try:
+                if app_cb is not None:
+                    app_cb(consumer, partitions)
+            finally:
+                self._guard("on_assign", self._assigned, consumer, partitions, entered)
+
+        return on_assign
+
+    def _revoke_callback(self, phase: str, app_cb: Optional[Callable]) -> Callable[[Any, list], None]:
+        def on_revoke(consumer: Any, partitions: list) -> None:
+            entered = self._monotonic()
+            try:
+                if app_cb is not None:
+                    app_cb(consumer, partitions)
+            finally:
+                self._guard(f"on_{phase}", self._revoked, consumer, partitions, phase, entered)
+
+        return on_revoke
+
+    def _assigned(self, consumer: Any, partitions: list, entered: float) -> None:
+        started, self._rebalance_started = self._rebalance_started, None
+        duration = (entered - started) * 1000 if started is not None else None
+        self._rebalance(consumer, "assigned", partitions, duration_ms=duration)
+        self._last_failure = None
+
+    def _revoked(self, consumer: Any, partitions: list, phase: str, entered: float) -> None:
+        self._rebalance_started = entered
+        reason = self._last_failure if phase == "lost" else None
+        self._rebalance(consumer, phase, partitions, reason=reason,
+                        duration_ms=(self._monotonic() - entered) * 1000)
+
+    def _rebalance(self, consumer: Any, phase: str, partitions: list, reason: Optional[str] = None,
+                   duration_ms: Optional[float] = None) -> None:
+        if consumer is not None and self._client is None:
+            self._client = consumer
+        member, generation = self._membership(consumer)
+        self._emit(Rebalance(group=self.group or "", phase=phase, member_id=member, client_id=self.client_id,
+                             generation=generation, partitions=partition_names(partitions), reason=reason,
+                             duration_ms=duration_ms), self.now_ms())
+
+    def _membership(self, consumer: Any) -> tuple[Optional[str], Optional[int]]:
+        """(member id, generation) from the consumer, None for whatever it cannot tell."""
+        if consumer is None:
+            return None, None
+        member = generation = None
+        try:
+            member = consumer.memberid() or None
+        except Exception:
+            pass
+        try:
+            generation = generation_of(consumer.consumer_group_metadata(), self.group)
+        except Exception:
+            pass
+        return member, generation
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def close(self, timeout: float = 1.0) -> int:
+        """Send waiting events and, for an emitter created here, flush it for at most ``timeout``
+        seconds.  Returns how many events are still undelivered (0 for an app-owned emitter)."""
+        left = 0
+        try:
+            with self._lock:
+                cluster = self._cluster_now()
+                self._drain(None if cluster is _PENDING else cluster)
+            if self.owns_emitter and not self._closed:
+                self._closed = True
+                left = int(self.emitter.flush(timeout) or 0)
+        except Exception as e:
+            self._failed("close", e)
+        return left
+
+
+class _StatsCallback:
+    """``stats_cb``: the application's callback first (same string), then the instrumentation."""
+
+    def __init__(self, instrumentation: Instrumentation, app_cb: Optional[Callable[[str], None]]):
+        self.instrumentation = instrumentation
+        self.app_cb = app_cb
+
+    def __call__(self, raw: str) -> None:
+        try:
+            if self.app_cb is not None:
+                self.app_cb(raw)
+        finally:
+            self.instrumentation._guard("stats", self.instrumentation.on_stats, raw)
+
+
+class _ErrorCallback:
+    """``error_cb``: the application's callback first (same error), then the instrumentation.
+
+    Without an application ``error_cb`` librdkafka would have logged the error; the error is
+    logged instead to the application's ``logger`` (if it configured one) or this module's."""
+
+    def __init__(self, instrumentation: Instrumentation, app_cb: Optional[Callable[[Any], None]], logger: Any):
+        self.instrumentation = instrumentation
+        self.app_cb = app_cb
+        self.logger = logger if callable(getattr(logger, "error", None)) else log
+
+    def __call__(self, err: Any) -> None:
+        try:
+            if self.app_cb is not None:
+                self.app_cb(err)
+            else:
+                self.logger.error("librdkafka error: %s", err)
+        finally:
+            self.instrumentation._guard("error", self.instrumentation.on_error, err)
+
+
+def _str_or_none(value: Any) -> Optional[str]:
+    return str(value) if value not in (None, "") else None
+
+
+def default_source(client_id: Optional[str]) -> str:
+    """A source name unique per instrumented client in this process (no '/', keys use it)."""
+    return (f"instrumented-{client_id or 'rdkafka'}-{socket.gethostname()}-{os.getpid()}-"
+            f"{next(_INSTANCE_COUNTER)}").replace("/", "_")
+
+
+def _emitter_from_settings(settings: Mapping[str, Any], cluster: Optional[str], source: str) -> EmitterLike:
+    conf = dict(settings)
+    topic = str(conf.pop("topic", DEFAULT_EVENTS_TOPIC))
+    max_buffered = int(conf.pop("max_buffered", 100_000))
+    conf.setdefault("logger", logging.getLogger(__name__ + ".events"))
+    conf.setdefault("error_cb", _events_error_cb())
+    try:
+        return EventEmitter(conf, topic, cluster=cluster or "unknown", source=source, max_buffered=max_buffered)
+    except Exception as e:  # bad settings must not take the application down
+        log.error("kafka-monitor events producer could not be created (%s); instrumentation emits nothing", e)
+        return _DisabledEmitter(str(e))
+
+
+def _events_error_cb() -> Callable[[Any], None]:
+    """Logs each distinct error of the events producer once (an unreachable monitoring cluster
+    would otherwise repeat itself for as long as the application runs)."""
+    seen: set[Any] = set()
+
+    def on_error(err: Any) -> None:
+        try:
+            code = err.code()
+        except Exception:
+            code = str(err)
+        if code not in seen and len(seen) < 100:
+            seen.add(code)
+            log.warning("kafka-monitor events producer: %s (events are dropped, the application is not affected)", err)
+
+    return on_error
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def instrument(conf: Mapping[str, Any], *, events: Union[EmitterLike, Mapping[str, Any]], group: Optional[str] = None,
+               cluster: Optional[str] = None, source: Optional[str] = None) -> dict[str, Any]:
+    """A new config for ``confluent_kafka.Consumer``/``Producer`` that emits kafka-monitor events.
+
+    ``group`` defaults to ``group.id``.  See the module docstring for what is emitted; rebalance
+    events need ``instrumentation_of(result).rebalance_callbacks(...)`` in ``subscribe`` (or use
+    :class:`InstrumentedConsumer`), and ``instrumentation_of(result).bind(client)`` lets the
+    events carry the cluster id when ``cluster`` is not given."""
+    inst = Instrumentation(events=events, group=group or _str_or_none(conf.get("group.id")), cluster=cluster,
+                           source=source, client_id=_str_or_none(conf.get("client.id")))
+    return inst.wrap(conf)
+
+
+def instrumentation_of(conf: Mapping[str, Any]) -> Optional[Instrumentation]:
+    """The :class:`Instrumentation` behind a config returned by :func:`instrument`, or None."""
+    cb = conf.get("stats_cb")
+    return cb.instrumentation if isinstance(cb, _StatsCallback) else None
+
+
+class InstrumentedConsumer(Consumer):
+    """A ``confluent_kafka.Consumer`` that emits kafka-monitor events; otherwise the same consumer.
+
+    ``subscribe`` chains the rebalance callbacks (and emits ``join_started``); ``poll``/``consume``
+    return exactly what the base class returns and only look at error messages for group failures;
+    ``close`` closes the consumer, then flushes the events for at most ``close_flush_timeout``
+    seconds (only an emitter created here; an app-supplied emitter is the app's to flush)."""
+
+    def __init__(self, conf: Optional[Mapping[str, Any]] = None, *, events: Union[EmitterLike, Mapping[str, Any]],
+                 group: Optional[str] = None, cluster: Optional[str] = None, source: Optional[str] = None,
+                 close_flush_timeout: float = 1.0, **kwargs: Any):
+        merged = {**(conf or {}), **kwargs}
+        inst = Instrumentation(events=events, group=group or _str_or_none(merged.get("group.id")),
+                               cluster=cluster, source=source, client_id=_str_or_none(merged.get("client.id")))
+        wrapped = inst.wrap(merged)
+        try:
+            super().__init__(wrapped)
+        except BaseException:
+            inst.close(0)
+            raise
+        self.instrumentation = inst
+        self.close_flush_timeout = close_flush_timeout
+        inst.bind(self)
+
+    @property
+    def instrumentation_errors(self) -> int:
+        return self.instrumentation.instrumentation_errors
+
+    def subscribe(self, topics: list[str], on_assign: Any = _UNSET, on_revoke: Any = _UNSET,
+                  on_lost: Any = _UNSET) -> None:
+        callbacks = self.instrumentation.rebalance_callbacks(on_assign, on_revoke, on_lost)
+        started = self.instrumentation._monotonic()
+        super().subscribe(topics, **callbacks)
+        self.instrumentation.join_started(started)
+
+    def poll(self, *args: Any, **kwargs: Any) -> Any:
+        msg = super().poll(*args, **kwargs)
+        if msg is not None and msg.error() is not None:
+            self.instrumentation.observe_consumer_error(msg.error())
+        self.instrumentation.tick()
+        return msg
+
+    def consume(self, *args: Any, **kwargs: Any) -> Any:
+        msgs = super().consume(*args, **kwargs)
+        for msg in msgs:
+            if msg.error() is not None:
+                self.instrumentation.observe_consumer_error(msg.error())
+        self.instrumentation.tick()
+        return msgs
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().close(*args, **kwargs)
+        finally:
+            self.instrumentation.close(self.close_flush_timeout)
