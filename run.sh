@@ -40,6 +40,7 @@ case "${1:-}" in
     exec .venv/bin/kafka-monitor demo "$@" ;;
   test)
     shift; setup
+    need_apt promtool prometheus   # promtool + a real Prometheus server for the rule tests
     exec .venv/bin/python -m pytest -q -rfE --durations=10 "$@" ;;
   *)
     echo "usage: ./run.sh demo [--metrics-port N] [--duration S] | ./run.sh test [pytest args]" >&2

@@ -38,7 +38,7 @@ except OSError:  # not glibc Linux: no parent-death signal, stop() still works
     _LIBC = None
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     os.setpgrp()
     if _LIBC is not None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -61,7 +61,7 @@ class TansuBroker:
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)
+            preexec_fn=die_with_parent)
         self._wait_ready(timeout)
         return self
 
