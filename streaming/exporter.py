@@ -18,6 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 log = logging.getLogger(__name__)
 
 P = "kafka_monitor_"
+#: the reasons the quality gate gives (streaming.job.parse)
+QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
+                      "out_of_range")
 PART = ("cluster", "topic", "partition")
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group")
@@ -33,6 +36,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "group_partition_committed_offset": ("gauge", "Offset the consumer group committed for the partition.", GPART),
     P + "group_partition_lag": ("gauge", "Consumer lag in offsets: HW - committed offset, from one observation; never negative.", GPART),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
+    P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
@@ -55,6 +59,8 @@ class Exporter:
             # prometheus_client appends _total to counters itself
             base = name[: -len("_total")] if typ == "counter" else name
             self._m[name] = cls(base, help_, labels, registry=self.registry)
+        for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
+            self.m("events_quarantined_total").labels(reason)
         self._series: dict[tuple[str, tuple], None] = {}
         self._lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
@@ -111,10 +117,10 @@ class Exporter:
                             self._set(name, lab, v)
                 elif kind == "source":
                     lab = (r["cluster"], r["source"])
-                    if action == "remove":
-                        self._remove("source_last_heartbeat_timestamp_seconds", lab)
-                    else:
-                        self._set("source_last_heartbeat_timestamp_seconds", lab, r["at"] / 1000.0)
+                    for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),
+                                    ("source_heartbeat_interval_seconds",
+                                     None if r["interval_ms"] is None else r["interval_ms"] / 1000.0)):
+                        self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
                 elif kind == "alert":
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
                            "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "")

@@ -47,6 +47,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("evidence", "string"),
     ("at", "long"),
     ("count", "long"),
+    ("interval_ms", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
 STATE_SCHEMA = "entities string"
@@ -99,7 +100,7 @@ def _entity_row(kind: str, s: dict, action: str = "upsert") -> dict:
                     consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
                     lag=s["lag"], at=s["last_seen"])
     return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s["last_seen"],
-                count=s.get("events_dropped"))
+                count=s.get("events_dropped"), interval_ms=s.get("interval_ms"))
 
 
 def _labels(kind: str, s: dict) -> dict:

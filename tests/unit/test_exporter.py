@@ -81,3 +81,13 @@ def test_every_metric_is_documented_in_the_catalogue():
         assert name.endswith("_total") == (typ == "counter"), name
         line = next(l for l in doc.splitlines() if l.startswith(f"| `{name}`"))
         assert typ in line and all(f"`{lab}`" in line for lab in labels), line
+
+
+def test_source_heartbeat_and_interval_and_quarantine_reasons_start_at_zero():
+    e = Exporter()
+    assert v(e, "events_quarantined_total", reason="malformed_json") == 0
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=5000, interval_ms=2000)], batch_id=0)
+    assert v(e, "source_last_heartbeat_timestamp_seconds", cluster="k", source="p") == 5.0
+    assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") == 2.0
+    e.apply([row(kind="source", action="remove", cluster="k", source="p", at=5000)], batch_id=1)
+    assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") is None
