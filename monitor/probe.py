@@ -118,12 +118,15 @@ class ProbeConfig:
 
 
 class Probe:
-    def __init__(self, cfg: ProbeConfig, *, emitter: Optional[EventEmitter] = None,
+    def __init__(self, cfg: ProbeConfig, *, emitter: Optional[EventEmitter] = None, admin: Optional[Any] = None,
                  clock: Callable[[], float] = time.time):
+        """``emitter`` and ``admin`` (the slice of AdminClient the probe calls) can be injected;
+        by default they are built from the configuration."""
         self.cfg = cfg.validate()
         self._clock = clock
-        self._admin = AdminClient({**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
-                                   "error_cb": self._on_client_error})
+        self._admin = admin if admin is not None else AdminClient({
+            **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
+            "error_cb": self._on_client_error})
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
@@ -336,7 +339,7 @@ class Probe:
             try:
                 d = fut.result()
             except Exception as e:
-                log.warning("describing group %s: %s", gid, e)
+                self._warn_once("describe_group", "describing group %s: %s", gid, e)
                 continue
             members = [GroupMember(member_id=m.member_id, client_id=m.client_id, host=m.host,
                                    assignment=[f"{tp.topic}/{tp.partition}" for tp in

@@ -218,3 +218,33 @@ def test_group_joining_and_leaving_shows_in_group_state(tansu):
         if member is not None:
             member.close()
         probe.close()
+
+
+def test_cli_probe_stops_cleanly_on_sigterm_with_a_final_flush(tansu, tmp_path):
+    import json as _json
+    import signal
+    import subprocess
+    import sys
+
+    events = unique("events")
+    create_topics(tansu.bootstrap, {events: 1})
+    (tmp_path / "km.toml").write_text(f'[probe]\nevents_topic = "{events}"\nsource = "cli-probe"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafka_monitor.cli", "--log-format", "json", "probe", "--config",
+         str(tmp_path / "km.toml"), "--bootstrap-servers", tansu.bootstrap, "--interval", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(e.source == "cli-probe" for e in read_events(tansu.bootstrap, events)),
+                 timeout=30, what="the CLI probe's first events")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    lines = [_json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any("watching" in line["message"] for line in lines)  # structured logs
+    evs = [e for e in read_events(tansu.bootstrap, events) if e.source == "cli-probe"]
+    seqs = sorted(e.seq for e in evs)
+    assert seqs == list(range(len(seqs)))  # everything emitted before SIGTERM was delivered
