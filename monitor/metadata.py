@@ -231,18 +231,23 @@ class ClusterView:
         object.__setattr__(self, "topics", types.MappingProxyType(topics))
 
     @classmethod
-    def from_confluent(cls, md: Any) -> "ClusterView":
+    def from_confluent(cls, md: Any, leader_epochs: Optional[Mapping[tuple[str, int], int]] = None) -> "ClusterView":
         """Build a view from confluent_kafka's ``ClusterMetadata`` (``AdminClient.list_topics()``).
 
-        librdkafka exposes no leader epoch, rack, offline replicas or ``is_internal``: they become
-        ``None``, ``None``, ``()`` and "name is a known internal topic".  Errors keep their name."""
+        librdkafka's metadata objects carry no leader epoch, rack, offline replicas or
+        ``is_internal``: they become ``None`` (or the epoch from ``leader_epochs``, which the
+        probe reads from the client's statistics), ``None``, ``()`` and "name is a known internal
+        topic".  Errors keep their name."""
+        epochs = leader_epochs or {}
         brokers = tuple(BrokerView(int(b.id), str(b.host), int(b.port), getattr(b, "rack", None))
                         for b in md.brokers.values())
         topics = []
         for name, tmd in md.topics.items():
             name = getattr(tmd, "topic", None) or name
             parts = tuple(PartitionView(topic=name, partition=int(pmd.id), leader=int(pmd.leader),
-                                        leader_epoch=getattr(pmd, "leader_epoch", None),
+                                        leader_epoch=getattr(pmd, "leader_epoch", None)
+                                        if getattr(pmd, "leader_epoch", None) is not None
+                                        else epochs.get((name, int(pmd.id))),
                                         replicas=_ints(pmd.replicas), isr=_ints(pmd.isrs),
                                         offline_replicas=_ints(getattr(pmd, "offline_replicas", ()) or ()),
                                         error=_error_name(pmd.error))

@@ -29,6 +29,7 @@ Watermarks come from one of two places (``offsets_via``):
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -86,6 +87,8 @@ class ProbeConfig:
     metadata_max_age_s: Optional[float] = None
     #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
     refresh_backoff_s: float = 1.0
+    #: statistics interval of the probe's admin client, where leader epochs come from
+    stats_interval_s: float = 1.0
     #: how often each topic's configuration (min.insync.replicas) is read again
     config_refresh_s: float = 300.0
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
@@ -102,6 +105,8 @@ class ProbeConfig:
             raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
         if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
             raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
+        if not 0.05 <= self.stats_interval_s <= 60:
+            raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
         if not self.refresh_backoff_s >= 0:
             raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
         if self.offsets_via not in OFFSETS_VIA:
@@ -126,7 +131,13 @@ class Probe:
         self._clock = clock
         self._admin = admin if admin is not None else AdminClient({
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
-            "error_cb": self._on_client_error})
+            "error_cb": self._on_client_error,
+            # leader epochs are only in the client's statistics (not in list_topics' objects)
+            "statistics.interval.ms": int(cfg.stats_interval_s * 1000), "stats_cb": self._on_stats})
+        self._epochs: dict[tuple[str, int], int] = {}
+        self._stats_ts = 0.0              # librdkafka's monotonic clock of the last statistics, s
+        self._epoch_support: Optional[bool] = None
+        self._registered: set[str] = set()
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
@@ -222,8 +233,9 @@ class Probe:
             self._warn_once("metadata", "metadata refresh failed: %s", err)
             return False
         duration_ms = (time.monotonic() - t0) * 1000
+        epochs = self._leader_epochs([n for n, t in md.topics.items() if self._watched(n) and t.error is None])
         previous_ok = self.metadata.last_successful_refresh_ms
-        change = self.metadata.update(ClusterView.from_confluent(md))
+        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs))
         now = change.at_ms
         view = self.metadata.cluster
         if not change.ok:
@@ -257,6 +269,56 @@ class Probe:
                 watched.append((name, pv.partition))
         self._watched_partitions = watched
         return True
+
+    def _on_stats(self, raw: str) -> None:
+        """stats_cb of the admin client: keep each partition's leader epoch."""
+        try:
+            stats = json.loads(raw)
+            for tname, t in stats.get("topics", {}).items():
+                for pid, p in t.get("partitions", {}).items():
+                    epoch = p.get("leader_epoch")
+                    if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
+                        self._epochs[(tname, int(pid))] = epoch
+            self._stats_ts = stats.get("ts", 0) / 1e6
+        except (ValueError, AttributeError, TypeError) as e:
+            self._warn_once("stats", "unreadable client statistics: %s", e)
+
+    def _leader_epochs(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """Leader epochs as of the metadata response just received.
+
+        librdkafka reports a partition's leader epoch only in its statistics, only for topics
+        the client holds a handle for (``list_topics(topic)`` creates one), and only in
+        statistics produced after the metadata response.  So: register new topics once, then
+        wait (at most 2.5 statistics intervals) for statistics stamped after now — librdkafka's
+        ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
+        carry no epochs at all (seen once) is not waited for again; epochs then stay null."""
+        if self._epoch_support is False:
+            return {}
+        for t in topics:
+            if t not in self._registered:
+                try:
+                    self._admin.list_topics(topic=t, timeout=self.cfg.request_timeout_s)
+                    self._registered.add(t)
+                except KafkaException as e:
+                    self._warn_once("register", "topic %s: %s", t, e)
+        self._registered &= set(topics) | set(self._registered)
+        mark = time.monotonic()
+        deadline = mark + 2.5 * self.cfg.stats_interval_s
+        while self._stats_ts < mark and time.monotonic() < deadline:
+            self._admin.poll(0.05)
+        if self._stats_ts == 0.0:
+            self._epoch_support = False  # this client produces no statistics at all
+            log.info("no client statistics: partition_metadata.leader_epoch stays null")
+            return {}
+        if self._stats_ts < mark:
+            self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
+        wanted = set(topics)
+        epochs = {k: v for k, v in self._epochs.items() if k[0] in wanted}
+        if self._epoch_support is None and topics and self._stats_ts >= mark:
+            self._epoch_support = bool(epochs)
+            if not epochs:
+                log.info("the brokers report no leader epochs; partition_metadata.leader_epoch stays null")
+        return epochs
 
     def _topic_min_isr(self, topics: list[str]) -> dict[str, Optional[int]]:
         """Each topic's min.insync.replicas (DescribeConfigs), read for new topics and again every

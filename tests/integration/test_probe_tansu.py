@@ -8,30 +8,11 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.broker import create_topics, free_port
-from monitor.contract import Event
 from monitor.probe import ConfigError, Probe, ProbeConfig
 from tests.conftest import unique, wait_for
+from tests.support.events import latest_of, read_events
 
 pytestmark = pytest.mark.integration
-
-
-def read_events(bootstrap: str, topic: str) -> list[Event]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False,
-                  "enable.partition.eof": True})
-    md = c.list_topics(topic, timeout=10)
-    parts = list(md.topics[topic].partitions)
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, eof = [], set()
-    try:
-        while len(eof) < len(parts):
-            for m in c.consume(500, timeout=2):
-                if m.error():
-                    eof.add(m.partition())
-                else:
-                    out.append(Event.from_json(m.value()))
-    finally:
-        c.close()
-    return out
 
 
 def produce_batched(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
@@ -49,11 +30,6 @@ def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> N
         c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
     finally:
         c.close()
-
-
-def latest_of(events, etype, **match):
-    hits = [e for e in events if e.type == etype and all(getattr(e.data, k) == v for k, v in match.items())]
-    return max(hits, key=lambda e: e.seq) if hits else None
 
 
 def test_fetch_mode_reports_the_true_hw_and_commits_observed_with_it(tansu):

@@ -34,7 +34,7 @@ class FakeAdmin:
         self.topics, self.committed, self.hw, self.errors = topics, committed, hw, errors or {}
         self.metadata_calls = 0
 
-    def list_topics(self, timeout=None):
+    def list_topics(self, topic=None, timeout=None):
         self.metadata_calls += 1
         broker = SimpleNamespace(id=1, host="b1", port=9092)
         parts = lambda n: {p: SimpleNamespace(id=p, leader=1, replicas=[1], isrs=[1], error=None) for p in range(n)}
@@ -88,7 +88,8 @@ class FakeEmitter:
 
 def make(admin: FakeAdmin):
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, refresh_backoff_s=0), emitter=em,
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, refresh_backoff_s=0,
+                                      stats_interval_s=0.05), emitter=em,
                   admin=admin)
     return probe, em
 
@@ -139,7 +140,7 @@ def test_an_error_in_an_offsets_response_invalidates_metadata(code, cause):
 def test_a_transport_failure_is_a_failed_refresh_and_is_retried_after_the_backoff():
     admin = FakeAdmin(topics={"orders": 1}, committed={}, hw={})
 
-    def down(timeout=None):
+    def down(topic=None, timeout=None):
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
 
     admin.list_topics = down

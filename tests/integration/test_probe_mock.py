@@ -1,0 +1,92 @@
+"""The probe against librdkafka's mock cluster (3 brokers, in this process): leader moves,
+a broker going down, injected error responses.
+
+What the mock does (tests/integration/test_mock_cluster.py pins it): set_leader bumps the
+partition's leader epoch by one; a broker set down disappears from the broker list while the
+partitions keep naming it (leader, replicas, ISR unchanged — the mock always reports
+ISR = replicas); errors pushed for an API key answer that many requests with the error."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.probe import Probe, ProbeConfig
+from tests.support.events import latest_of, read_events
+from tests.support.mock_cluster import ApiKey, Err, MockCluster
+
+pytestmark = pytest.mark.integration
+
+EVENTS = "kafka-monitor.events"
+
+
+@pytest.fixture
+def mock():
+    with MockCluster(brokers=3) as mc:
+        mc.create_topic("orders", 3, 3)
+        mc.create_topic(EVENTS, 1, 3)
+        yield mc
+
+
+@pytest.fixture
+def probe(mock):
+    p = Probe(ProbeConfig(bootstrap_servers=mock.bootstrap, events_topic=EVENTS, interval_s=1, cluster="mock",
+                          source="probe-mock", topics_include="^orders$", refresh_backoff_s=0,
+                          stats_interval_s=0.2, request_timeout_s=5))
+    try:
+        yield p
+    finally:
+        p.close(flush_timeout=5)
+
+
+def events(mock, probe):
+    probe.emitter.flush(10)
+    return read_events(mock.bootstrap, EVENTS)
+
+
+def test_leader_move_shows_new_leader_and_bumped_epoch(mock, probe):
+    probe.refresh_metadata()
+    before = latest_of(events(mock, probe), "partition_metadata", topic="orders", partition=0)
+    assert before.data.leader_epoch is not None, "leader epochs come from the admin client's statistics"
+    new_leader = next(b for b in (1, 2, 3) if b != before.data.leader)
+    mock.set_leader("orders", 0, new_leader)
+    probe.refresh_metadata()
+    after = latest_of(events(mock, probe), "partition_metadata", topic="orders", partition=0)
+    assert after.data.leader == new_leader
+    assert after.data.leader_epoch == before.data.leader_epoch + 1
+    assert after.data.metadata_version == before.data.metadata_version + 1
+    other = latest_of(events(mock, probe), "partition_metadata", topic="orders", partition=1)
+    assert other.data.replicas and sorted(other.data.replicas) == [1, 2, 3]
+
+
+def test_broker_down_shows_in_the_next_refresh(mock, probe):
+    probe.refresh_metadata()
+    first = latest_of(events(mock, probe), "metadata_refresh")
+    assert sorted(b.node_id for b in first.data.brokers) == [1, 2, 3] and first.data.controller_id == 1
+    mock.broker_down(2)
+    try:
+        probe.refresh_metadata()
+        down = latest_of(events(mock, probe), "metadata_refresh")
+        assert down.data.ok and sorted(b.node_id for b in down.data.brokers) == [1, 3]
+    finally:
+        mock.broker_up(2)
+    probe.refresh_metadata()
+    assert sorted(b.node_id for b in latest_of(events(mock, probe), "metadata_refresh").data.brokers) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("error, cause", [
+    (Err.NOT_LEADER_OR_FOLLOWER, "error_response:NOT_LEADER_OR_FOLLOWER"),
+    (Err.LEADER_NOT_AVAILABLE, "error_response:LEADER_NOT_AVAILABLE"),
+])
+def test_injected_error_response_drives_an_invalidated_refresh_with_that_cause(mock, probe, error, cause):
+    probe.refresh_metadata()
+    probe.observe()  # control: no error, no invalidation
+    assert probe.metadata.next_reason()[0] == "periodic"
+    # every ListOffsets request the next observation sends is answered with the error
+    mock.push_request_errors(ApiKey.LIST_OFFSETS, [error] * 6)
+    probe.observe()
+    assert probe.metadata.next_reason() == ("invalidated", cause)
+    assert probe.metadata.should_refresh()  # refresh_backoff_s=0: right away
+    mock.clear_request_errors(ApiKey.LIST_OFFSETS)
+    probe.refresh_metadata()
+    r = latest_of(events(mock, probe), "metadata_refresh")
+    assert (r.data.reason, r.data.cause, r.data.ok) == ("invalidated", cause, True)
