@@ -25,15 +25,51 @@ class Severity(enum.IntEnum):
 
 
 class Alert(str, enum.Enum):
-    ISR_SHRINK = "IsrShrink"                # a replica left the ISR, replica set unchanged
-    UNDER_REPLICATED = "UnderReplicated"    # |ISR| < |replicas|
-    OFFLINE_PARTITION = "OfflinePartition"  # no leader
+    """The alert catalogue (DESIGN §4); the names are part of the product."""
+
+    # partition
+    ISR_SHRINK = "IsrShrink"                          # a replica left the ISR, replica set unchanged
+    UNDER_REPLICATED = "UnderReplicated"              # |ISR| < |replicas|
+    UNDER_MIN_ISR = "UnderMinIsr"                     # |ISR| < min.insync.replicas: acks=all writes fail
+    AT_MIN_ISR = "AtMinIsr"                           # |ISR| == min.insync.replicas: one more loss stops writes
+    OFFLINE_PARTITION = "OfflinePartition"            # no leader
+    LEADER_CHANGED = "LeaderChanged"                  # leader or leader epoch changed (info)
+    PREFERRED_LEADER_IMBALANCE = "PreferredLeaderImbalance"  # leader != first replica
+    HIGH_WATERMARK_STALLED = "HighWatermarkStalled"   # HW flat while writes are known to be pending
+    PARTITION_UNOBSERVED = "PartitionUnobserved"      # a partition stopped being reported
+    # topic
+    PARTITION_COUNT_CHANGED = "PartitionCountChanged"
+    # group / group partition
+    CONSUMER_LAG_HIGH = "ConsumerLagHigh"             # lag in offsets or seconds above threshold
+    CONSUMER_LAG_STATUS = "ConsumerLagStatus"         # Burrow-style WARN / STALL / STOP / REWIND
+    REBALANCE_STORM = "RebalanceStorm"                # >= N rebalances in window W
+    REBALANCE_STUCK = "RebalanceStuck"                # Preparing/CompletingRebalance longer than T
+    GROUP_EMPTY_WITH_LAG = "GroupEmptyWithLag"        # no members while lag > 0 for T
+    # client / source
+    METADATA_STALE = "MetadataStale"                  # no successful refresh for 2 x metadata.max.age
+    METADATA_REFRESH_STORM = "MetadataRefreshStorm"   # invalidation-driven refreshes above N per minute
+    SOURCE_SILENT = "SourceSilent"                    # no heartbeat for 3 x its interval
 
 
 SEVERITY = {
     Alert.ISR_SHRINK: Severity.WARNING,
     Alert.UNDER_REPLICATED: Severity.WARNING,
+    Alert.UNDER_MIN_ISR: Severity.CRITICAL,
+    Alert.AT_MIN_ISR: Severity.WARNING,
     Alert.OFFLINE_PARTITION: Severity.CRITICAL,
+    Alert.LEADER_CHANGED: Severity.INFO,
+    Alert.PREFERRED_LEADER_IMBALANCE: Severity.INFO,
+    Alert.HIGH_WATERMARK_STALLED: Severity.CRITICAL,
+    Alert.PARTITION_UNOBSERVED: Severity.WARNING,
+    Alert.PARTITION_COUNT_CHANGED: Severity.INFO,
+    Alert.CONSUMER_LAG_HIGH: Severity.WARNING,
+    Alert.CONSUMER_LAG_STATUS: Severity.WARNING,
+    Alert.REBALANCE_STORM: Severity.WARNING,
+    Alert.REBALANCE_STUCK: Severity.CRITICAL,
+    Alert.GROUP_EMPTY_WITH_LAG: Severity.WARNING,
+    Alert.METADATA_STALE: Severity.WARNING,
+    Alert.METADATA_REFRESH_STORM: Severity.WARNING,
+    Alert.SOURCE_SILENT: Severity.CRITICAL,
 }
 
 
@@ -46,10 +82,12 @@ class Transition:
     entity: str
     labels: dict[str, Any]
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: a rule may raise the catalogue's default (e.g. ConsumerLagStatus STOP is critical)
+    severity_override: Optional[Severity] = None
 
     @property
     def severity(self) -> Severity:
-        return SEVERITY[self.alert]
+        return self.severity_override or SEVERITY[self.alert]
 
 
 def alert_id(alert: Alert, entity: str, since: int) -> str:
