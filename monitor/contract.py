@@ -80,7 +80,8 @@ class MetadataRefresh:
     version: int = _doc("Metadata version after this attempt (bumped on every successful update).")
     reason: str = _doc("Why the refresh ran: bootstrap, periodic, invalidated or new_topic.")
     ok: bool = _doc("Whether the refresh succeeded.")
-    duration_ms: float = _doc("How long the request took, in milliseconds.")
+    duration_ms: Optional[float] = _doc("How long the request took, in milliseconds; null when unknown "
+                                        "(an instrumented client's statistics only tell that it happened).")
     cause: Optional[str] = _doc("For invalidated refreshes: what invalidated the metadata.", default=None)
     error: Optional[str] = _doc("Error text when ok is false.", default=None)
     node_id: Optional[int] = _doc("Broker that answered, when known.", default=None)
@@ -179,7 +180,8 @@ class ClientFetch:
     topic: str = _doc("Topic name.")
     partition: int = _doc("Partition index.")
     fetch_state: Optional[str] = _doc("librdkafka fetch state (active, stopped, offset-query, ...).", default=None)
-    position: Optional[int] = _doc("Next offset the consumer will fetch.", default=None)
+    position: Optional[int] = _doc("Offset of the next record the application will get (librdkafka's "
+                                   "app_offset; the fetcher may be further ahead).", default=None)
     committed: Optional[int] = _doc("Last committed offset.", default=None)
     high_watermark: Optional[int] = _doc("HW from the last fetch response.", default=None)
     last_stable_offset: Optional[int] = _doc("LSO from the last fetch response.", default=None)

@@ -31,15 +31,20 @@ What is emitted (contract v1, ``monitor.contract``):
     to wall time), not when the application got round to polling them.
 
 ``metadata_refresh``
-    when the sum of the per-broker ``req.Metadata`` counters grew since the previous statistics;
-    nothing when it did not.  Limitation: statistics only say that Metadata requests were SENT, not
-    why, not whether they succeeded, nor how long they took.  So: one event per statistics interval
-    (however many requests), ``version`` = cumulative count of Metadata requests seen (version
-    differences give the count), ``reason`` = ``bootstrap`` for the first one, ``new_topic`` when
-    the statistics gained a topic in the same interval, otherwise ``periodic`` (which here covers
-    every cause statistics cannot tell apart: the periodic refresh, group joins, invalidations);
-    ``ok`` is always true, ``duration_ms`` is 0.0 (unknown), ``cause`` carries the evidence
-    (request count, new topics, disconnects and timeouts seen in the same interval).
+    when the statistics show that metadata was refreshed since the previous statistics; nothing
+    when they do not.  Two signals (see :class:`MetadataRequestTracker`): the per-broker
+    ``req.Metadata`` counters grew, or a topic's metadata update time (``ts - metadata_age``) moved
+    forward.  The counters alone miss every request sent through a bootstrap broker, because
+    librdkafka drops bootstrap brokers from statistics once it knows the real ones (measured: a
+    producer's counters stay at 0).  Limitation: statistics only say THAT refreshes happened, not
+    why, whether they succeeded, nor how long they took.  So: one event per statistics interval
+    (however many refreshes), ``version`` = cumulative count of refreshes seen (version differences
+    give the count), ``reason`` = ``bootstrap`` for the first one, ``new_topic`` when a topic new to
+    the statistics was updated, otherwise ``periodic`` (which here covers every cause statistics
+    cannot tell apart: the periodic refresh, group joins, invalidations); ``ok`` is always true,
+    ``duration_ms`` is null (unknown); ``cause`` carries the evidence (requests counted, topics
+    updated, new topics, disconnects/timeouts in the same interval).  Partition-count changes
+    between two statistics are reported with the gap between the two metadata updates.
 
 ``rebalance`` (consumers whose subscribe goes through this module)
     - ``join_started`` when ``subscribe()`` is called;
@@ -83,7 +88,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Union
 
 from confluent_kafka import Consumer, KafkaError
 
-from monitor.contract import Broker, ClientFetch, MetadataRefresh, Payload, Rebalance, kafka_offset
+from monitor.contract import (Broker, ClientFetch, MetadataRefresh, PartitionCountChange, Payload, Rebalance,
+                              kafka_offset)
 from monitor.emitter import EventEmitter
 
 log = logging.getLogger(__name__)
@@ -95,6 +101,8 @@ CLUSTER_ID_WAIT_S = 30.0
 MAX_PENDING_EVENTS = 1000
 #: statistics older than this (or from the future) get the callback time as observed_at instead
 MAX_STATS_DELAY_US = 10 * 60 * 1_000_000
+#: topic metadata update times closer than this are one refresh (see MetadataRequestTracker)
+METADATA_TIME_TOLERANCE_MS = 50
 
 #: error codes that mean this member's group membership failed (emitted as phase ``failed``)
 GROUP_FAILURE_CODES: frozenset[int] = frozenset(
@@ -171,11 +179,9 @@ def assigned_partitions(stats: Mapping[str, Any]) -> Iterable[tuple[str, int, Ma
         if not isinstance(topic, Mapping):
             continue
         name = topic.get("topic") if isinstance(topic.get("topic"), str) else tname
-        for p in (topic.get("partitions") or {}).values():
-            part = _int(p.get("partition")) if isinstance(p, Mapping) else None
-            if part is None or part < 0 or p.get("desired") is not True:
-                continue
-            yield name, part, p
+        for p in _partitions(topic):
+            if p.get("desired") is True:
+                yield name, p["partition"], p
 
 
 def client_fetch_of(group: str, topic: str, partition: int, p: Mapping[str, Any]) -> ClientFetch:
@@ -241,39 +247,71 @@ def _counter(b: Mapping[str, Any], *path: str) -> int:
 
 @dataclass
 class MetadataRequestTracker:
-    """Turns the per-broker ``req.Metadata`` counters of successive statistics into refresh events.
+    """Recognises metadata refreshes in successive statistics and turns them into events.
 
-    Counters are tracked per broker name: brokers come and go in statistics (librdkafka drops the
-    bootstrap brokers once it has learned the real ones), so a plain sum could shrink and then
-    "grow" without any new request.  A broker seen again with a lower count is a new broker object
-    and all its requests are new."""
+    Two signals, because neither is complete on its own:
+
+    - the per-broker ``req.Metadata`` counters.  Tracked per broker name: brokers come and go in
+      statistics, so a plain sum could shrink and then "grow" without any new request; a broker
+      seen again with a lower count is a new broker object and all its requests are new.  But
+      librdkafka (2.16) drops the bootstrap brokers from statistics once it has learned the real
+      ones, and the requests they sent vanish with them: a producer's first refreshes are never
+      counted (on Tansu its learned broker shows Metadata=0 until the first periodic refresh);
+    - each topic's metadata update time, ``ts/1000 - metadata_age`` in librdkafka's own monotonic
+      ms: it moves forward whenever a Metadata response covering the topic arrives, whichever
+      broker sent it.  A topic that shows up with an update time already reported is not a refresh.
+
+    The refresh count of one interval is the larger of the two (counter growth, distinct new
+    update times).  Per topic the partition count is kept to report partition-count changes."""
 
     previous: dict[str, int] = field(default_factory=dict)
     previous_errors: dict[str, int] = field(default_factory=dict)
-    topics: Optional[set[str]] = None
+    topics: Optional[dict[str, tuple[int, Optional[int]]]] = None
+    last_update_ms: int = 0
     total: int = 0
 
     def observe(self, stats: Mapping[str, Any]) -> Optional[MetadataRefresh]:
         brokers = _brokers(stats)
         grown = self._grown(brokers)
         errors = self._error_growth(brokers)
-        topics = set(stats.get("topics") or {})
-        new_topics = sorted(topics - self.topics) if self.topics is not None else []
-        self.topics = topics
-        if not grown:
+        topics = _topic_views(stats)
+        before, self.topics = self.topics, topics
+        refreshes, updated = self._new_updates(topics)
+        # new to the statistics and updated now (or with no update time to tell)
+        new_topics = sorted(t for t in set(topics) - set(before or {}) if t in updated or topics[t][1] is None)
+        requests = max(sum(grown.values()), refreshes)
+        if requests == 0:
             return None
         first = self.total == 0
-        requests = sum(grown.values())
         self.total += requests
         reason = "bootstrap" if first else "new_topic" if new_topics else "periodic"
         return MetadataRefresh(
-            version=self.total, reason=reason, ok=True, duration_ms=0.0,
-            cause=self._cause(requests, new_topics, errors),
+            version=self.total, reason=reason, ok=True, duration_ms=None,
+            cause=self._cause(sum(grown.values()), updated, new_topics, errors),
             node_id=self._node_id(brokers, grown),
             brokers=_learned_brokers(brokers),
             topic_count=_int(stats.get("metadata_cache_cnt")) or len(topics),
-            partition_count=_partition_count(stats),
+            partition_count=sum(n for n, _ in topics.values()),
+            partition_count_changes=_count_changes(before or {}, topics),
+            leaderless_partitions=_leaderless(stats),
         )
+
+    def _new_updates(self, topics: Mapping[str, tuple[int, Optional[int]]]) -> tuple[int, list[str]]:
+        """(distinct refreshes, topics they updated) among update times later than any seen before.
+
+        Times within :data:`METADATA_TIME_TOLERANCE_MS` count as one: librdkafka takes ``ts`` when it
+        starts building the statistics and each ``metadata_age`` a little later, so the same update
+        can appear a few ms later in the next statistics of a large client."""
+        fresh = {t: at for t, (_, at) in topics.items()
+                 if at is not None and at > self.last_update_ms + METADATA_TIME_TOLERANCE_MS}
+        refreshes, previous = 0, None
+        for at in sorted(set(fresh.values())):
+            if previous is None or at > previous + METADATA_TIME_TOLERANCE_MS:
+                refreshes += 1
+                previous = at
+        if fresh:
+            self.last_update_ms = max(fresh.values())
+        return refreshes, sorted(fresh)
 
     def _grown(self, brokers: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
         grown = {}
@@ -295,8 +333,10 @@ class MetadataRequestTracker:
         return growth
 
     @staticmethod
-    def _cause(requests: int, new_topics: list[str], errors: int) -> str:
-        parts = [f"{requests} Metadata request(s) since the previous statistics"]
+    def _cause(counted: int, updated: list[str], new_topics: list[str], errors: int) -> str:
+        parts = [f"{counted} Metadata request(s) counted since the previous statistics"]
+        if updated:
+            parts.append("metadata updated for: " + ",".join(updated))
         if new_topics:
             parts.append("new topics: " + ",".join(new_topics))
         if errors:
@@ -317,6 +357,51 @@ class MetadataRequestTracker:
         return ids.pop() if len(ids) == 1 else None
 
 
+def _partitions(topic: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A topic's real partitions in statistics (not librdkafka's internal UA partition -1)."""
+    parts = topic.get("partitions")
+    out = []
+    for p in parts.values() if isinstance(parts, Mapping) else ():
+        number = _int(p.get("partition")) if isinstance(p, Mapping) else None
+        if number is not None and number >= 0:
+            out.append(p)
+    return out
+
+
+def _topic_views(stats: Mapping[str, Any]) -> dict[str, tuple[int, Optional[int]]]:
+    """topic -> (partition count, when its metadata was last updated in librdkafka's monotonic ms,
+    None when it never was: an age as large as the clock itself)."""
+    ts = _int(stats.get("ts"))
+    views = {}
+    for name, topic in (stats.get("topics") or {}).items():
+        if isinstance(topic, Mapping):
+            age = _int(topic.get("metadata_age"))
+            at = ts // 1000 - age if ts is not None and age is not None and 0 <= age < ts // 1000 else None
+            views[name] = (len(_partitions(topic)), at)
+    return views
+
+
+def _count_changes(before: Mapping[str, tuple[int, Optional[int]]],
+                   now: Mapping[str, tuple[int, Optional[int]]]) -> list[PartitionCountChange]:
+    """Topics whose partition count changed; ``unseen_for_at_most_ms`` is the gap between the
+    topic's previous and current metadata updates (the change happened within that gap)."""
+    changes = []
+    for topic, (count, updated) in sorted(now.items()):
+        if topic not in before or before[topic][0] == count or before[topic][0] == 0:
+            continue
+        old_count, old_updated = before[topic]
+        gap = updated - old_updated if updated is not None and old_updated is not None else None
+        changes.append(PartitionCountChange(topic=topic, old_count=old_count, new_count=count,
+                                            unseen_for_at_most_ms=gap if gap is not None and gap >= 0 else None))
+    return changes
+
+
+def _leaderless(stats: Mapping[str, Any]) -> int:
+    """Partitions this client knows without a leader (leader -1, and not unknown to the cluster)."""
+    return sum(1 for topic in (stats.get("topics") or {}).values() if isinstance(topic, Mapping)
+               for p in _partitions(topic) if _int(p.get("leader")) == -1 and p.get("unknown") is not True)
+
+
 def _learned_brokers(brokers: Mapping[str, Mapping[str, Any]]) -> list[Broker]:
     out = []
     for b in brokers.values():
@@ -324,15 +409,6 @@ def _learned_brokers(brokers: Mapping[str, Mapping[str, Any]]) -> list[Broker]:
         if node is not None and hp is not None and b.get("source") == "learned":
             out.append(Broker(node_id=node, host=hp[0], port=hp[1]))
     return sorted(out, key=lambda b: b.node_id)
-
-
-def _partition_count(stats: Mapping[str, Any]) -> int:
-    count = 0
-    for topic in (stats.get("topics") or {}).values():
-        parts = topic.get("partitions") if isinstance(topic, Mapping) else None
-        count += sum(1 for p in (parts or {}).values()
-                     if isinstance(p, Mapping) and (_int(p.get("partition")) or 0) >= 0)
-    return count
 
 
 def generation_of(group_metadata: Any, group_id: Optional[str] = None) -> Optional[int]:
@@ -384,11 +460,12 @@ class Instrumentation:
     ``cluster``: the watched cluster's id for the envelope.  Default: an app-supplied emitter's own
     cluster; for an emitter created here, the client's cluster id as librdkafka learns it (read
     without blocking; events wait for it at most :data:`CLUSTER_ID_WAIT_S`, then go out as
-    "unknown").  ``source``: only for an emitter created here (an emitter brings its own)."""
+    "unknown"); ``resolve_cluster=True`` asks for that resolution with an app-supplied emitter too.
+    ``source``: only for an emitter created here (an emitter brings its own)."""
 
     def __init__(self, *, events: Union[EmitterLike, Mapping[str, Any]], group: Optional[str] = None,
                  cluster: Optional[str] = None, source: Optional[str] = None, client_id: Optional[str] = None,
-                 statistics_interval_ms: int = DEFAULT_STATISTICS_INTERVAL_MS,
+                 statistics_interval_ms: int = DEFAULT_STATISTICS_INTERVAL_MS, resolve_cluster: Optional[bool] = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
         self.group = group
         self.client_id = client_id
@@ -405,12 +482,12 @@ class Instrumentation:
         self._closed = False
         self._rebalance_started: Optional[float] = None
         self._last_failure: Optional[str] = None
-        self._generation: Optional[int] = None
         self._pending: list[tuple[Payload, int]] = []
-        self._pending_since: Optional[float] = None
+        self._wait_started: Optional[float] = None
+        self._gave_up_waiting = False
         self._cluster = cluster
         self.emitter, self.owns_emitter = self._make_emitter(events, cluster, source, client_id)
-        self._resolve_cluster = cluster is None and self.owns_emitter
+        self._resolve_cluster = cluster is None and (self.owns_emitter if resolve_cluster is None else resolve_cluster)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -439,7 +516,7 @@ class Instrumentation:
         self._wrapped = True
         new = dict(conf)
         self.group = self.group or _str_or_none(conf.get("group.id"))
-        self.client_id = self.client_id or _str_or_none(conf.get("client.id"))
+        self.client_id = self.client_id or _str_or_none(conf.get("client.id")) or "rdkafka"  # librdkafka's default
         app_interval = _interval_ms(conf.get("statistics.interval.ms"))
         if "statistics.interval.ms" not in conf:
             new["statistics.interval.ms"] = self.statistics_interval_ms
@@ -451,7 +528,7 @@ class Instrumentation:
             forward = app_stats if app_interval is not None and app_interval > 0 else None
             new["stats_cb"] = _StatsCallback(self, forward)
         if app_error is None or callable(app_error):
-            new["error_cb"] = _ErrorCallback(self, app_error, conf.get("logger"))
+            new["error_cb"] = _ErrorCallback(self, app_error)
         return new
 
     def bind(self, client: Any) -> None:
@@ -490,23 +567,31 @@ class Instrumentation:
         return int(self._clock() * 1000)
 
     def _cluster_now(self) -> Any:
-        """The cluster for the envelope now: a name, None (emitter default) or _PENDING (wait)."""
+        """The cluster for the envelope now: a name, None (emitter default) or _PENDING (wait).
+
+        Waiting happens only while a client is bound (something can tell the id), for at most
+        :data:`CLUSTER_ID_WAIT_S` once; after that events go out at once, still picking the id up
+        whenever it becomes known."""
         if self._cluster is not None or not self._resolve_cluster:
             return self._cluster
         client = self._client
-        if client is not None:
-            try:
-                cid = client.cluster_id(0)  # cached value or an immediate error; never waits
-            except Exception:
-                cid = None
-            if cid:
-                self._cluster = str(cid)
-                return self._cluster
-            if self._pending_since is None:
-                self._pending_since = self._monotonic()
-            if (self._monotonic() - self._pending_since < CLUSTER_ID_WAIT_S
-                    and len(self._pending) < MAX_PENDING_EVENTS):
+        if client is None:
+            return None
+        try:
+            cid = client.cluster_id(0)  # cached value or an immediate error; never waits
+        except Exception:
+            cid = None
+        if cid:
+            self._cluster = str(cid)
+            return self._cluster
+        if self._wait_started is None:
+            self._wait_started = self._monotonic()
+        if not self._gave_up_waiting:
+            if self._monotonic() - self._wait_started < CLUSTER_ID_WAIT_S and len(self._pending) < MAX_PENDING_EVENTS:
                 return _PENDING
+            self._gave_up_waiting = True
+            log.warning("cluster id of the instrumented client still unknown after %.0fs; events go out with the "
+                        "emitter's default cluster until it is known", CLUSTER_ID_WAIT_S)
         return None
 
     def _emit(self, payload: Payload, observed_at: int) -> None:
@@ -519,7 +604,7 @@ class Instrumentation:
             self._send(payload, observed_at, cluster)
 
     def _drain(self, cluster: Optional[str]) -> None:
-        pending, self._pending, self._pending_since = self._pending, [], None
+        pending, self._pending = self._pending, []
         for payload, observed_at in pending:
             self._send(payload, observed_at, cluster)
 
@@ -665,8 +750,9 @@ class Instrumentation:
     # -- shutdown ----------------------------------------------------------------------------
 
     def close(self, timeout: float = 1.0) -> int:
-        """Send waiting events and, for an emitter created here, flush it for at most ``timeout``
-        seconds.  Returns how many events are still undelivered (0 for an app-owned emitter)."""
+        """Send waiting events and, for an emitter created here, close it (flushing for at most
+        ``timeout`` seconds).  Returns how many events were left undelivered (0 for an app-owned
+        emitter, which is the application's to flush)."""
         left = 0
         try:
             with self._lock:
@@ -674,7 +760,8 @@ class Instrumentation:
                 self._drain(None if cluster is _PENDING else cluster)
             if self.owns_emitter and not self._closed:
                 self._closed = True
-                left = int(self.emitter.flush(timeout) or 0)
+                closer = getattr(self.emitter, "close", None) or self.emitter.flush
+                left = int(closer(timeout) or 0)
         except Exception as e:
             self._failed("close", e)
         return left
@@ -698,20 +785,17 @@ class _StatsCallback:
 class _ErrorCallback:
     """``error_cb``: the application's callback first (same error), then the instrumentation.
 
-    Without an application ``error_cb`` librdkafka would have logged the error; the error is
-    logged instead to the application's ``logger`` (if it configured one) or this module's."""
+    Without an application ``error_cb`` nothing else happens: librdkafka does not log these errors
+    by itself either (measured with librdkafka 2.16), so the application's output is unchanged."""
 
-    def __init__(self, instrumentation: Instrumentation, app_cb: Optional[Callable[[Any], None]], logger: Any):
+    def __init__(self, instrumentation: Instrumentation, app_cb: Optional[Callable[[Any], None]]):
         self.instrumentation = instrumentation
         self.app_cb = app_cb
-        self.logger = logger if callable(getattr(logger, "error", None)) else log
 
     def __call__(self, err: Any) -> None:
         try:
             if self.app_cb is not None:
                 self.app_cb(err)
-            else:
-                self.logger.error("librdkafka error: %s", err)
         finally:
             self.instrumentation._guard("error", self.instrumentation.on_error, err)
 
@@ -727,12 +811,12 @@ def default_source(client_id: Optional[str]) -> str:
 
 
 def _emitter_from_settings(settings: Mapping[str, Any], cluster: Optional[str], source: str) -> EmitterLike:
-    conf = dict(settings)
-    topic = str(conf.pop("topic", DEFAULT_EVENTS_TOPIC))
-    max_buffered = int(conf.pop("max_buffered", 100_000))
-    conf.setdefault("logger", logging.getLogger(__name__ + ".events"))
-    conf.setdefault("error_cb", _events_error_cb())
     try:
+        conf = dict(settings)
+        topic = str(conf.pop("topic", DEFAULT_EVENTS_TOPIC))
+        max_buffered = int(conf.pop("max_buffered", 100_000))
+        conf.setdefault("logger", logging.getLogger(__name__ + ".events"))
+        conf.setdefault("error_cb", _events_error_cb())
         return EventEmitter(conf, topic, cluster=cluster or "unknown", source=source, max_buffered=max_buffered)
     except Exception as e:  # bad settings must not take the application down
         log.error("kafka-monitor events producer could not be created (%s); instrumentation emits nothing", e)
@@ -817,16 +901,18 @@ class InstrumentedConsumer(Consumer):
 
     def poll(self, *args: Any, **kwargs: Any) -> Any:
         msg = super().poll(*args, **kwargs)
-        if msg is not None and msg.error() is not None:
-            self.instrumentation.observe_consumer_error(msg.error())
+        err = msg.error() if msg is not None else None
+        if err is not None:
+            self.instrumentation.observe_consumer_error(err)
         self.instrumentation.tick()
         return msg
 
     def consume(self, *args: Any, **kwargs: Any) -> Any:
         msgs = super().consume(*args, **kwargs)
         for msg in msgs:
-            if msg.error() is not None:
-                self.instrumentation.observe_consumer_error(msg.error())
+            err = msg.error()
+            if err is not None:
+                self.instrumentation.observe_consumer_error(err)
         self.instrumentation.tick()
         return msgs
 
