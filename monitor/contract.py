@@ -92,6 +92,9 @@ class MetadataRefresh:
     partition_count_changes: list[PartitionCountChange] = _doc(
         "Topics whose partition count differs from the client's previous metadata.", default_factory=list)
     leaderless_partitions: int = _doc("Partitions without a leader in the response.", default=0)
+    metadata_max_age_ms: Optional[int] = _doc(
+        "The client's periodic refresh interval (metadata.max.age.ms): MetadataStale fires after twice this "
+        "without a successful refresh.", default=None)
 
 
 @dataclass(frozen=True)

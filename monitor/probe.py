@@ -229,7 +229,8 @@ class Probe:
             self.metadata.failed_update(error=str(err))
             self.invalidate(err, "metadata request")
             self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,
-                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(err)))
+                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(err),
+                                               metadata_max_age_ms=self.metadata.metadata_max_age_ms))
             self._warn_once("metadata", "metadata refresh failed: %s", err)
             return False
         duration_ms = (time.monotonic() - t0) * 1000
@@ -255,7 +256,8 @@ class Probe:
                 PartitionCountChange(topic=t, old_count=old, new_count=new,
                                      unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
                 for t, (old, new) in sorted(change.partition_count_changes.items())],
-            leaderless_partitions=len(change.no_leader)), observed_at=now)
+            leaderless_partitions=len(change.no_leader),
+            metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
         topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]
         min_isr = self._topic_min_isr(topics)
         watched = []
