@@ -1,0 +1,142 @@
+"""The alerts topic: every alert transition as a JSON record keyed by alert id, published
+exactly once per transition even when Spark replays a micro-batch after a crash.
+
+Each record carries ``batch_id`` and ``index`` (its place in the batch's transitions, which are
+sorted so a replayed batch lists them in the same order) and ``sequence`` = batch_id * 10^6 +
+index, increasing over the topic: a consumer that remembers the highest sequence it saw can
+drop anything at or below it.
+
+Exactly once without Kafka transactions: one writer per checkpoint.  Before its first publish
+after a start the sink reads the tail of the alerts topic and learns which transitions of the
+latest batch are already there; a replayed batch then publishes only what is missing, and an
+older batch nothing.  A batch is done only when every record was acknowledged (idempotent
+producer, flush); otherwise the batch fails and Spark runs it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, Iterable, Optional
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_STRIDE = 1_000_000  # transitions per batch at most (a batch with more fails loudly)
+TAIL_RECORDS = 5_000         # per partition, read back at start-up
+
+
+class AlertsSinkError(RuntimeError):
+    pass
+
+
+def transition_sort_key(r: dict) -> tuple:
+    return (r["at"] or 0, r["alert_id"] or "", r["action"] or "")
+
+
+class AlertsTopicSink:
+    def __init__(self, kafka: dict[str, str], topic: str, flush_timeout_s: float = 60.0):
+        self.kafka = dict(kafka)
+        self.topic = topic
+        self.flush_timeout_s = flush_timeout_s
+        self._producer: Optional[Producer] = None
+        self._last_batch: Optional[int] = None       # highest batch id found in the topic
+        self._published_in_last: set[int] = set()    # indices of that batch already there
+        self.published = 0
+        self.skipped_replays = 0
+
+    # -- start-up: what is already in the topic ------------------------------------------------
+
+    def recover(self) -> None:
+        c = Consumer({**self.kafka, "group.id": f"kafka-monitor-alerts-reader-{uuid.uuid4().hex[:8]}",
+                      "enable.auto.commit": False, "enable.partition.eof": True})
+        try:
+            md = c.list_topics(self.topic, timeout=30)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None:
+                raise AlertsSinkError(f"alerts topic {self.topic!r} is not available: {t.error if t else 'absent'}; "
+                                      f"create it or pass another --alerts-topic")
+            assign = []
+            for p in t.partitions:
+                lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
+                if hi > lo:
+                    # hi may be under-reported by some brokers (Tansu): reading on to the end of
+                    # the partition (EOF) below covers what follows it
+                    assign.append(TopicPartition(self.topic, p, max(lo, hi - TAIL_RECORDS)))
+            if not assign:
+                return
+            c.assign(assign)
+            eof: set[int] = set()
+            while len(eof) < len(assign):
+                for m in c.consume(1000, timeout=5):
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            eof.add(m.partition())
+                            continue
+                        raise AlertsSinkError(f"reading the alerts topic back: {m.error()}")
+                    try:
+                        rec = json.loads(m.value())
+                        b, i = int(rec["batch_id"]), int(rec["index"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # not ours
+                    if self._last_batch is None or b > self._last_batch:
+                        self._last_batch, self._published_in_last = b, {i}
+                    elif b == self._last_batch:
+                        self._published_in_last.add(i)
+        finally:
+            c.close()
+        if self._last_batch is not None:
+            log.info("alerts topic %s: last published batch %d (%d transitions)", self.topic, self._last_batch,
+                     len(self._published_in_last))
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, batch_id: int, transitions: Iterable[dict]) -> int:
+        """Publish a batch's transitions (the state output rows with kind == 'alert');
+        returns how many records were written."""
+        rows = sorted(transitions, key=transition_sort_key)
+        if len(rows) >= SEQUENCE_STRIDE:
+            raise AlertsSinkError(f"batch {batch_id} has {len(rows)} transitions; at most {SEQUENCE_STRIDE - 1}")
+        if self._producer is None:
+            self.recover()
+            self._producer = Producer({**self.kafka, "enable.idempotence": True, "linger.ms": 5})
+        if self._last_batch is not None and batch_id < self._last_batch:
+            self.skipped_replays += len(rows)
+            return 0
+        already = self._published_in_last if batch_id == self._last_batch else set()
+        failures: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        n = 0
+        for i, r in enumerate(rows):
+            if i in already:
+                self.skipped_replays += 1
+                continue
+            record = {
+                "alert": r["alert"], "action": r["action"], "alert_id": r["alert_id"], "severity": r["severity"],
+                "at": r["at"], "labels": {k: r[k] for k in ("cluster", "topic", "partition", "consumer_group", "source")
+                                          if r.get(k) is not None},
+                "evidence": json.loads(r["evidence"]) if r.get("evidence") else {},
+                "batch_id": batch_id, "index": i, "sequence": batch_id * SEQUENCE_STRIDE + i,
+            }
+            self._producer.produce(self.topic, key=r["alert_id"].encode(), value=json.dumps(record).encode(),
+                                   on_delivery=on_delivery)
+            self._producer.poll(0)
+            n += 1
+        left = self._producer.flush(self.flush_timeout_s)
+        if left or failures:
+            raise AlertsSinkError(f"batch {batch_id}: {left} alert records undelivered, {len(failures)} failed "
+                                  f"({failures[:1]}); the batch will be retried")
+        self._last_batch, self._published_in_last = batch_id, set(range(len(rows)))
+        self.published += n
+        return n
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
