@@ -691,8 +691,9 @@ def test_an_unreachable_events_cluster_costs_the_app_nothing(clocks):
     started = time.monotonic()
     conf = instrument({"group.id": "app"}, events={"bootstrap.servers": closed, "topic": "ev"}, cluster="c")
     cb = conf["stats_cb"]
+    ts = int(time.monotonic() * 1_000_000)  # one moment: a moving ts with a fixed metadata_age would read as refreshes
     for _ in range(200):
-        cb(raw(stats(ts=int(time.monotonic() * 1_000_000))))
+        cb(raw(stats(ts=ts)))
     inst = instrumentation_of(conf)
     # 2 client_fetch per statistics, 1 metadata_refresh (the counter never grows after the first)
     assert inst.events_emitted == 200 * 2 + 1 and inst.instrumentation_errors == 0
