@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--metrics-host", help="address /metrics binds to (default 127.0.0.1)")
     j.add_argument("--metrics-port", type=int, help="port of /metrics (default 9465)")
     j.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
+    j.add_argument("--alerts-topic", help="topic alert transitions are published to, keyed by alert id "
+                                          "(default kafka-monitor.alerts; '' to not publish)")
+    j.add_argument("--quarantine-dir", help="where refused events are written, one JSON-lines file per batch "
+                                            "(default <checkpoint>/quarantine)")
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 

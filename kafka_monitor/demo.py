@@ -57,7 +57,7 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
     threads: list[threading.Thread] = []
     probe = None
     try:
-        create_topics(broker.bootstrap, {"kafka-monitor.events": 3, workload.TOPIC: 3})
+        create_topics(broker.bootstrap, {"kafka-monitor.events": 3, "kafka-monitor.alerts": 1, workload.TOPIC: 3})
         for target in (workload.produce_loop, workload.consume_loop):
             t = threading.Thread(target=target, args=(broker.bootstrap, stop), name=target.__name__, daemon=True)
             t.start()

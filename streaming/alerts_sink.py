@@ -46,6 +46,7 @@ class AlertsTopicSink:
         self._published_in_last: set[int] = set()    # indices of that batch already there
         self.published = 0
         self.skipped_replays = 0
+        self._recovered = False
 
     # -- start-up: what is already in the topic ------------------------------------------------
 
@@ -87,6 +88,7 @@ class AlertsTopicSink:
                         self._published_in_last.add(i)
         finally:
             c.close()
+        self._recovered = True
         if self._last_batch is not None:
             log.info("alerts topic %s: last published batch %d (%d transitions)", self.topic, self._last_batch,
                      len(self._published_in_last))
@@ -100,7 +102,8 @@ class AlertsTopicSink:
         if len(rows) >= SEQUENCE_STRIDE:
             raise AlertsSinkError(f"batch {batch_id} has {len(rows)} transitions; at most {SEQUENCE_STRIDE - 1}")
         if self._producer is None:
-            self.recover()
+            if not self._recovered:
+                self.recover()
             self._producer = Producer({**self.kafka, "enable.idempotence": True, "linger.ms": 5})
         if self._last_batch is not None and batch_id < self._last_batch:
             self.skipped_replays += len(rows)

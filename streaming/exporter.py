@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 log = logging.getLogger(__name__)
 
 P = "kafka_monitor_"
+#: lag status name -> gauge value (streaming.rules_lag.LagStatus, in severity order)
+LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
                       "out_of_range")
@@ -35,6 +37,11 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "partition_in_sync_replicas": ("gauge", "Number of in-sync replicas of the partition.", PART),
     P + "group_partition_committed_offset": ("gauge", "Offset the consumer group committed for the partition.", GPART),
     P + "group_partition_lag": ("gauge", "Consumer lag in offsets: HW - committed offset, from one observation; never negative.", GPART),
+    P + "group_partition_lag_seconds": ("gauge", "Consumer lag in seconds: how long ago the partition's HW was at the committed offset (interpolated; never negative, bounded extrapolation).", GPART),
+    P + "group_partition_lag_status": ("gauge", "Burrow-style lag status evaluated at each observation: 0 OK, 1 WARN, 2 STALL, 3 STOP, 4 REWIND.", GPART),
+    P + "group_members": ("gauge", "Members of the consumer group as its coordinator reports them.", ("cluster", "group")),
+    P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead, Unknown).", ("cluster", "group", "state")),
+    P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
@@ -42,6 +49,9 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
     P + "exporter_series_refused_total": ("counter", "Entity series not created because the exporter's series cap was reached.", ()),
     P + "job_up": ("gauge", "1 while the streaming query runs, 0 after it failed.", ()),
+    P + "job_events_behind": ("gauge", "Records in the events topic the job has not processed yet (at its last batch).", ()),
+    P + "job_state_rows": ("gauge", "Rows in the job's state store (grouping keys with state).", ()),
+    P + "job_last_trigger_duration_seconds": ("gauge", "Wall time of the last micro-batch, read to write.", ()),
     P + "job_batches_total": ("counter", "Micro-batches the job has completed.", ()),
     P + "job_input_rows_total": ("counter", "State-output rows the sink has applied.", ()),
     P + "job_last_batch_duration_seconds": ("gauge", "Wall time of the last micro-batch's sink.", ()),
@@ -62,6 +72,7 @@ class Exporter:
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
             self.m("events_quarantined_total").labels(reason)
         self._series: dict[tuple[str, tuple], None] = {}
+        self._group_state: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
         self._server = None
@@ -109,8 +120,11 @@ class Exporter:
                         self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
                 elif kind == "group_partition":
                     lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
+                    status = r.get("lag_status")
                     for name, v in (("group_partition_committed_offset", r["committed_offset"]),
-                                    ("group_partition_lag", r["lag"])):
+                                    ("group_partition_lag", r["lag"]),
+                                    ("group_partition_lag_seconds", r.get("lag_seconds")),
+                                    ("group_partition_lag_status", LAG_STATUS_VALUE.get(status) if status else None)):
                         if action == "remove" or v is None:
                             self._remove(name, lab)
                         else:
@@ -121,6 +135,25 @@ class Exporter:
                                     ("source_heartbeat_interval_seconds",
                                      None if r["interval_ms"] is None else r["interval_ms"] / 1000.0)):
                         self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
+                elif kind == "group":
+                    lab = (r["cluster"], r["consumer_group"])
+                    if action == "remove" or r.get("members") is None:
+                        self._remove("group_members", lab)
+                    else:
+                        self._set("group_members", lab, r["members"])
+                    old = self._group_state.pop(lab, None)
+                    if old is not None and (action == "remove" or old != r.get("group_state")):
+                        self._remove("group_state", lab + (old,))
+                    if action != "remove" and r.get("group_state"):
+                        self._set("group_state", lab + (r["group_state"],), 1)
+                        self._group_state[lab] = r["group_state"]
+                elif kind == "client":
+                    lab = (r["cluster"], r["source"])
+                    v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0
+                    if action == "remove" or v is None:
+                        self._remove("client_last_metadata_refresh_timestamp_seconds", lab)
+                    else:
+                        self._set("client_last_metadata_refresh_timestamp_seconds", lab, v)
                 elif kind == "alert":
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
                            "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "")
@@ -139,6 +172,12 @@ class Exporter:
         self.m("job_input_rows_total").inc(rows)
         self.m("job_last_batch_duration_seconds").set(duration_s)
         self.m("job_last_batch_timestamp_seconds").set(finished_at)
+
+    def progress(self, batch_id: Any, events_behind: int, input_rows: int, state_rows: int, duration_s: float) -> None:
+        """From Spark's progress report of the last micro-batch."""
+        self.m("job_events_behind").set(events_behind)
+        self.m("job_state_rows").set(state_rows)
+        self.m("job_last_trigger_duration_seconds").set(duration_s)
 
     def set_up(self, up: bool) -> None:
         self.m("job_up").set(1 if up else 0)

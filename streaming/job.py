@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
 from streaming import state as st
+from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
 from streaming.schema import EVENT_SCHEMA
 from streaming.source import FORMAT, KafkaEventSource
@@ -55,6 +57,11 @@ class JobConfig:
     state_store: str = "hdfs"
     shuffle_partitions: Optional[int] = None  # default: the cores Spark has
     master: Optional[str] = None               # default: local[*] unless spark-submit set one
+    #: alert transitions are published here (keyed by alert id); empty: not published
+    alerts_topic: str = "kafka-monitor.alerts"
+    #: quarantined events (with their reason) are written here as JSON lines, one file per
+    #: micro-batch; default: <checkpoint_dir>/quarantine
+    quarantine_dir: Optional[str] = None
     kafka: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> "JobConfig":
@@ -129,14 +136,46 @@ def stop_spark(spark: SparkSession, timeout_s: float = 30.0) -> None:
         proc.wait(10)
 
 
+#: contract type -> the kind of entity its state lives in
+ENTITY_OF_TYPE = {
+    "partition_metadata": "partition", "partition_offsets": "partition", "group_offsets": "group_partition",
+    "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
+    "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry
+}
+#: the columns the state function receives (one flat row per observation)
+FLAT_COLUMNS: list[tuple[str, str]] = [
+    ("reason", "string"), ("raw", "string"), ("entity", "string"), ("bucket_key", "string"), ("type", "string"),
+    ("cluster", "string"), ("source", "string"), ("seq", "bigint"), ("observed_at", "bigint"),
+    ("topic", "string"), ("partition", "bigint"), ("group", "string"),
+    ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
+    ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
+    ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"),
+    ("committed_offset", "bigint"),
+    ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
+    ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"),
+    ("phase", "string"), ("member_id", "string"), ("duration_ms", "double"),
+    ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
+    ("version", "bigint"), ("metadata_max_age_ms", "bigint"),
+    ("old_count", "bigint"), ("new_count", "bigint"), ("unseen_for_at_most_ms", "bigint"),
+]
+
+
 def parse(raw: DataFrame) -> DataFrame:
-    """Raw records -> one flat row per event with ``reason`` (null when the event is good)."""
+    """Raw records -> one flat row per observation (FLAT_COLUMNS), with ``reason`` set (and
+    the row bound for quarantine) when the event breaks the contract.
+
+    ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
+    into a grouping key: a group's partitions share the group's bucket key so group rules can
+    see their lags; a client and a source share theirs."""
     ev = raw.select(F.col("value").alias("raw"), F.from_json("value", EVENT_SCHEMA).alias("e"))
     d = "e.data."
     required_by_type = {
         "partition_metadata": ["topic", "partition", "leader", "replicas", "isr"],
         "partition_offsets": ["topic", "partition", "high_watermark"],
         "group_offsets": ["group", "topic", "partition"],
+        "group_state": ["group", "state"],
+        "rebalance": ["group", "phase"],
+        "metadata_refresh": ["version", "reason", "ok"],
         "heartbeat": ["interval_ms"],
     }
     missing_payload = F.lit(False)
@@ -153,38 +192,57 @@ def parse(raw: DataFrame) -> DataFrame:
               .when(F.col("e.data").isNull() | missing_payload, "missing_field")
               .when((F.col("e.data.partition") < 0) | (F.col("e.data.high_watermark") < 0)
                     | (F.col("e.data.committed_offset") < 0), "out_of_range"))
-    entity = (F.when(F.col("e.type").isin("partition_metadata", "partition_offsets"),
-                     F.concat_ws("/", "e.cluster", d + "topic", F.col(d + "partition").cast("string")))
-              .when(F.col("e.type") == "group_offsets",
-                    F.concat_ws("/", "e.cluster", d + "group", d + "topic", F.col(d + "partition").cast("string")))
-              .otherwise(F.concat_ws("/", "e.cluster", "e.source")))
-    return ev.select(
-        reason.alias("reason"), "raw", entity.alias("entity"),
-        F.col("e.type").alias("type"), F.col("e.cluster").alias("cluster"), F.col("e.source").alias("source"),
-        F.col("e.seq").alias("seq"), F.col("e.observed_at").alias("observed_at"),
-        F.col(d + "topic").alias("topic"), F.col(d + "partition").alias("partition"),
-        F.col(d + "group").alias("group"), F.col(d + "leader").alias("leader"),
-        F.col(d + "leader_epoch").alias("leader_epoch"), F.col(d + "replicas").alias("replicas"),
-        F.col(d + "isr").alias("isr"), F.col(d + "offline_replicas").alias("offline_replicas"),
-        F.col(d + "min_insync_replicas").alias("min_insync_replicas"),
-        F.col(d + "high_watermark").alias("high_watermark"), F.col(d + "log_start_offset").alias("log_start_offset"),
-        F.col(d + "last_stable_offset").alias("last_stable_offset"),
-        F.col(d + "committed_offset").alias("committed_offset"), F.col(d + "interval_ms").alias("interval_ms"),
-        F.col(d + "events_dropped").alias("events_dropped"),
-    )
+    cl = F.col("e.cluster")
+    tp = F.concat_ws("/", cl, F.col(d + "topic"), F.col(d + "partition").cast("string"))
+    grp = F.concat_ws("/", cl, F.col(d + "group"))
+    src = F.concat_ws("/", cl, F.col("e.source"))
+    etype = F.col("e.type")
+    entity = (F.when(etype.isin("partition_metadata", "partition_offsets"), F.concat(F.lit("partition|"), tp))
+              .when(etype == "group_offsets", F.concat(F.lit("group_partition|"), grp, F.lit("/"), F.col(d + "topic"),
+                                                       F.lit("/"), F.col(d + "partition").cast("string")))
+              .when(etype.isin("group_state", "rebalance"), F.concat(F.lit("group|"), grp))
+              .when(etype == "metadata_refresh", F.concat(F.lit("client|"), src))
+              .otherwise(F.concat(F.lit("source|"), src)))
+    bucket_key = (F.when(etype.isin("partition_metadata", "partition_offsets"), tp)
+                  .when(etype.isin("group_offsets", "group_state", "rebalance"), grp)
+                  .otherwise(src))
+    base = {
+        "reason": reason, "raw": F.col("raw"), "entity": entity, "bucket_key": bucket_key, "type": etype,
+        "cluster": cl, "source": F.col("e.source"), "seq": F.col("e.seq"), "observed_at": F.col("e.observed_at"),
+        "group_state": F.col(d + "state"), "members": F.size(F.col(d + "members")).cast("bigint"),
+        "refresh_reason": F.col(d + "reason"),
+    }
+    data_fields = set(EVENT_SCHEMA["data"].dataType.fieldNames())
 
+    def col(name: str) -> Any:
+        if name in base:
+            return base[name]
+        return F.col(d + name) if name in data_fields else F.lit(None)
 
-STATEFUL_TYPES = ("partition_metadata", "partition_offsets", "group_offsets", "heartbeat")
+    own = F.struct(*[col(n).cast(t).alias(n) for n, t in FLAT_COLUMNS])
+    # one derived row per partition-count change a metadata refresh reports, keyed by topic
+    derived = {"type": lambda c: F.lit("partition_count_change"),
+               "entity": lambda c: F.concat(F.lit("topic|"), cl, F.lit("/"), c["topic"]),
+               "bucket_key": lambda c: F.concat_ws("/", cl, c["topic"]),
+               "topic": lambda c: c["topic"], "old_count": lambda c: c["old_count"],
+               "new_count": lambda c: c["new_count"], "unseen_for_at_most_ms": lambda c: c["unseen_for_at_most_ms"]}
+    changes = F.transform(
+        F.when((etype == "metadata_refresh") & reason.isNull(), F.col(d + "partition_count_changes")).otherwise(
+            F.array().cast("array<struct<topic:string,old_count:bigint,new_count:bigint,unseen_for_at_most_ms:bigint>>")),
+        lambda c: F.struct(*[(derived[n](c) if n in derived else
+                              (col(n) if n in ("reason", "raw", "cluster", "source", "seq", "observed_at")
+                               else F.lit(None))).cast(t).alias(n) for n, t in FLAT_COLUMNS]))
+    return ev.select(F.explode(F.concat(F.array(own), F.coalesce(changes, F.array()))).alias("r")).select("r.*")
 
 
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
-    keep = (parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*STATEFUL_TYPES))
-            # only a quarantined row needs its raw text (as a sample in the quarantine count)
-            .withColumn("raw", F.when(F.col("reason").isNotNull(), F.substring("raw", 1, 300))))
+    keep = (parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
+            # only a quarantined row needs its raw text (it goes to the quarantine sink)
+            .withColumn("raw", F.when(F.col("reason").isNotNull(), F.col("raw"))))
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
-        F.pmod(F.xxhash64("entity"), F.lit(cfg.buckets)).cast("int"))
+        F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)).cast("int"))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
-        st.make_state_function(int(cfg.entity_ttl_s * 1000)),
+        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000))),
         outputStructType=st.OUTPUT_SCHEMA,
         stateStructType=st.STATE_SCHEMA,
         outputMode="update",
@@ -206,26 +264,75 @@ def read_events(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 
 class ExporterSink:
-    """foreachBatch target: applies each batch's rows to the exporter."""
+    """foreachBatch target: publishes the batch's alert transitions (exactly once, see
+    streaming.alerts_sink), writes its quarantined events, then applies everything to the
+    exporter.  A replayed batch id is harmless to all three."""
 
-    def __init__(self, exporter: Exporter):
+    def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,
+                 quarantine_dir: Optional[str] = None):
         self.exporter = exporter
+        self.alerts = alerts
+        self.quarantine_dir = quarantine_dir
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         rows = [r.asDict() for r in df.collect()]
-        n = self.exporter.apply(rows, batch_id=batch_id)
+        if self.alerts is not None:
+            self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
+        bad = [r for r in rows if r["kind"] == "quarantine_event"]
+        if bad and self.quarantine_dir:
+            write_quarantine(self.quarantine_dir, batch_id, bad)
+        n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
+
+
+def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
+    """One JSON-lines file per batch (rewritten whole when a batch is replayed)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"batch-{batch_id:012d}.jsonl")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({"batch_id": batch_id, "reason": r["alert"], "observed_at": r["at"],
+                                "raw": r["evidence"]}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def report_progress(q: StreamingQuery, exporter: Exporter) -> None:
+    """The job's own health from Spark's progress of the last batch: how far behind the events
+    topic it is, input rows, state rows, batch duration."""
+    p = q.lastProgress
+    if not p:
+        return
+    behind = 0
+    for src in p.get("sources", []):
+        latest, end = src.get("latestOffset"), src.get("endOffset")
+        try:
+            lo = json.loads(latest) if isinstance(latest, str) else latest
+            eo = json.loads(end) if isinstance(end, str) else end
+            for part, off in (lo or {}).get("offsets", {}).items():
+                behind += max(0, int(off) - int((eo or {}).get("offsets", {}).get(part, 0)))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    state_rows = sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators", []))
+    exporter.progress(batch_id=p.get("batchId"), events_behind=behind, input_rows=p.get("numInputRows", 0),
+                      state_rows=state_rows, duration_s=p.get("durationMs", {}).get("triggerExecution", 0) / 1000.0)
 
 
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:
     cfg.validate()
     out = stateful(parse(read_events(spark, cfg)), cfg)
+    alerts = None
+    if cfg.alerts_topic:
+        alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
+        alerts.recover()  # fails now, with a clear message, if the topic is missing
+    sink = ExporterSink(exporter, alerts, cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"))
     q = (out.writeStream.queryName(query_name)
          .outputMode("update")
          .option("checkpointLocation", cfg.checkpoint_dir)
          .trigger(processingTime=f"{cfg.trigger_s} seconds")
-         .foreachBatch(ExporterSink(exporter))
+         .foreachBatch(sink)
          .start())
     exporter.set_up(True)
     return q
@@ -259,6 +366,7 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
     try:
         while q.isActive and not (stop_event is not None and stop_event.is_set()):
             q.awaitTermination(1)
+            report_progress(q, exporter)
         if q.exception() is not None:
             exporter.set_up(False)
             raise RuntimeError(f"streaming query failed: {q.exception()}")

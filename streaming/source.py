@@ -92,6 +92,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.max_offsets is not None and self.max_offsets <= 0:
             raise SourceError("option 'maxOffsetsPerTrigger' must be > 0")
         self._admin = None
+        self._latest: Optional[dict] = None
 
     # -- driver side ------------------------------------------------------------------------
 
@@ -140,9 +141,15 @@ class KafkaStreamReader(DataSourceStreamReader):
         for p, (lo, hi) in marks.items():
             s = begin.get(p, lo)  # a new partition starts at its earliest offset
             end[p] = max(s, hi)
+        self._latest = {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
         if isinstance(limit, ReadMaxRows):
             end = cap(begin, end, limit.max_rows, {p: lo for p, (lo, _) in marks.items()})
         return {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
+
+    def reportLatestOffset(self) -> Optional[dict]:
+        """The uncapped end seen by the last latestOffset(): Spark reports it in the query's
+        progress, and the job exports end - processed as how far behind it is."""
+        return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSourcePartition]:
         out = []

@@ -1,32 +1,38 @@
 """The ``applyInPandasWithState`` function and the layout of the state.
 
-Grouping keys are *buckets*, not entities: every entity (a partition, a group's partition, a
-source) is hashed into one of ``buckets`` keys, and one key's state holds the states of all its
-entities (JSON in one string column).  Spark pays a fixed cost per grouping key and
-micro-batch (a pandas frame and a Python call each, about 1.5-2.5 ms on 2 cores), so with one
-key per partition 10,000 partitions cost 15-25 s per batch; with buckets that cost is fixed and
-the work inside follows the number of rows that arrived.  Bucket ``-1`` carries the rows the
-parser quarantined; it keeps no state and turns them into counted ``quarantine`` rows.
+Grouping keys are *buckets*, not entities: every entity (a partition, a topic, a group, a
+group's partition, a client's metadata, a source) is hashed into one of ``buckets`` keys, and
+one key's state holds the states of all its entities (pickled dicts in one binary column).
+Spark pays a fixed cost per grouping key and micro-batch (a pandas frame and a Python call
+each, about 1.5-2.5 ms on 2 cores), so with one key per partition 10,000 partitions cost
+15-25 s per batch; with buckets that cost is fixed and the work inside follows the number of
+rows that arrived.  A group and its partitions share a bucket (group rules read their lags); so
+do a client and its source.  Bucket ``-1`` carries the rows the quality gate quarantined; it
+keeps no state and turns them into counted ``quarantine`` rows.
 
-The function stays thin: handle the timeout first, unpack the state, call the pure rules in
-``streaming.rules`` in event order, write the state back, set the timeout.
+The function stays thin: handle the timeout first, unpack the state, call the pure rules
+(``streaming.rules*``) in event order, run the time-driven checks, write the state back, set
+the timeout.  ``now`` for the rules is the observation's event time; for the time-driven checks
+it is the batch's latest event time, or on a timeout Spark's batch timestamp — both are the same
+when Spark replays a batch, so a replay produces the same transitions.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from typing import Any, Iterator
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 import pandas as pd
 
-from streaming import rules
+from streaming import rules, rules_group, rules_lag, rules_partition
 
 QUARANTINE_BUCKET = -1
 
 #: the rows the state function emits (one schema for gauges, removals, alerts and quarantine)
 OUTPUT_COLUMNS: list[tuple[str, str]] = [
-    ("kind", "string"),          # partition | group_partition | source | alert | quarantine
+    ("kind", "string"),          # partition | group_partition | group | client | source | topic | alert | quarantine
     ("action", "string"),        # upsert | remove | open | resolve | count
     ("cluster", "string"),
     ("topic", "string"),
@@ -48,10 +54,25 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("at", "long"),
     ("count", "long"),
     ("interval_ms", "long"),
+    ("lag_seconds", "double"),
+    ("lag_status", "string"),
+    ("group_state", "string"),
+    ("members", "long"),
+    ("last_ok_at", "long"),
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
-STATE_SCHEMA = "entities string"
+STATE_SCHEMA = "entities binary"
 _INT_COLS = [n for n, t in OUTPUT_COLUMNS if t == "long"]
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    entity_ttl_ms: int = 900_000
+    #: how often a bucket without new events is woken to run the time-driven checks
+    tick_ms: int = 30_000
+    lag: rules_lag.LagConfig = field(default_factory=rules_lag.LagConfig)
+    partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
+    group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
 
 
 def _row(**kw: Any) -> dict:
@@ -60,36 +81,37 @@ def _row(**kw: Any) -> dict:
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=[n for n, _ in OUTPUT_COLUMNS])
-    for c in _INT_COLS:
-        df[c] = df[c].astype("Int64")
     for n, t in OUTPUT_COLUMNS:
-        if t == "string":
+        if t == "long":
+            df[n] = df[n].astype("Int64")
+        elif t == "double":
+            df[n] = df[n].astype("float64")
+        else:
             df[n] = df[n].astype(object)
     return df
 
 
 def _opt(v: Any) -> Any:
-    """pandas/numpy missing values -> None, numpy scalars -> Python scalars."""
-    if v is None:
+    """pandas/numpy missing values -> None, numpy scalars -> Python scalars, arrays -> lists."""
+    if v is None or v is pd.NA:
         return None
     if isinstance(v, float) and v != v:
         return None
-    if v is pd.NA:
-        return None
-    if hasattr(v, "item") and not hasattr(v, "__len__"):
-        return v.item()
+    if hasattr(v, "tolist"):
+        return v.tolist()
     return v
 
 
 def _transition_row(t: rules.Transition) -> dict:
     lab = t.labels
     return _row(kind="alert", action=t.action, cluster=lab.get("cluster"), topic=lab.get("topic"),
-                partition=lab.get("partition"), consumer_group=lab.get("group"), alert=t.alert.value,
-                alert_id=t.alert_id, severity=t.severity.name.lower(),
+                partition=lab.get("partition"), consumer_group=lab.get("group"), source=lab.get("source"),
+                alert=t.alert.value, alert_id=t.alert_id, severity=t.severity.name.lower(),
                 evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at)
 
 
-def _entity_row(kind: str, s: dict, action: str = "upsert") -> dict:
+def _entity_row(s: dict, action: str = "upsert") -> dict:
+    kind = s["kind"]
     if kind == "partition":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     leader=s["leader"], replicas=None if s["replicas"] is None else len(s["replicas"]),
@@ -98,79 +120,164 @@ def _entity_row(kind: str, s: dict, action: str = "upsert") -> dict:
     if kind == "group_partition":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
-                    lag=s["lag"], at=s["last_seen"])
-    return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s["last_seen"],
-                count=s.get("events_dropped"), interval_ms=s.get("interval_ms"))
+                    lag=s["lag"], lag_seconds=s.get("lag_seconds"), lag_status=s.get("status"), at=s["last_seen"])
+    if kind == "group":
+        return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
+                    group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
+    if kind == "client":
+        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"],
+                    last_ok_at=s.get("last_success_at"), at=s.get("last_seen"))
+    if kind == "source":
+        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
+                    count=s.get("events_dropped"), interval_ms=s.get("interval_ms"))
+    return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
 
 
-def _labels(kind: str, s: dict) -> dict:
+def _labels(s: dict) -> dict:
+    kind = s["kind"]
+    if kind == "partition":
+        return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
     if kind == "group_partition":
         return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "source":
-        return {"cluster": s["cluster"], "source": s["source"]}
-    return rules.partition_labels(s)
+    if kind == "group":
+        return {"cluster": s["cluster"], "group": s["group"]}
+    if kind == "topic":
+        return {"cluster": s["cluster"], "topic": s["topic"]}
+    return {"cluster": s["cluster"], "source": s["source"]}
 
 
-def fold(entities: dict[str, dict], rows: pd.DataFrame, now: int) -> tuple[list[dict], set[str]]:
-    """Apply the batch's rows (in event order) to the entities; return (alert rows, touched keys)."""
-    out: list[dict] = []
+def _new(kind: str, r: dict) -> dict:
+    c = r["cluster"]
+    if kind == "partition":
+        s = rules.new_partition(c, r["topic"], r["partition"])
+    elif kind == "group_partition":
+        s = rules.new_group_partition(c, r["group"], r["topic"], r["partition"])
+    elif kind == "group":
+        s = rules_group.new_group(c, r["group"])
+    elif kind == "client":
+        s = rules_group.new_client(c, r["source"])
+    elif kind == "source":
+        s = rules_group.new_source(c, r["source"])
+    else:
+        s = rules_partition.new_topic(c, r["topic"])
+    s["kind"] = kind
+    s.setdefault("open", {})
+    s.setdefault("last_seen", None)
+    return s
+
+
+def fold(entities: dict[str, dict], rows: pd.DataFrame, cfg: StateConfig) -> tuple[list[rules.Transition], set[str]]:
+    """Apply the batch's rows (in event order) to the entities; return (transitions, touched keys)."""
+    out: list[rules.Transition] = []
     touched: set[str] = set()
     rows = rows.sort_values(["observed_at", "seq"], kind="stable")
     for r in rows.to_dict("records"):
         r = {k: _opt(v) for k, v in r.items()}
-        etype, key, t = r["type"], r["entity"], r["observed_at"]
-        if etype in ("partition_metadata", "partition_offsets"):
-            s = entities.get(key) or rules.new_partition(r["cluster"], r["topic"], r["partition"])
-            s.setdefault("kind", "partition")
-            if etype == "partition_metadata":
-                out += [_transition_row(x) for x in rules.on_partition_metadata(s, r, t, key)]
-            else:
-                rules.on_partition_offsets(s, r, t)
+        key, etype, t = r["entity"], r["type"], r["observed_at"]
+        kind = key.split("|", 1)[0]
+        s = entities.get(key)
+        if s is None:
+            s = _new(kind, r)
+        if etype == "partition_metadata":
+            out += rules_partition.on_partition_metadata_extra(s, r, t, key, cfg.partition)
+            out += rules.on_partition_metadata(s, r, t, key)
+        elif etype == "partition_offsets":
+            out += rules.on_partition_offsets(s, r, t)
+            out += rules_partition.on_partition_offsets_extra(s, r, t, key, cfg.partition)
         elif etype == "group_offsets":
-            s = entities.get(key) or rules.new_group_partition(r["cluster"], r["group"], r["topic"], r["partition"])
-            s.setdefault("kind", "group_partition")
-            rules.on_group_offsets(s, r, t)
+            out += rules_lag.on_group_offsets(s, r, t, key, cfg.lag)
+        elif etype == "group_state":
+            out += rules_group.on_group_state(s, {**r, "state": r["group_state"]}, t, key, cfg.group)
+        elif etype == "rebalance":
+            out += rules_group.on_rebalance(s, {**r, "reason": None}, t, key, cfg.group)
+        elif etype == "metadata_refresh":
+            out += rules_group.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
         elif etype == "heartbeat":
-            s = entities.get(key) or {"kind": "source", "cluster": r["cluster"], "source": r["source"], "open": {}}
-            s.update(last_seen=t, interval_ms=r.get("interval_ms"), events_dropped=r.get("events_dropped"))
+            out += rules_group.on_heartbeat(s, r, t, key, cfg.group)
+        elif etype == "partition_count_change":
+            out += rules_partition.on_partition_count_change(
+                s, {"topic": r["topic"], "old_count": r["old_count"], "new_count": r["new_count"],
+                    "unseen_for_at_most_ms": r["unseen_for_at_most_ms"], "source": r["source"], "seen_at": t},
+                t, key, cfg.partition)
         else:
             continue
+        if s.get("last_seen") is None or (t is not None and t > s["last_seen"]):
+            s["last_seen"] = t
         entities[key] = s
         touched.add(key)
     return out, touched
+
+
+def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Transition]:
+    """The time-driven checks of every entity in the bucket (cheap when nothing is due)."""
+    out: list[rules.Transition] = []
+    lags: dict[tuple[str, str], list[Optional[int]]] = {}
+    for s in entities.values():
+        if s["kind"] == "group_partition":
+            lags.setdefault((s["cluster"], s["group"]), []).append(s.get("lag"))
+    for key, s in entities.items():
+        kind = s["kind"]
+        if kind == "partition":
+            out += rules_partition.tick_partition(s, now, key, cfg.partition)
+        elif kind == "topic":
+            out += rules_partition.tick_topic(s, now, key, cfg.partition)
+        elif kind == "group":
+            out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
+        elif kind == "client":
+            out += rules_group.tick_client(s, now, key, cfg.group)
+        elif kind == "source":
+            out += rules_group.tick_source(s, now, key, cfg.group)
+    return out
 
 
 def evict_stale(entities: dict[str, dict], now: int, ttl_ms: int) -> list[dict]:
     out = []
     for key in list(entities):
         s = entities[key]
-        kind = s["kind"]
-        gone = rules.evict(s, now, ttl_ms, key, _labels(kind, s))
+        gone = rules.evict(s, now, ttl_ms, key, _labels(s))
         if gone is not None:
             out += [_transition_row(x) for x in gone]
-            out.append(_entity_row(kind, s, action="remove"))
+            out.append(_entity_row(s, action="remove"))
             del entities[key]
     return out
 
 
 def quarantine_rows(rows: pd.DataFrame) -> list[dict]:
-    out = []
+    """One ``quarantine_event`` row per refused event (raw text and reason, for the quarantine
+    sink) and one ``quarantine`` count per reason (for the metric)."""
+    out = [_row(kind="quarantine_event", action="count", alert=str(r["reason"]), evidence=_opt(r["raw"]),
+                at=_opt(r["observed_at"])) for r in rows.to_dict("records")]
     for reason, grp in rows.groupby("reason", dropna=False):
         sample = str(grp["raw"].iloc[0])[:300] if "raw" in grp else ""
+        at = grp["observed_at"].dropna()
         out.append(_row(kind="quarantine", action="count", evidence=json.dumps({"reason": reason, "sample": sample}),
-                        alert=str(reason), count=len(grp), at=int(grp["observed_at"].max()) if grp["observed_at"].notna().any() else None))
+                        alert=str(reason), count=len(grp), at=int(at.max()) if len(at) else None))
     return out
 
 
-def make_state_function(ttl_ms: int, clock=time.time):
+def _load(state: Any) -> dict[str, dict]:
+    return pickle.loads(state.get[0]) if state.exists else {}
+
+
+def _store(state: Any, entities: dict, cfg: StateConfig) -> None:
+    if entities:
+        state.update((pickle.dumps(entities, protocol=pickle.HIGHEST_PROTOCOL),))
+        state.setTimeoutDuration(cfg.tick_ms)
+    else:
+        state.remove()
+
+
+def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame]]:
     """The function handed to ``applyInPandasWithState`` (a closure over its settings)."""
 
     def update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
         if state.hasTimedOut:
-            entities = json.loads(state.get[0]) if state.exists else {}
-            out = evict_stale(entities, int(clock() * 1000), ttl_ms)
-            _store(state, entities, ttl_ms)
+            entities = _load(state)
+            now = int(state.getCurrentProcessingTimeMs())
+            out = [_transition_row(x) for x in tick(entities, now, cfg)]
+            out += evict_stale(entities, now, cfg.entity_ttl_ms)
+            _store(state, entities, cfg)
             if out:
                 yield _frame(out)
             return
@@ -178,20 +285,14 @@ def make_state_function(ttl_ms: int, clock=time.time):
         if bucket == QUARANTINE_BUCKET:
             yield _frame(quarantine_rows(rows))
             return
-        entities = json.loads(state.get[0]) if state.exists else {}
+        entities = _load(state)
         now = int(rows["observed_at"].max())
-        out, touched = fold(entities, rows, now)
-        out += [_entity_row(entities[k]["kind"], entities[k]) for k in sorted(touched)]
-        out += evict_stale(entities, now, ttl_ms)
-        _store(state, entities, ttl_ms)
+        transitions, touched = fold(entities, rows, cfg)
+        transitions += tick(entities, now, cfg)
+        out = [_transition_row(x) for x in transitions]
+        out += [_entity_row(entities[k]) for k in sorted(touched)]
+        out += evict_stale(entities, now, cfg.entity_ttl_ms)
+        _store(state, entities, cfg)
         yield _frame(out)
 
     return update_bucket
-
-
-def _store(state: Any, entities: dict, ttl_ms: int) -> None:
-    if entities:
-        state.update((json.dumps(entities, separators=(",", ":")),))
-        state.setTimeoutDuration(ttl_ms)
-    else:
-        state.remove()

@@ -40,8 +40,8 @@ def produce(bootstrap, topic, counts):
 
 
 def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
-    orders, events, group = unique("orders"), unique("events"), unique("billing")
-    create_topics(tansu.bootstrap, {orders: 2, events: 3})
+    orders, events, group, alerts = unique("orders"), unique("events"), unique("billing"), unique("alerts")
+    create_topics(tansu.bootstrap, {orders: 2, events: 3, alerts: 1})
     produce(tansu.bootstrap, orders, {0: 37, 1: 12})
     c = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group, "enable.auto.commit": False})
     c.commit(offsets=[TopicPartition(orders, 0, 30), TopicPartition(orders, 1, 12)], asynchronous=False)
@@ -63,7 +63,7 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
     exporter = Exporter()
     port = exporter.serve(0)
     cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp_path / "ckpt"), events_topic=events,
-                    trigger_s=1, buckets=4, metrics_port=port)
+                    trigger_s=1, buckets=4, metrics_port=port, alerts_topic=alerts)
     q = start(spark, cfg, exporter, query_name=unique("e2e"))
     try:
         P = lambda p: (("cluster", "e2e"), ("partition", str(p)), ("topic", orders))
@@ -89,7 +89,18 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
 
         got = wait_for(matches(expected), timeout=180, interval=1,
                        what=f"metrics {expected} (query status {q.status})")
-        assert not any(k[0] == "kafka_monitor_alert_active" for k in got)  # one node: nothing under-replicated
+        replication = {"IsrShrink", "UnderReplicated", "UnderMinIsr", "AtMinIsr", "OfflinePartition"}
+        assert not any(k[0] == "kafka_monitor_alert_active" and dict(k[1])["alert"] in replication
+                       for k in got)  # one node: replicas = ISR, nothing under-replicated
+
+        # the group commits nothing more while 7 records wait on partition 0: after a few
+        # observations its lag status is STALL (2) and ConsumerLagStatus is open for it
+        stall = {("kafka_monitor_group_partition_lag_status", G(0)): 2,
+                 ("kafka_monitor_group_partition_lag_status", G(1)): 0}
+        got = wait_for(matches(stall), timeout=120, interval=1, what="lag status STALL on partition 0, OK on 1")
+        assert any(k[0] == "kafka_monitor_alert_active" and dict(k[1]).get("alert") == "ConsumerLagStatus"
+                   and dict(k[1]).get("partition") == "0" for k in got)
+        assert got[("kafka_monitor_group_partition_lag_seconds", G(1))] == 0
 
         # live: more records and the HW and lag follow
         produce(tansu.bootstrap, orders, {0: 5})
