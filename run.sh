@@ -40,7 +40,8 @@ case "${1:-}" in
     exec .venv/bin/kafka-monitor demo "$@" ;;
   test)
     shift; setup
-    need_apt promtool prometheus   # promtool + a real Prometheus server for the rule tests
+    need_apt promtool prometheus                # promtool + a real Prometheus server
+    need_apt amtool prometheus-alertmanager     # amtool + Alertmanager for the routing/inhibit tests
     exec .venv/bin/python -m pytest -q -rfE --durations=10 "$@" ;;
   *)
     echo "usage: ./run.sh demo [--metrics-port N] [--duration S] | ./run.sh test [pytest args]" >&2

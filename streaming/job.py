@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
@@ -299,15 +299,15 @@ def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
     return path
 
 
-def report_progress(q: StreamingQuery, exporter: Exporter) -> None:
-    """The job's own health from Spark's progress of the last batch: how far behind the events
-    topic it is, input rows, state rows, batch duration."""
-    p = q.lastProgress
+def report_progress(p: Any, exporter: Exporter) -> None:
+    """The job's own health from Spark's progress of a batch (a StreamingQueryProgress or its
+    dict): how far behind the events topic it is, state rows, batch duration."""
     if not p:
         return
+    get = (lambda o, k, d=None: o.get(k, d)) if isinstance(p, dict) else (lambda o, k, d=None: getattr(o, k, d))
     behind = 0
-    for src in p.get("sources", []):
-        latest, end = src.get("latestOffset"), src.get("endOffset")
+    for src in get(p, "sources", []) or []:
+        latest, end = get(src, "latestOffset"), get(src, "endOffset")
         try:
             lo = json.loads(latest) if isinstance(latest, str) else latest
             eo = json.loads(end) if isinstance(end, str) else end
@@ -315,9 +315,33 @@ def report_progress(q: StreamingQuery, exporter: Exporter) -> None:
                 behind += max(0, int(off) - int((eo or {}).get("offsets", {}).get(part, 0)))
         except (ValueError, TypeError, AttributeError):
             continue
-    state_rows = sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators", []))
-    exporter.progress(batch_id=p.get("batchId"), events_behind=behind, input_rows=p.get("numInputRows", 0),
-                      state_rows=state_rows, duration_s=p.get("durationMs", {}).get("triggerExecution", 0) / 1000.0)
+    state_rows = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])
+    duration_ms = get(p, "durationMs", {}) or {}
+    exporter.progress(batch_id=get(p, "batchId"), events_behind=behind, input_rows=get(p, "numInputRows", 0),
+                      state_rows=state_rows, duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0)
+
+
+class ProgressListener(StreamingQueryListener):
+    """Feeds the exporter from Spark's progress events of one query."""
+
+    def __init__(self, exporter: Exporter):
+        self.exporter = exporter
+        self.query_id: Optional[str] = None
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = event.progress
+        if self.query_id is None or str(p.id) == self.query_id:
+            report_progress(p, self.exporter)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if str(event.id) == self.query_id and event.exception:
+            self.exporter.set_up(False)
 
 
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:
@@ -328,17 +352,25 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
         alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
         alerts.recover()  # fails now, with a clear message, if the topic is missing
     sink = ExporterSink(exporter, alerts, cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"))
+    listener = ProgressListener(exporter)
+    spark.streams.addListener(listener)
     q = (out.writeStream.queryName(query_name)
          .outputMode("update")
          .option("checkpointLocation", cfg.checkpoint_dir)
          .trigger(processingTime=f"{cfg.trigger_s} seconds")
          .foreachBatch(sink)
          .start())
+    listener.query_id = str(q.id)
+    _LISTENERS[listener.query_id] = (spark, listener)
     exporter.set_up(True)
     return q
 
 
-def stop_query(q: StreamingQuery, timeout_s: float = 60.0) -> None:
+#: query id -> (session, its progress listener), removed when the query is stopped
+_LISTENERS: dict[str, tuple[SparkSession, ProgressListener]] = {}
+
+
+def stop_query(q: StreamingQuery, timeout_s: float = 10.0) -> None:
     """Stop between batches where possible: a stop during a running batch can kill the stream
     thread mid-batch (seen as a StackOverflowError in Spark 4.1); the checkpoint makes the next
     start correct either way."""
@@ -346,6 +378,9 @@ def stop_query(q: StreamingQuery, timeout_s: float = 60.0) -> None:
     while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
         time.sleep(0.1)
     q.stop()
+    registered = _LISTENERS.pop(str(q.id), None)
+    if registered is not None:
+        registered[0].streams.removeListener(registered[1])
 
 
 def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
@@ -366,7 +401,6 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
     try:
         while q.isActive and not (stop_event is not None and stop_event.is_set()):
             q.awaitTermination(1)
-            report_progress(q, exporter)
         if q.exception() is not None:
             exporter.set_up(False)
             raise RuntimeError(f"streaming query failed: {q.exception()}")

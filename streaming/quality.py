@@ -16,8 +16,21 @@ API
 ``gate(pdf)``             -> ``pdf`` with ``reason`` filled for failing rows; same columns,
                           dtypes, index and values otherwise.
 ``gate_batches(frames)``  the ``mapInPandas`` function (one GX validation per task, see below).
+``reason_batches(frames)`` the same as an iterator pandas UDF returning the reason column (less
+                          Arrow traffic than mapInPandas; see "Wiring").
 ``RULES``                 rule name -> ``Rule(name, types, text)``, in priority order.
 ``warm_up()``             build the per-process GX objects now; returns import/build seconds.
+``QualityGateError``      GX could not evaluate a rule (a code defect, never a bad event).
+
+Wiring (between ``parse()`` and ``stateful()``; rows with a reason then go to the quarantine
+bucket, keep their raw text and are counted)::
+
+    parsed = parse(read_events(spark, cfg))
+    gated = parsed.mapInPandas(quality.gate_batches, parsed.schema)
+    # or, lighter: only INPUT_COLUMNS go to Python and back comes one string column
+    reason = F.pandas_udf(quality.reason_batches, "string")
+    gated = parsed.withColumn("reason", reason(F.struct(*quality.INPUT_COLUMNS)))
+    out = stateful(gated, cfg)
 
 How GX is used
 --------------
@@ -48,10 +61,14 @@ How GX is used
   non-null and >= 0) are computed vectorised before validation (numpy over the flattened arrays,
   one ``np.isin`` over (row, id) pairs) as True/False on partition_metadata rows and null
   elsewhere; GX checks them with ``ExpectColumnValuesToBeInSet(value_set=[True])``.
-* Cost (bench/quality_bench.py, 2 cores): GX's per-validation overhead dominates small frames
-  (~0.1 s for the 20 expectations, mostly GX building its metric graph in Python), so the
-  Spark wiring should validate once per task, not once per Arrow batch: ``gate_batches``
-  concatenates a task's frames (up to ``max_rows``) and validates them together.
+* Cost (bench/quality_bench.py, 2 cores): GX's per-validation overhead dominates small frames:
+  ~0.1 s CPU for the 20 expectations (~5 ms each, ~25 ms for the row-conditioned one), spent in
+  GX's Python (building the metric graph, pydantic config copies), not on the data; the rows
+  cost ~1.5-5 us each.  A frame with a bad row pays a second pass (~0.05-0.3 s).  So the gate
+  must validate once per Spark task, not once per Arrow batch (10,000 rows):
+  ``gate_batches`` / ``reason_batches`` concatenate a task's frames (up to
+  ``MAX_ROWS_PER_VALIDATION``) and validate them together.  Importing GX costs 3-5 s per Python
+  process (it imports pyspark.ml, scipy, altair...), paid once per Spark Python worker.
 * An expectation GX cannot evaluate (a metric raised: a dtype the rules do not expect) is a code
   defect, not a bad event - the Spark schema fixes the dtypes - so it raises ``QualityGateError``
   instead of quarantining or passing the whole frame.
@@ -92,6 +109,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import sys
 import threading
 import time
 import warnings
@@ -106,6 +124,7 @@ from monitor.contract import EVENT_TYPES, KAFKA_OFFSET_SENTINELS, PAYLOADS
 # ---------------------------------------------------------------------------------------------
 # The rules
 # ---------------------------------------------------------------------------------------------
+
 
 def _field_types() -> dict[str, tuple[str, ...]]:
     """payload field -> the event types whose payload has it (from the contract's classes)."""
@@ -137,6 +156,10 @@ ENVELOPE_COLUMNS = ("type", "seq", "observed_at")
 PAYLOAD_COLUMNS = ("partition", "leader", "leader_epoch", "min_insync_replicas") + OFFSET_COLUMNS + (
     "interval_ms", "events_dropped")
 ARRAY_COLUMNS = ("replicas", "isr", "offline_replicas")
+#: the columns the gate reads (``reason_batches`` takes them as one struct column)
+INPUT_COLUMNS = ("reason", *ENVELOPE_COLUMNS, *PAYLOAD_COLUMNS, *ARRAY_COLUMNS)
+#: at most this many rows are validated together by gate_batches / reason_batches
+MAX_ROWS_PER_VALIDATION = 200_000
 
 
 @dataclass(frozen=True)
@@ -242,13 +265,34 @@ def build_suite(name: str = "kafka-monitor-contract-v1") -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+def _import_gx() -> Any:
+    """``import great_expectations``, safe under ``python -c``.
+
+    GX imports ``pyspark.sql.connect``, whose dependency check takes a ``__main__`` without
+    ``__spec__`` and ``__file__`` (``python -c``, ``python - < script``) for a doctest run and
+    calls ``sys.exit(0)`` when Spark Connect's extras (grpc) are missing: the interpreter would
+    stop silently with status 0.  Looking interactive (``sys.ps1``) for the duration of the
+    import skips that branch; Spark's Python workers (``-m pyspark.daemon``) never hit it."""
+    main = sys.modules.get("__main__")
+    shim = (main is not None and getattr(main, "__spec__", None) is None and not hasattr(main, "__file__")
+            and not hasattr(sys, "ps1"))
+    if shim:
+        sys.ps1 = ""  # type: ignore[attr-defined]
+    try:
+        import great_expectations as gx
+    finally:
+        if shim:
+            del sys.ps1
+    return gx
+
+
 class _Gx:
     """Context, batch definition and suite; one per process (see ``_gx()``)."""
 
     def __init__(self) -> None:
         t0 = time.perf_counter()
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-        import great_expectations as gx
+        gx = _import_gx()
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
         self.import_s = time.perf_counter() - t0
@@ -273,8 +317,12 @@ class _Gx:
         """Position in the suite of the expectation a result belongs to."""
         return self._pos.get(getattr(result.expectation_config, "id", None), fallback)
 
-    def validate(self, frame: pd.DataFrame, expect: Any, result_format: Any) -> Any:
-        batch = self.batch_definition.get_batch(batch_parameters={"dataframe": frame})
+    def batch(self, frame: pd.DataFrame) -> Any:
+        """A GX batch over ``frame`` (GX hashes the frame for the batch id: get it once per frame)."""
+        return self.batch_definition.get_batch(batch_parameters={"dataframe": frame})
+
+    def validate(self, frame: Any, expect: Any, result_format: Any) -> Any:
+        batch = frame if not isinstance(frame, pd.DataFrame) else self.batch(frame)
         return batch.validate(expect, result_format=result_format)
 
 
@@ -326,6 +374,30 @@ def _flatten(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return null, rows, elems.astype(np.float64, copy=False)
 
 
+def _pairs_in(rows: np.ndarray, ids: np.ndarray, in_rows: np.ndarray, in_ids: np.ndarray) -> np.ndarray:
+    """For each (rows[k], ids[k]): does that pair occur among (in_rows, in_ids)?  NaN ids never
+    match.  Pairs are packed into one int64 key (row * span + id) when that cannot overflow,
+    which keeps ``np.isin`` on integers (fast); otherwise into complex numbers (exact below 2**53)."""
+    valid = ~np.isnan(ids)
+    in_valid = ~np.isnan(in_ids)
+    ok = np.zeros(len(ids), dtype=bool)
+    if not valid.any() or not in_valid.any():
+        return ok
+    lo = min(ids[valid].min(), in_ids[in_valid].min())
+    hi = max(ids[valid].max(), in_ids[in_valid].max())
+    span = hi - lo + 1
+    n_rows = max(rows.max(initial=0), in_rows.max(initial=0)) + 1
+    if span * n_rows < 2**62:
+        span_i, lo_i = int(span), int(lo)
+        a = rows[valid] * span_i + (ids[valid].astype(np.int64) - lo_i)
+        b = in_rows[in_valid] * span_i + (in_ids[in_valid].astype(np.int64) - lo_i)
+    else:
+        a = rows[valid] + 1j * ids[valid]
+        b = in_rows[in_valid] + 1j * in_ids[in_valid]
+    ok[valid] = np.isin(a, b)
+    return ok
+
+
 def _derive(arrays: pd.DataFrame, applies: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The derived columns of the set-valued rules, as object arrays of True / False / None
     (None = the rule does not apply to the row; GX skips nulls):
@@ -356,8 +428,7 @@ def _derive(arrays: pd.DataFrame, applies: np.ndarray) -> tuple[np.ndarray, np.n
     i_null, i_rows, i_ids = flat["isr"]
     outside = np.zeros(m, dtype=bool)
     if i_rows.size:
-        # a pair (row, id) as one complex number: exact while rows and ids stay below 2**53
-        ok = np.isin(i_rows + 1j * i_ids, r_rows + 1j * r_ids) & ~np.isnan(i_ids)
+        ok = _pairs_in(i_rows, i_ids, r_rows, r_ids)
         if not ok.all():
             outside[np.unique(i_rows[~ok])] = True
     res = (~outside).astype(object)
@@ -375,10 +446,11 @@ _COMPLETE = {"result_format": "COMPLETE", "partial_unexpected_count": 0, "includ
 
 
 def _numeric(col: pd.Series) -> pd.Series:
-    """A numeric column as float64 (null -> NaN).  Spark hands long columns with nulls to pandas
-    as float64 already; object columns of Python ints (tests, hand-made frames) and nullable
-    Int64 become the same, so GX always compares floats.  Sign, sentinel and order checks are
-    exact for offsets below 2**53.  A non-numeric value stays as it is (GX then fails it)."""
+    """A numeric column as float64 (null -> NaN), whatever it arrived as: PySpark 4's
+    ``mapInPandas`` hands bigint columns over as nullable ``Int64`` (``int64`` when the batch has
+    no null), hand-made frames as object columns of ints.  GX then always compares floats; sign,
+    sentinel and order checks are exact below 2**53.  A non-numeric value is left as it is (GX
+    cannot evaluate it: ``QualityGateError``)."""
     if col.dtype == np.float64:
         return col
     try:
@@ -459,7 +531,8 @@ def _validate_narrow(frame: pd.DataFrame) -> np.ndarray:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        first = g.validate(frame, g.suite, "BOOLEAN_ONLY")
+        batch = g.batch(frame)
+        first = g.validate(batch, g.suite, "BOOLEAN_ONLY")
         t1 = time.perf_counter()
         failed = sorted(g.position(r, i) for i, r in enumerate(first.results) if not r.success)
         LAST.clear()
@@ -474,7 +547,7 @@ def _validate_narrow(frame: pd.DataFrame) -> np.ndarray:
         import great_expectations as gx
 
         sub = gx.ExpectationSuite(name="failed", expectations=[copy.copy(g.expectations[i]) for i in failed])
-        second = g.validate(frame, sub, _COMPLETE)
+        second = g.validate(batch, sub, _COMPLETE)
         LAST["pass2_s"] = time.perf_counter() - t1
     # first failure wins: write the rules from the lowest priority to the highest, so that the
     # earliest expectation's rule is the one left on a row that fails several
@@ -504,17 +577,23 @@ def _with_reasons(pdf: pd.DataFrame, reasons: np.ndarray) -> pd.DataFrame:
     out = pdf.copy(deep=False)  # the caller's frame is not modified
     col = pdf["reason"].to_numpy(dtype=object, copy=True)
     col[bad] = reasons[bad]
-    out["reason"] = pd.Series(col, index=pdf.index).astype(pdf["reason"].dtype)
+    reason = pd.Series(col, index=pdf.index)
+    try:  # keep the column's dtype (object from Spark; pandas' "string" also works)
+        reason = reason.astype(pdf["reason"].dtype)
+    except (TypeError, ValueError):  # e.g. an all-null float column in a hand-made frame
+        reason = reason.astype(object)
+    out["reason"] = reason
     return out
 
 
-def gate_batches(frames: Iterable[pd.DataFrame], max_rows: int = 200_000) -> Iterator[pd.DataFrame]:
+def gate_batches(frames: Iterable[pd.DataFrame], max_rows: Optional[int] = None) -> Iterator[pd.DataFrame]:
     """The ``mapInPandas`` function: ``parsed.mapInPandas(gate_batches, parsed.schema)``.
 
     Spark hands a task its rows as Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``
     (10,000) rows.  GX's fixed cost is per validation, so the frames of a task are validated
     together (up to ``max_rows`` rows at a time: bounded memory) and then yielded one by one,
     unchanged except for ``reason``."""
+    max_rows = max_rows or MAX_ROWS_PER_VALIDATION
     buf: list[pd.DataFrame] = []
     rows = 0
     for pdf in frames:
@@ -527,15 +606,50 @@ def gate_batches(frames: Iterable[pd.DataFrame], max_rows: int = 200_000) -> Ite
         yield from _gate_many(buf)
 
 
+def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+    """An iterator pandas UDF body (``Iterator[pd.DataFrame] -> Iterator[pd.Series]``): the
+    reason of each row, upstream reason first, else the gate's, else None.  Feed it
+    ``F.struct(*INPUT_COLUMNS)``: only these columns make the round trip to Python (the raw
+    text and everything else stay in the JVM), and one string column comes back.  Like
+    ``gate_batches``, a task's batches are validated together (up to
+    ``MAX_ROWS_PER_VALIDATION`` rows).  The signature is what ``F.pandas_udf`` infers an
+    iterator UDF from: keep it to this one argument."""
+    buf: list[pd.DataFrame] = []
+    rows = 0
+    for pdf in frames:
+        buf.append(pdf)
+        rows += len(pdf)
+        if rows >= MAX_ROWS_PER_VALIDATION:
+            yield from _reasons_many(buf)
+            buf, rows = [], 0
+    if buf:
+        yield from _reasons_many(buf)
+
+
+def _reasons_many(frames: list[pd.DataFrame]) -> Iterator[pd.Series]:
+    together = _concat(frames) if len(frames) > 1 else frames[0]
+    got = validate_frame(together).to_numpy()
+    if "reason" in together.columns:
+        upstream = together["reason"].to_numpy(dtype=object)
+        got = np.where(pd.isna(upstream), got, upstream)
+    start = 0
+    for f in frames:
+        yield pd.Series(got[start:start + len(f)], dtype=object)
+        start += len(f)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    cols = [c for c in INPUT_COLUMNS if c in frames[0].columns]
+    with warnings.catch_warnings():  # all-null columns in some chunks: pandas' concat FutureWarning
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat([f[cols] for f in frames], ignore_index=True)
+
+
 def _gate_many(frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     if len(frames) == 1:
         yield gate(frames[0])
         return
-    cols = [c for c in ("reason", *ENVELOPE_COLUMNS, *PAYLOAD_COLUMNS, *ARRAY_COLUMNS) if c in frames[0].columns]
-    with warnings.catch_warnings():  # all-null columns in some chunks: pandas' concat FutureWarning
-        warnings.simplefilter("ignore", FutureWarning)
-        together = pd.concat([f[cols] for f in frames], ignore_index=True)
-    reasons = validate_frame(together).to_numpy()
+    reasons = validate_frame(_concat(frames)).to_numpy()
     start = 0
     for f in frames:
         yield _with_reasons(f, reasons[start:start + len(f)])

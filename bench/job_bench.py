@@ -1,0 +1,235 @@
+"""Streaming job benchmark: drain rate and steady-state batch latency against tracked entities.
+
+For each size (partitions, group/partition pairs) it starts a Tansu broker, writes a backlog of
+observation cycles (per cycle: one partition_metadata and one partition_offsets per partition,
+one group_offsets per group/partition pair, one heartbeat) into the events topic, then runs the
+real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
+
+- drain: a new query over the whole backlog, timed from start() until every record is processed
+  → events/s (this includes the query's start-up, ~10-20 s: the figure is conservative);
+- steady: while the query runs, one new cycle every ``--cycle-s`` seconds; the per-batch wall
+  times Spark reports (triggerExecution) → p50 / p95;
+- memory: peak RSS (VmHWM) of the JVM and of the Python worker processes.
+
+    python bench/job_bench.py                         # the issue's sizes, 3 runs each
+    python bench/job_bench.py --sizes 1000:1000 --runs 1
+
+Prints a table and writes bench/results/job.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer  # noqa: E402
+
+from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
+from monitor.contract import Event, GroupOffsets, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
+
+EVENTS_PARTITIONS = 6
+PARTS_PER_TOPIC = 100
+
+
+def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int) -> list[Event]:
+    evs: list[Event] = []
+    seq = cycle * (2 * n_parts + n_pairs + 1)
+
+    def ev(data):
+        nonlocal seq
+        seq += 1
+        return Event.of(data, cluster="bench", source="bench-probe", seq=seq, observed_at=t_ms)
+
+    for i in range(n_parts):
+        topic, part = f"t{i // PARTS_PER_TOPIC}", i % PARTS_PER_TOPIC
+        isr = [1, 2, 3] if (i + cycle) % 97 else [1, 2]  # a few ISR changes each cycle
+        evs.append(ev(PartitionMetadata(topic=topic, partition=part, leader=1, leader_epoch=3, replicas=[1, 2, 3],
+                                        isr=isr, metadata_version=cycle + 1, min_insync_replicas=2)))
+        evs.append(ev(PartitionOffsets(topic=topic, partition=part, high_watermark=1000 * (cycle + 1) + i,
+                                       log_start_offset=0, via="list_offsets")))
+    for j in range(n_pairs):
+        topic, part = f"t{(j % max(n_parts, 1)) // PARTS_PER_TOPIC}", j % PARTS_PER_TOPIC
+        evs.append(ev(GroupOffsets(group=f"g{j // 1000}", topic=topic, partition=part,
+                                   committed_offset=1000 * cycle + j % 500, high_watermark=1000 * (cycle + 1) + j,
+                                   hw_observed_at=t_ms)))
+    evs.append(ev(Heartbeat(interval_ms=10_000, events_sent=seq, events_dropped=0)))
+    return evs
+
+
+def produce(bootstrap: str, topic: str, events: list[Event]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                  "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
+    for e in events:
+        while True:
+            try:
+                p.produce(topic, key=e.key().encode(), value=e.to_json())
+                break
+            except BufferError:
+                p.poll(0.05)
+    p.flush(120)
+    # Tansu lists "latest" as the base offset of the last batch + 1: one single-record batch
+    # per partition after the flush makes the listed end exact (a Tansu-only workaround)
+    for part in range(EVENTS_PARTITIONS):
+        p.produce(topic, key=b"pad", value=b"{}", partition=part)
+        p.flush(30)
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-ends"})
+    try:
+        return {str(p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(EVENTS_PARTITIONS)}
+    finally:
+        c.close()
+
+
+def wait_processed(q, target: dict[str, int], timeout_s: float = 1800) -> None:
+    """Until the last batch's end offsets reach ``target``.  (processAllAvailable never returns
+    here: with processing-time timeouts Spark keeps running no-data batches.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if q.exception() is not None:
+            raise RuntimeError(q.exception())
+        p = q.lastProgress
+        if p:
+            end = p["sources"][0]["endOffset"]
+            end = json.loads(end) if isinstance(end, str) else end
+            if end and all(end["offsets"].get(k, -1) >= v for k, v in target.items()):
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"the job did not reach {target} in {timeout_s}s")
+
+
+def vm_hwm_kb(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids.append(int(d))
+    return kids + [g for k in kids for g in descendants(k)]
+
+
+def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float) -> dict:
+    from streaming.exporter import Exporter
+    from streaming.job import JobConfig, start, stop_query
+
+    work = tempfile.mkdtemp(prefix="km-bench-")
+    with TansuBroker() as broker:
+        create_topics(broker.bootstrap, {"kafka-monitor.events": EVENTS_PARTITIONS, "kafka-monitor.alerts": 1})
+        t0 = int(time.time() * 1000) - backlog_cycles * 10_000
+        backlog = [e for c in range(backlog_cycles) for e in cycle_events(n_parts, n_pairs, c, t0 + c * 10_000)]
+        produce(broker.bootstrap, "kafka-monitor.events", backlog)
+        cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=cycle_s,
+                        max_offsets_per_trigger=250_000, metrics_port=0)
+        exporter = Exporter()
+        started = time.perf_counter()
+        q = start(spark, cfg, exporter, query_name=f"bench-{n_parts}-{n_pairs}")
+        try:
+            wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
+            drain_s = time.perf_counter() - started
+            durations = []
+            seen = set()
+            for c in range(backlog_cycles, backlog_cycles + steady_cycles):
+                t_cycle = time.perf_counter()
+                produce(broker.bootstrap, "kafka-monitor.events",
+                        cycle_events(n_parts, n_pairs, c, int(time.time() * 1000)))
+                wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
+                for p in q.recentProgress:
+                    if p["batchId"] not in seen and p["numInputRows"] > 0:
+                        seen.add(p["batchId"])
+                        if p["batchId"] > 0:
+                            durations.append(p["durationMs"]["triggerExecution"] / 1000.0)
+                time.sleep(max(0.0, cycle_s - (time.perf_counter() - t_cycle)))
+            assert q.exception() is None, q.exception()
+        finally:
+            stop_query(q)
+            exporter.shutdown()
+        from pyspark import SparkContext
+        jvm = SparkContext._gateway.proc.pid
+        py_workers = [p for p in descendants(jvm) if "python" in open(f"/proc/{p}/cmdline").read()]
+    shutil.rmtree(work, ignore_errors=True)
+    durations.sort()
+    p95 = durations[min(len(durations) - 1, int(round(0.95 * (len(durations) - 1))))] if durations else None
+    return {
+        "partitions": n_parts, "group_partitions": n_pairs, "backlog_events": len(backlog),
+        "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
+        "steady_batches": len(durations), "batch_p50_s": statistics.median(durations) if durations else None,
+        "batch_p95_s": p95,
+        "jvm_peak_rss_mb": vm_hwm_kb(jvm) / 1024,
+        "python_workers_peak_rss_mb": sum(vm_hwm_kb(p) for p in py_workers) / 1024,
+        "python_workers": len(py_workers),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", default=["1000:1000", "10000:10000", "100000:10000"],
+                    help="partitions:group_partitions (default: the issue's sizes)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--backlog-cycles", type=int, default=3)
+    ap.add_argument("--steady-cycles", type=int, default=5)
+    ap.add_argument("--cycle-s", type=float, default=5.0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "job.json"))
+    args = ap.parse_args()
+
+    from streaming.job import JobConfig, spark_session, stop_spark
+    spark = spark_session(JobConfig(bootstrap_servers="-", checkpoint_dir="-", master="local[2]", shuffle_partitions=2),
+                          app_name="kafka-monitor-bench")
+    results = []
+    try:
+        for size in args.sizes:
+            n_parts, n_pairs = (int(x) for x in size.split(":"))
+            runs = []
+            for r in range(args.runs):
+                print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
+                      file=sys.stderr, flush=True)
+                runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s))
+                print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
+            med = {k: (statistics.median(x[k] for x in runs) if all(x[k] is not None for x in runs) else None)
+                   for k in runs[0]}
+            med["runs"] = runs
+            results.append(med)
+    finally:
+        stop_spark(spark)
+    print(f"{'partitions':>10} {'grp/parts':>9} {'drain ev/s':>10} {'p50 s':>6} {'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
+    for m in results:
+        f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
+        print(f"{m['partitions']:>10} {m['group_partitions']:>9} {f(m['drain_events_per_s'], '>10.0f')} "
+              f"{f(m['batch_p50_s'], '>6.2f')} {f(m['batch_p95_s'], '>6.2f')} {f(m['jvm_peak_rss_mb'], '>7.0f')} "
+              f"{f(m['python_workers_peak_rss_mb'], '>7.0f')}")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "job", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                               "args": vars(args), "results": results}, indent=2) + "\n")
+    print(f"[bench] written to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,604 @@
+#!/usr/bin/env python3
+"""Generate the Grafana dashboards in this folder from one description.
+
+    python dashboards/generate.py           # (re)write dashboards/*.json
+    python dashboards/generate.py --check   # exit 1 if a committed file differs from the output
+
+The JSON files are committed (Grafana's file provisioning reads them as they are); this
+script is their source.  tests/integration/test_dashboards.py fails when a committed file
+differs from what this script writes, and tests/e2e/test_prometheus_stack.py runs every panel
+query against a real Prometheus scraping a real run of the product.
+
+Conventions every panel follows:
+- datasource: the Prometheus datasource with uid ``prometheus`` (provisioned by
+  deploy/grafana/provisioning/datasources/prometheus.yml), on the panel and on each target;
+- only metrics the exporter serves (streaming.exporter.CATALOGUE) plus Prometheus's own
+  ``up`` and ``ALERTS``; no metric is invented for what the exporter does not serve yet
+  (rebalance phases and their durations, per-client partition-count catch-up);
+- entity series are aggregated with ``max by (<entity labels>)`` before anything else, so two
+  exporter replicas scraped side by side show one value per entity (as the alert rules do);
+- offsets are gauges, so their per-second rates use ``deriv()`` (``rate()`` would read an
+  offset that moves back — a reset or a recreated topic — as a counter reset and spike);
+- stat panels that count problems fall back to 0 only while there is something being
+  watched (``or 0 * count(<what is watched>)``): "0" means "looked and found nothing",
+  "No data" means "the monitor sees nothing" — never the same picture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+#: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
+#: versions migrate it on load)
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
+HERE = Path(__file__).resolve().parent
+TAG = "kafka-monitor"
+
+# -- selectors -------------------------------------------------------------------------------
+
+CLUSTER = 'cluster=~"$cluster"'
+GROUP = 'cluster=~"$cluster", group=~"$group"'
+PART = 'cluster=~"$cluster", topic=~"$topic"'
+GPART = 'cluster=~"$cluster", topic=~"$topic", group=~"$group"'
+
+PK = "cluster, topic, partition"          # a partition
+GK = "cluster, group, topic, partition"   # a group's partition
+
+HW = "kafka_monitor_partition_high_watermark"
+LOG_START = "kafka_monitor_partition_log_start_offset"
+LEADER = "kafka_monitor_partition_leader"
+REPLICAS = "kafka_monitor_partition_replicas"
+ISR = "kafka_monitor_partition_in_sync_replicas"
+COMMITTED = "kafka_monitor_group_partition_committed_offset"
+LAG = "kafka_monitor_group_partition_lag"
+LAG_SECONDS = "kafka_monitor_group_partition_lag_seconds"
+LAG_STATUS = "kafka_monitor_group_partition_lag_status"
+GROUP_STATE = "kafka_monitor_group_state"
+GROUP_MEMBERS = "kafka_monitor_group_members"
+METADATA_REFRESH = "kafka_monitor_client_last_metadata_refresh_timestamp_seconds"
+HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
+HEARTBEAT_INTERVAL = "kafka_monitor_source_heartbeat_interval_seconds"
+ALERT_ACTIVE = "kafka_monitor_alert_active"
+
+#: the threshold of KafkaConsumerLagHigh in deploy/prometheus/rules (offsets); colours only
+LAG_ALERT_OFFSETS = 1000
+
+#: Grafana's custom unit syntax (``suffix:<text>``)
+RECORDS_PER_S = "suffix: records/s"
+
+
+def per_partition(metric: str, sel: str = PART) -> str:
+    return f"max by ({PK}) ({metric}{{{sel}}})"
+
+
+def per_group_partition(metric: str, sel: str = GPART) -> str:
+    return f"max by ({GK}) ({metric}{{{sel}}})"
+
+
+def under_replicated(by: str = "") -> str:
+    """Partitions with |ISR| < |replicas|, counted (optionally by some labels), 0 when none."""
+    grouping = f" by ({by})" if by else ""
+    return (f"count{grouping} (\n  {per_partition(ISR)}\n    < {per_partition(REPLICAS)}\n)\n"
+            f"or\n0 * count{grouping} ({per_partition(REPLICAS)})")
+
+
+def offline(by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    return (f"count{grouping} ({per_partition(LEADER)} == -1)\n"
+            f"or\n0 * count{grouping} ({per_partition(LEADER)})")
+
+
+def consumption_rate(by: str) -> str:
+    """Records/s the group commits: the slope of its committed offsets, summed over ``by``."""
+    return (f"sum by ({by}) (\n  max by ({GK}) (deriv({COMMITTED}{{{GPART}}}[$__rate_interval]))\n)")
+
+
+def eta(by: str) -> str:
+    """Seconds to consume the current lag at the current consumption rate: lag / rate.
+    Guarded: no value while the group commits nothing (rate <= 0, no division by zero), and
+    0 when there is no lag at all (also for an idle group)."""
+    total_lag = f"sum by ({by}) ({per_group_partition(LAG)})"
+    return (f"(\n  {total_lag}\n  /\n  ({consumption_rate(by)} > 0)\n)\n"
+            f"or\n({total_lag} == 0)")
+
+
+# -- panels ------------------------------------------------------------------------------------
+
+
+def target(expr: str, legend: str = "", ref: str = "A", table: bool = False) -> dict:
+    t: dict[str, Any] = {"datasource": DATASOURCE, "editorMode": "code", "expr": expr.strip(), "refId": ref}
+    if table:
+        t.update(format="table", instant=True, range=False)
+    else:
+        t.update(legendFormat=legend or "__auto", range=True, instant=False)
+    return t
+
+
+def thresholds(*steps: tuple[Optional[float], str]) -> dict:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+GREEN_RED_AT_1 = thresholds((None, "green"), (1, "red"))
+UP_DOWN = [{"type": "value", "options": {
+    "0": {"color": "red", "index": 0, "text": "DOWN"},
+    "1": {"color": "green", "index": 1, "text": "UP"}}}]
+
+
+#: kafka_monitor_group_partition_lag_status values (Burrow's statuses, in severity order)
+LAG_STATUS_MAPPINGS = [{"type": "value", "options": {
+    "0": {"color": "green", "index": 0, "text": "OK"},
+    "1": {"color": "yellow", "index": 1, "text": "WARN"},
+    "2": {"color": "orange", "index": 2, "text": "STALL"},
+    "3": {"color": "red", "index": 3, "text": "STOP"},
+    "4": {"color": "purple", "index": 4, "text": "REWIND"}}}]
+
+
+def panel(kind: str, title: str, description: str, targets: list[dict], *, unit: str = "short",
+          decimals: Optional[int] = None, th: Optional[dict] = None, mappings: Optional[list] = None,
+          options: Optional[dict] = None, custom: Optional[dict] = None, overrides: Optional[list] = None,
+          transformations: Optional[list] = None, min_: Optional[float] = None) -> dict:
+    defaults: dict[str, Any] = {"unit": unit, "mappings": mappings or [],
+                                "thresholds": th or thresholds((None, "green"))}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if min_ is not None:
+        defaults["min"] = min_
+    if custom is not None:
+        defaults["custom"] = custom
+    p: dict[str, Any] = {"type": kind, "title": title, "description": description, "datasource": DATASOURCE,
+                         "targets": targets, "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+                         "options": options or {}}
+    if transformations:
+        p["transformations"] = transformations
+    return p
+
+
+def stat(title: str, description: str, targets: list[dict], **kw: Any) -> dict:
+    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+               "colorMode": "background", "graphMode": "none", "justifyMode": "auto",
+               "orientation": "auto", "textMode": "auto", "showPercentChange": False}
+    return panel("stat", title, description, targets, options=options, **kw)
+
+
+def timeseries(title: str, description: str, targets: list[dict], **kw: Any) -> dict:
+    options = {"legend": {"displayMode": "table", "placement": "right", "showLegend": True,
+                          "calcs": ["lastNotNull", "max"]},
+               "tooltip": {"mode": "multi", "sort": "desc"}}
+    custom = {"drawStyle": "line", "lineInterpolation": "stepAfter", "lineWidth": 1, "fillOpacity": 0,
+              "showPoints": "never", "spanNulls": False}
+    return panel("timeseries", title, description, targets, options=options, custom=custom, **kw)
+
+
+def state_timeline(title: str, description: str, targets: list[dict], **kw: Any) -> dict:
+    options = {"mergeValues": True, "showValue": "auto", "alignValue": "left", "rowHeight": 0.9,
+               "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+               "tooltip": {"mode": "single", "sort": "none"}}
+    custom = {"fillOpacity": 80, "lineWidth": 0}
+    return panel("state-timeline", title, description, targets, options=options, custom=custom, **kw)
+
+
+def table(title: str, description: str, targets: list[dict], *, rename: dict[str, str],
+          hide: tuple[str, ...] = ("Time",), sort_by: Optional[str] = None, **kw: Any) -> dict:
+    transformations: list[dict] = []
+    if len(targets) > 1:
+        transformations.append({"id": "merge", "options": {}})
+    transformations.append({"id": "organize", "options": {
+        "excludeByName": {name: True for name in hide}, "indexByName": {}, "renameByName": rename}})
+    options: dict[str, Any] = {"showHeader": True, "cellHeight": "sm",
+                               "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+    if sort_by:
+        options["sortBy"] = [{"displayName": sort_by, "desc": True}]
+    return panel("table", title, description, targets, options=options, transformations=transformations, **kw)
+
+
+# -- dashboards --------------------------------------------------------------------------------
+
+
+def variable(name: str, label: str, query: str, description: str) -> dict:
+    return {"name": name, "label": label, "description": description, "type": "query",
+            "datasource": DATASOURCE, "query": query, "definition": query, "refresh": 2, "regex": "",
+            "sort": 1, "multi": True, "includeAll": True, "allValue": ".*", "hide": 0,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "options": []}
+
+
+VARIABLES = {
+    "cluster": variable("cluster", "Cluster", f"label_values({REPLICAS}, cluster)",
+                        "Clusters the probes report (the probe's --cluster, or the cluster id)."),
+    "topic": variable("topic", "Topic", f'label_values({REPLICAS}{{cluster=~"$cluster"}}, topic)',
+                      "Topics the probes watch on the selected clusters."),
+    "group": variable("group", "Consumer group",
+                      f'label_values({COMMITTED}{{cluster=~"$cluster", topic=~"$topic"}}, group)',
+                      "Consumer groups with committed offsets on the selected topics."),
+}
+
+
+class Grid:
+    """Lays panels out left to right in rows of 24 columns, giving each a unique id."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict] = []
+        self.y = 0
+
+    def row(self, height: int, *items: tuple[dict, int]) -> None:
+        x = 0
+        for p, width in items:
+            if x + width > 24:
+                raise ValueError(f"row wider than 24 columns at {p['title']!r}")
+            p["id"] = len(self.panels) + 1
+            p["gridPos"] = {"h": height, "w": width, "x": x, "y": self.y}
+            self.panels.append(p)
+            x += width
+        self.y += height
+
+
+def dashboard(uid: str, title: str, description: str, variables: list[str], grid: Grid) -> dict:
+    return {
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [{"type": "dashboards", "tags": [TAG], "title": "kafka-monitor", "asDropdown": False,
+                   "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
+                   "tooltip": "", "url": ""}],
+        "panels": grid.panels,
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": [TAG],
+        "templating": {"list": [VARIABLES[v] for v in variables]},
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": title,
+        "uid": uid,
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+def job_scraped() -> dict:
+    return stat("Exporter scraped", "Prometheus's own `up` for the scrape job `kafka-monitor`: DOWN = the job's "
+                "/metrics cannot be scraped (alert KafkaMonitorJobDown, reason scrape_failed).",
+                [target('min(up{job="kafka-monitor"})')], mappings=UP_DOWN,
+                th=thresholds((None, "red"), (1, "green")))
+
+
+def job_query_up() -> dict:
+    return stat("Streaming query", "kafka_monitor_job_up: UP while the Spark streaming query runs, DOWN after it "
+                "failed (alert KafkaMonitorJobDown, reason query_failed).",
+                [target("min(kafka_monitor_job_up)")], mappings=UP_DOWN, th=thresholds((None, "red"), (1, "green")))
+
+
+def last_batch_age() -> dict:
+    return stat("Last micro-batch age", "Seconds since the job last completed a micro-batch; every gauge the job "
+                "serves is at least this old. KafkaMonitorJobFallingBehind fires above 120 s.",
+                [target("time() - max(kafka_monitor_job_last_batch_timestamp_seconds > 0)")], unit="s", decimals=0,
+                th=thresholds((None, "green"), (30, "orange"), (120, "red")))
+
+
+def heartbeats_missed_expr() -> str:
+    """Per source: heartbeat age / the interval it announced (what KafkaMonitorSourceSilent
+    compares with 3)."""
+    return (f"(time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}}))\n"
+            f"/ max by (cluster, source) ({HEARTBEAT_INTERVAL}{{{CLUSTER}}})")
+
+
+def heartbeats_missed() -> dict:
+    return stat("Heartbeats missed", "Heartbeat intervals since the quietest probe or instrumented client last "
+                "sent a heartbeat (its age / the interval it announced): the monitor is blind to that source's "
+                "cluster meanwhile. KafkaMonitorSourceSilent fires above 3.",
+                [target(f"max(\n{heartbeats_missed_expr()}\n)")], decimals=1,
+                th=thresholds((None, "green"), (1.5, "orange"), (3, "red")))
+
+
+def overview() -> dict:
+    g = Grid()
+    severity_targets = [
+        target(f'count(max by (alert, severity, cluster, topic, partition, group) '
+               f'({ALERT_ACTIVE}{{severity="{sev}", {CLUSTER}}}))\nor\n0 * max(kafka_monitor_job_up == 1)',
+               legend=sev, ref=ref)
+        for sev, ref in (("critical", "A"), ("warning", "B"), ("info", "C"))]
+    colour = {"critical": "red", "warning": "orange", "info": "blue"}
+    severity_overrides = [{"matcher": {"id": "byName", "options": sev}, "properties": [
+        {"id": "thresholds", "value": thresholds((None, "green"), (1, c))}]} for sev, c in colour.items()]
+    g.row(5,
+          (stat("Open alerts by severity",
+                "Alerts the job has open now (kafka_monitor_alert_active), by severity: critical pages, warning "
+                "is for working hours, info is for the record. 0 = the job runs and has nothing open; no value "
+                "= the job is down or not scraped.", severity_targets, overrides=severity_overrides), 9),
+          (stat("Worst consumer lag", "The largest lag of any watched group on any partition of the selected "
+                "topics, in offsets and in time (how long ago the high watermark was at the committed offset). "
+                f"KafkaConsumerLagHigh fires above {LAG_ALERT_OFFSETS} offsets for 5 minutes.",
+                [target(f"max({LAG}{{{GPART}}})", legend="offsets"),
+                 target(f"max({LAG_SECONDS}{{{GPART}}})", legend="seconds", ref="B")],
+                th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange")),
+                overrides=[{"matcher": {"id": "byName", "options": "seconds"}, "properties": [
+                    {"id": "unit", "value": "s"},
+                    {"id": "thresholds", "value": thresholds((None, "green"), (60, "orange"), (600, "red"))}]}]), 5),
+          (stat("Under-replicated partitions", "Partitions whose in-sync replica set is smaller than their "
+                "replica set (KafkaUnderReplicatedPartition).", [target(under_replicated())], th=GREEN_RED_AT_1), 5),
+          (stat("Offline partitions", "Partitions without a leader: nobody can produce to or consume from them "
+                "(KafkaOfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 5))
+    g.row(4, (job_scraped(), 6), (job_query_up(), 6), (last_batch_age(), 6), (heartbeats_missed(), 6))
+    g.row(8,
+          (table("Open alerts raised by the job", "One row per alert the job has open now "
+                 "(kafka_monitor_alert_active); labels that do not apply to the entity are empty.",
+                 [target(f"max by (alert, severity, cluster, topic, partition, group) ({ALERT_ACTIVE}{{{CLUSTER}}})",
+                         table=True)],
+                 rename={"alert": "Alert", "severity": "Severity", "cluster": "Cluster", "topic": "Topic",
+                         "partition": "Partition", "group": "Group"}, hide=("Time", "Value")), 12),
+          (table("Alert rules pending or firing", "Prometheus's kafka-monitor alert rules that are pending or "
+                 "firing now (the ALERTS series; what Alertmanager is told about).",
+                 [target('ALERTS{alertname=~"Kafka.*"}', table=True)],
+                 rename={"alertname": "Alert rule", "alertstate": "State", "severity": "Severity"},
+                 hide=("Time", "Value", "__name__")), 12))
+    g.row(8,
+          (timeseries("Worst lag per group and topic", "Lag of the most-lagging partition, per group and topic "
+                      "(what KafkaConsumerLagHigh compares with its threshold).",
+                      [target(f"max by (cluster, group, topic) ({LAG}{{{GPART}}})",
+                              legend="{{group}} / {{topic}} ({{cluster}})")],
+                      th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange")), min_=0), 12),
+          (table("Most lagging groups now", "The ten (group, topic) pairs with the largest partition lag.",
+                 [target(f"topk(10, max by (cluster, group, topic) ({LAG}{{{GPART}}}))", table=True)],
+                 rename={"cluster": "Cluster", "group": "Group", "topic": "Topic", "Value": "Worst partition lag"},
+                 sort_by="Worst partition lag"), 12))
+    return dashboard("kafka-monitor-overview", "kafka-monitor / Overview",
+                     "What is wrong now: open alerts, the worst lag, replication and the monitor's own health.",
+                     ["cluster", "topic", "group"], g)
+
+
+def partitions() -> dict:
+    g = Grid()
+    g.row(4,
+          (stat("Partitions watched", "Partitions of the selected topics the probes report.",
+                [target(f"count({per_partition(REPLICAS)})")]), 6),
+          (stat("Under-replicated", "Partitions with |ISR| < |replicas|.", [target(under_replicated())],
+                th=GREEN_RED_AT_1), 6),
+          (stat("Offline (no leader)", "Partitions whose leader is -1.", [target(offline())], th=GREEN_RED_AT_1), 6),
+          (stat("ISR shrinks open", "Partitions with the job's IsrShrink alert open (a replica left the ISR, "
+                "replica set unchanged).",
+                [target(f'count(max by ({PK}) ({ALERT_ACTIVE}{{alert="IsrShrink", {PART}}}))\n'
+                        f"or\n0 * count({per_partition(REPLICAS)})")], th=GREEN_RED_AT_1), 6))
+    g.row(8,
+          (timeseries("ISR size vs replicas per topic", "Sum over each topic's partitions of the ISR size and of "
+                      "the replica count: the lines part when replicas drop out of the ISR.",
+                      [target(f"sum by (cluster, topic) ({per_partition(ISR)})", legend="ISR {{topic}} ({{cluster}})"),
+                       target(f"sum by (cluster, topic) ({per_partition(REPLICAS)})",
+                              legend="replicas {{topic}} ({{cluster}})", ref="B")], min_=0), 12),
+          (timeseries("Under-replicated partitions per topic", "Partitions with |ISR| < |replicas|, per topic "
+                      "(0 while none).", [target(under_replicated("cluster, topic"), legend="{{topic}} ({{cluster}})")],
+                      min_=0, decimals=0), 12))
+    g.row(10,
+          (table("Partitions now: ISR, replicas, leader",
+                 "One row per partition; sorted by replicas missing from the ISR. Leader -1 = offline.",
+                 [target(per_partition(ISR), table=True),
+                  target(per_partition(REPLICAS), ref="B", table=True),
+                  target(per_partition(LEADER), ref="C", table=True),
+                  target(f"{per_partition(REPLICAS)}\n- {per_partition(ISR)}", ref="D", table=True)],
+                 rename={"cluster": "Cluster", "topic": "Topic", "partition": "Partition", "Value #A": "ISR",
+                         "Value #B": "Replicas", "Value #C": "Leader", "Value #D": "Missing from ISR"},
+                 sort_by="Missing from ISR"), 24))
+    g.row(8,
+          (timeseries("Partitions led per broker", "How many of the selected partitions each broker leads "
+                      "(leadership balance); broker -1 = partitions without a leader.",
+                      [target(f'count_values by (cluster) ("leader", {per_partition(LEADER)})',
+                              legend="broker {{leader}} ({{cluster}})")], min_=0, decimals=0), 12),
+          (timeseries("Leader per partition", "Broker id of each partition's leader: a step is a leader change, "
+                      "-1 is offline.", [target(per_partition(LEADER), legend="{{topic}}/{{partition}} ({{cluster}})")],
+                      decimals=0), 12))
+    g.row(8,
+          (timeseries("High watermark rate per topic", "Records written per second to each topic: the slope of the "
+                      "high watermarks, summed over the topic's partitions.",
+                      [target(f"sum by (cluster, topic) (\n  max by ({PK}) (deriv({HW}{{{PART}}}[$__rate_interval]))\n)",
+                              legend="{{topic}} ({{cluster}})")], unit=RECORDS_PER_S), 8),
+          (timeseries("High watermark rate per partition", "Records written per second to each partition; one "
+                      "partition far above the others is a hot key.",
+                      [target(f"max by ({PK}) (deriv({HW}{{{PART}}}[$__rate_interval]))",
+                              legend="{{topic}}/{{partition}} ({{cluster}})")], unit=RECORDS_PER_S), 8),
+          (timeseries("Records retained per topic", "High watermark - log start offset, summed over each topic's "
+                      "partitions: how many records retention currently keeps.",
+                      [target(f"sum by (cluster, topic) (\n  max by ({PK}) ({HW}{{{PART}}} - {LOG_START}{{{PART}}})\n)",
+                              legend="{{topic}} ({{cluster}})")], min_=0), 8))
+    return dashboard("kafka-monitor-partitions", "kafka-monitor / Partitions",
+                     "Replication and leadership per partition: ISR vs replicas, under-replicated and offline "
+                     "partitions, leaders, high-watermark rates.", ["cluster", "topic"], g)
+
+
+def consumer_groups() -> dict:
+    g = Grid()
+    g.row(4,
+          (stat("Consumer groups", "Groups with committed offsets on the selected topics.",
+                [target(f"count(count by (cluster, group) ({COMMITTED}{{{GPART}}}))")]), 4),
+          (stat("Worst partition lag", "The largest lag in offsets of the selected groups on any partition.",
+                [target(f"max({LAG}{{{GPART}}})")], th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange"))), 5),
+          (stat("Worst lag in time", "The largest lag in seconds of the selected groups on any partition: how long "
+                "ago the partition's high watermark was where the group's committed offset is now.",
+                [target(f"max({LAG_SECONDS}{{{GPART}}})")], unit="s", decimals=0,
+                th=thresholds((None, "green"), (60, "orange"), (600, "red"))), 5),
+          (stat("Total lag", "Offsets the selected groups have still to consume, over all their partitions.",
+                [target(f"sum({per_group_partition(LAG)})")]), 5),
+          (stat("Longest ETA to catch up", "The longest time any selected group needs to consume its lag at its "
+                "current consumption rate (groups that commit nothing are not counted: see the ETA graph).",
+                [target(f"max(\n{eta('cluster, group, topic')}\n)")], unit="s", decimals=0,
+                th=thresholds((None, "green"), (300, "orange"), (1800, "red"))), 5))
+    g.row(9,
+          (timeseries("Lag per partition", "HW - committed offset of each group on each partition, from one "
+                      "observation of the probe (never negative).",
+                      [target(per_group_partition(LAG), legend="{{group}} {{topic}}/{{partition}} ({{cluster}})")],
+                      min_=0), 12),
+          (timeseries("Total lag per group and topic", "Lag summed over the topic's partitions.",
+                      [target(f"sum by (cluster, group, topic) ({per_group_partition(LAG)})",
+                              legend="{{group}} / {{topic}} ({{cluster}})")], min_=0), 12))
+    g.row(9,
+          (timeseries("Lag in seconds per group and topic", "Lag in time of the most-lagging partition: how long "
+                      "ago its high watermark was at the committed offset (interpolated on the HW history the job "
+                      "keeps; 0 when caught up, idle topics included).",
+                      [target(f"max by (cluster, group, topic) ({LAG_SECONDS}{{{GPART}}})",
+                              legend="{{group}} / {{topic}} ({{cluster}})")], unit="s", min_=0), 12),
+          (state_timeline("Lag status per partition", "Burrow-style evaluation at each observation: OK; WARN = "
+                          "lag trending up; STALL = commits not moving while there is lag; STOP = no commit for "
+                          "the stop window while the lag grows; REWIND = the committed offset went back.",
+                          [target(per_group_partition(LAG_STATUS), legend="{{group}} {{topic}}/{{partition}}")],
+                          mappings=LAG_STATUS_MAPPINGS, decimals=0), 12))
+    g.row(9,
+          (timeseries("Consumption vs production", "Records per second each group commits (slope of its committed "
+                      "offsets) against records per second written to the topic (slope of the high watermarks). "
+                      "Consumption below production = the lag grows.",
+                      [target(consumption_rate("cluster, group, topic"), legend="consumed by {{group}} from {{topic}}"),
+                       target(f"sum by (cluster, topic) (\n  max by ({PK}) (deriv({HW}{{{PART}}}[$__rate_interval]))\n)",
+                              legend="produced to {{topic}}", ref="B")], unit=RECORDS_PER_S), 12),
+          (timeseries("ETA to catch up", "Lag / consumption rate, per group and topic: how long the group needs to "
+                      "consume its current lag at the rate it commits now. 0 = no lag. No value while it has lag "
+                      "= it commits nothing (the rate is 0): it is not catching up at all. The estimate assumes "
+                      "production stops; while the producers keep writing at rate p the real time is "
+                      "lag / (consumption - p).",
+                      [target(eta("cluster, group, topic"), legend="{{group}} / {{topic}} ({{cluster}})")],
+                      unit="s", min_=0), 12))
+    status_override = [{"matcher": {"id": "byName", "options": "Status"}, "properties": [
+        {"id": "mappings", "value": LAG_STATUS_MAPPINGS},
+        {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}]
+    g.row(10,
+          (table("Group partitions now", "One row per group and partition: lag in offsets and in time, Burrow "
+                 "status, committed offset and the time to consume the lag at the current rate (empty = not "
+                 "committing).",
+                 [target(per_group_partition(LAG), table=True),
+                  target(per_group_partition(LAG_SECONDS), ref="B", table=True),
+                  target(per_group_partition(LAG_STATUS), ref="C", table=True),
+                  target(per_group_partition(COMMITTED), ref="D", table=True),
+                  target(eta(GK), ref="E", table=True)],
+                 rename={"cluster": "Cluster", "group": "Group", "topic": "Topic", "partition": "Partition",
+                         "Value #A": "Lag", "Value #B": "Lag (s)", "Value #C": "Status",
+                         "Value #D": "Committed offset", "Value #E": "ETA (s)"},
+                 sort_by="Lag", overrides=status_override), 16),
+          (table("Groups now: state and members", "Each group's state as its coordinator reports it (Stable, "
+                 "PreparingRebalance, CompletingRebalance, Empty, Dead) and its member count.",
+                 [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)", table=True),
+                  target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})", ref="B", table=True)],
+                 rename={"cluster": "Cluster", "group": "Group", "state": "State", "Value #B": "Members"},
+                 hide=("Time", "Value #A")), 8))
+    return dashboard("kafka-monitor-consumer-groups", "kafka-monitor / Consumer groups",
+                     "Lag per group, topic and partition in offsets and in time, Burrow-style status, "
+                     "committed-offset rates, the time to catch up, group state and members.",
+                     ["cluster", "topic", "group"], g)
+
+
+def monitor_health() -> dict:
+    g = Grid()
+    g.row(4,
+          (job_scraped(), 4), (job_query_up(), 4), (last_batch_age(), 4),
+          (stat("Events behind", "Records in the events topic the job had not processed yet at its last "
+                "micro-batch; growing = the job cannot keep up with what the probes send.",
+                [target("max(kafka_monitor_job_events_behind)")], decimals=0,
+                th=thresholds((None, "green"), (10000, "orange"))), 4),
+          (heartbeats_missed(), 4),
+          (stat("Series refused", "Entity series the exporter did not create because its series cap was reached "
+                "(since the job started); above 0 = some partitions or groups are not shown at all.",
+                [target("sum(kafka_monitor_exporter_series_refused_total)")], th=GREEN_RED_AT_1), 4))
+    g.row(8,
+          (timeseries("Micro-batches per second", "Micro-batches the job completes per second (one per trigger "
+                      "when it keeps up, even without new events).",
+                      [target("sum by (instance) (rate(kafka_monitor_job_batches_total[$__rate_interval]))",
+                              legend="{{instance}}")], unit="suffix: batches/s", min_=0), 8),
+          (timeseries("Micro-batch duration", "Wall time of the last micro-batch, from reading the events to the "
+                      "sink (trigger), and of its sink alone; close to or above the trigger interval (5 s by "
+                      "default) = the job falls behind.",
+                      [target("max by (instance) (kafka_monitor_job_last_trigger_duration_seconds)",
+                              legend="trigger {{instance}}"),
+                       target("max by (instance) (kafka_monitor_job_last_batch_duration_seconds)",
+                              legend="sink {{instance}}", ref="B")], unit="s", min_=0), 8),
+          (timeseries("Last micro-batch age", "Seconds since the last completed micro-batch (the alert limit is "
+                      "120 s).", [target("time() - max by (instance) (kafka_monitor_job_last_batch_timestamp_seconds > 0)",
+                                         legend="{{instance}}")], unit="s", min_=0), 8))
+    g.row(8,
+          (timeseries("Events behind", "Records in the events topic not processed yet, at each micro-batch.",
+                      [target("max by (instance) (kafka_monitor_job_events_behind)", legend="{{instance}}")],
+                      min_=0, decimals=0), 8),
+          (timeseries("State rows applied per second", "State-output rows the job's sink applies to the exporter "
+                      "per second.",
+                      [target("sum by (instance) (rate(kafka_monitor_job_input_rows_total[$__rate_interval]))",
+                              legend="{{instance}}")], unit="suffix: rows/s", min_=0), 8),
+          (timeseries("State store rows", "Rows in the job's state store (grouping keys with state): grows with the "
+                      "partitions and groups watched.",
+                      [target("max by (instance) (kafka_monitor_job_state_rows)", legend="{{instance}}")],
+                      min_=0, decimals=0), 8))
+    g.row(8,
+          (timeseries("Quarantined events per second", "Events the quality gate refused, by reason; they never "
+                      "reach state or alerts (KafkaMonitorEventsQuarantined).",
+                      [target("sum by (reason) (rate(kafka_monitor_events_quarantined_total[$__rate_interval]))",
+                              legend="{{reason}}")], unit="suffix: events/s", min_=0), 8),
+          (table("Quarantined events since the job started", "Events refused per reason since the job started.",
+                 [target("sum by (reason) (kafka_monitor_events_quarantined_total)", table=True)],
+                 rename={"reason": "Reason", "Value": "Events"}, sort_by="Events"), 8),
+          (timeseries("Series refused per second", "Entity series refused by the exporter's series cap.",
+                      [target("sum by (instance) (rate(kafka_monitor_exporter_series_refused_total[$__rate_interval]))",
+                              legend="{{instance}}")], unit="suffix: series/s", min_=0), 8))
+    g.row(8,
+          (timeseries("Source heartbeat age", "Seconds since each probe or instrumented client last sent a "
+                      "heartbeat.", [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
+                                            legend="{{source}} ({{cluster}})")], unit="s", min_=0), 6),
+          (timeseries("Heartbeats missed per source", "Heartbeat age / the interval the source announced; "
+                      "KafkaMonitorSourceSilent fires above 3.",
+                      [target(heartbeats_missed_expr(), legend="{{source}} ({{cluster}})")], min_=0,
+                      th=thresholds((None, "green"), (3, "red"))), 6),
+          (timeseries("Metadata age per client", "Seconds since each probe or instrumented client last refreshed "
+                      "its cluster metadata successfully (the job's MetadataStale opens after 2 x the client's "
+                      "metadata.max.age.ms).",
+                      [target(f"time() - max by (cluster, source) ({METADATA_REFRESH}{{{CLUSTER}}})",
+                              legend="{{source}} ({{cluster}})")], unit="s", min_=0), 6),
+          (timeseries("Alert transitions per second", "Alerts the job opens and resolves; a steady stream of both "
+                      "for one alert is flapping.",
+                      [target("sum by (alert, action) (rate(kafka_monitor_alert_transitions_total[$__rate_interval]))",
+                              legend="{{alert}} {{action}}")], unit="suffix: transitions/s", min_=0), 6))
+    return dashboard("kafka-monitor-monitor-health", "kafka-monitor / Monitor health",
+                     "Is the monitor itself working: scrape, streaming query, micro-batches and backlog, quarantined "
+                     "events, the series cap, the sources' heartbeats and metadata freshness.", ["cluster"], g)
+
+
+DASHBOARDS = {
+    "overview.json": overview,
+    "partitions.json": partitions,
+    "consumer-groups.json": consumer_groups,
+    "monitor-health.json": monitor_health,
+}
+
+
+def render(d: dict) -> str:
+    return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+
+
+def build() -> dict[str, str]:
+    """File name -> the exact text this script writes."""
+    return {name: render(make()) for name, make in DASHBOARDS.items()}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a file differs")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, text in build().items():
+        path = HERE / name
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if args.check:
+            stale.append(name)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
+    if stale:
+        print(f"out of date (run python dashboards/generate.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

