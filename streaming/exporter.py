@@ -15,6 +15,8 @@ from typing import Any, Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from streaming import quality
+
 log = logging.getLogger(__name__)
 
 P = "kafka_monitor_"
@@ -22,7 +24,7 @@ P = "kafka_monitor_"
 LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
-                      "out_of_range")
+                      "out_of_range", *quality.RULES)
 PART = ("cluster", "topic", "partition")
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group")

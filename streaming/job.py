@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
+from streaming import quality
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
@@ -235,8 +236,16 @@ def parse(raw: DataFrame) -> DataFrame:
     return ev.select(F.explode(F.concat(F.array(own), F.coalesce(changes, F.array()))).alias("r")).select("r.*")
 
 
+def gated(parsed: DataFrame) -> DataFrame:
+    """The quality gate: the contract's great-expectations suite (streaming.quality) on every
+    micro-batch.  Only the columns the suite reads go to Python; a failing row gets the failed
+    expectation as its ``reason`` and goes to the quarantine with it."""
+    reason = F.pandas_udf(quality.reason_batches, "string")(F.struct(*quality.INPUT_COLUMNS))
+    return parsed.withColumn("reason", reason)
+
+
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
-    keep = (parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
+    keep = (gated(parsed).where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
             # only a quarantined row needs its raw text (it goes to the quarantine sink)
             .withColumn("raw", F.when(F.col("reason").isNotNull(), F.col("raw"))))
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(

@@ -7,6 +7,7 @@ its HW from ListOffsets would fail here instead of passing by luck."""
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -14,6 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_monitor.broker import create_topics
+from monitor.contract import Event, PartitionMetadata
 from monitor.probe import Probe, ProbeConfig
 from streaming.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
@@ -52,6 +54,12 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
     # one malformed record in the events topic: quarantined and counted, never fatal
     bad = Producer({"bootstrap.servers": tansu.bootstrap})
     bad.produce(events, key=b"junk", value=b"{this is not json", partition=0)
+    # well-formed JSON that breaks the contract's expectations (ISR not a subset of replicas):
+    # the great-expectations gate quarantines it with the expectation as the reason
+    ghost = Event.of(PartitionMetadata(topic="ghost", partition=0, leader=1, replicas=[1], isr=[1, 7],
+                                       metadata_version=1), cluster="e2e", source="forger", seq=0,
+                     observed_at=int(time.time() * 1000))
+    bad.produce(events, key=ghost.key().encode(), value=ghost.to_json(), partition=1)
     bad.flush(10)
 
     stop = threading.Event()
@@ -77,6 +85,7 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
             ("kafka_monitor_partition_in_sync_replicas", P(0)): 1,
             ("kafka_monitor_partition_replicas", P(0)): 1,
             ("kafka_monitor_events_quarantined_total", (("reason", "malformed_json"),)): 1,
+            ("kafka_monitor_events_quarantined_total", (("reason", "isr_subset_of_replicas"),)): 1,
             ("kafka_monitor_job_up", ()): 1,
         }
 
@@ -92,6 +101,7 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
         replication = {"IsrShrink", "UnderReplicated", "UnderMinIsr", "AtMinIsr", "OfflinePartition"}
         assert not any(k[0] == "kafka_monitor_alert_active" and dict(k[1])["alert"] in replication
                        for k in got)  # one node: replicas = ISR, nothing under-replicated
+        assert not any(dict(k[1]).get("topic") == "ghost" for k in got)  # quarantined: never reached state
 
         # the group commits nothing more while 7 records wait on partition 0: after a few
         # observations its lag status is STALL (2) and ConsumerLagStatus is open for it
