@@ -236,7 +236,7 @@ class Grid:
         self.y += height
 
 
-def dashboard(uid: str, title: str, description: str, variables: list[str], grid: Grid) -> dict:
+def dashboard(uid: str, title: str, description: str, variables: list[Any], grid: Grid) -> dict:
     return {
         "annotations": {"list": [{
             "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
@@ -253,7 +253,7 @@ def dashboard(uid: str, title: str, description: str, variables: list[str], grid
         "refresh": "30s",
         "schemaVersion": SCHEMA_VERSION,
         "tags": [TAG],
-        "templating": {"list": [VARIABLES[v] for v in variables]},
+        "templating": {"list": [VARIABLES[v] if isinstance(v, str) else v for v in variables]},
         "time": {"from": "now-3h", "to": "now"},
         "timepicker": {},
         "timezone": "browser",
@@ -562,11 +562,149 @@ def monitor_health() -> dict:
                      "events, the series cap, the sources' heartbeats and metadata freshness.", ["cluster"], g)
 
 
+def open_count(alert: str, by: str, sel: str, watched: str) -> str:
+    """Entities (``by``) with the job's ``alert`` open; 0 while ``watched`` has series."""
+    return (f'count(max by ({by}) ({ALERT_ACTIVE}{{alert="{alert}", {sel}}}))\n'
+            f"or\n0 * count({watched})")
+
+
+def open_counts_per(alert: str, by: str, entity: str, sel: str, watched: str) -> str:
+    """Like open_count, counted per ``by`` (a subset of ``entity``), 0 per watched ``by``."""
+    return (f'count by ({by}) (max by ({entity}) ({ALERT_ACTIVE}{{alert="{alert}", {sel}}}))\n'
+            f"or\n0 * count by ({by}) ({watched})")
+
+
+#: the group variable of the rebalances dashboard: groups with a state (no topic variable there)
+GROUP_WITH_STATE = variable("group", "Consumer group", f'label_values({GROUP_STATE}{{cluster=~"$cluster"}}, group)',
+                            "Consumer groups whose state the probes report on the selected clusters.")
+GROUPS_WATCHED = f"max by (cluster, group) ({GROUP_STATE}{{{GROUP}}})"
+GROUP_ALERTS = (("RebalanceStorm", "KafkaRebalanceStorm: at least N rebalances (5 by default) within the job's "
+                 "window (10 minutes by default)."),
+                ("RebalanceStuck", "KafkaRebalanceStuck (critical): in PreparingRebalance or CompletingRebalance "
+                 "longer than the job's limit (5 minutes by default)."),
+                ("GroupEmptyWithLag", "KafkaGroupEmptyWithLag: no members while there is lag, for longer than the "
+                 "job's limit (10 minutes by default)."))
+
+
+def rebalances() -> dict:
+    g = Grid()
+    stats = [(stat(f"{alert} open", f"Groups with the job's {alert} alert open now. {why} 0 = none of the "
+                   "watched groups; no value = no group state is reported.",
+                   [target(open_count(alert, "cluster, group", GROUP, GROUPS_WATCHED))], th=GREEN_RED_AT_1), 4)
+             for alert, why in GROUP_ALERTS]
+    g.row(4,
+          (stat("Groups watched", "Consumer groups whose state the probes report.",
+                [target(f"count({GROUPS_WATCHED})")]), 4),
+          (stat("Groups not Stable", "Groups whose state is not Stable now (PreparingRebalance, "
+                "CompletingRebalance, Empty, Dead, Unknown); a group rebalancing for a moment is normal, one that "
+                "stays is not.",
+                [target(f'count(max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}, state!="Stable"}} == 1))\n'
+                        f"or\n0 * count({GROUPS_WATCHED})")],
+                th=thresholds((None, "green"), (1, "orange"))), 4),
+          (stat("Members", "Members of the selected groups, summed, as their coordinators report them.",
+                [target(f"sum(max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}}))")], decimals=0), 4),
+          *stats)
+    g.row(9,
+          (state_timeline("Group state over time", "One row per group and state: coloured while the group is in "
+                          "that state (kafka_monitor_group_state). A group that keeps moving between Stable and "
+                          "PreparingRebalance is rebalancing over and over.",
+                          [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)",
+                                  legend="{{group}} {{state}} ({{cluster}})")],
+                          mappings=[{"type": "value", "options": {"1": {"color": "blue", "index": 0, "text": "in state"}}}],
+                          decimals=0), 12),
+          (timeseries("Groups per state", "How many of the selected groups are in each state.",
+                      [target(f"count by (state) (max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1))",
+                              legend="{{state}}")], min_=0, decimals=0), 12))
+    g.row(8,
+          (timeseries("Members per group", "Members of each group as its coordinator reports them: drops and "
+                      "returns are members leaving and joining (each one a rebalance).",
+                      [target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})",
+                              legend="{{group}} ({{cluster}})")], min_=0, decimals=0), 12),
+          (timeseries("Group alerts open", "Groups with the job's RebalanceStorm, RebalanceStuck and "
+                      "GroupEmptyWithLag alerts open (0 while none of the watched groups has one).",
+                      [target(open_count(alert, "cluster, group", GROUP, GROUPS_WATCHED), legend=alert, ref=ref)
+                       for (alert, _), ref in zip(GROUP_ALERTS, "ABC")], min_=0, decimals=0), 12))
+    g.row(8,
+          (table("Open group alerts", "One row per group alert the job has open now.",
+                 [target(f'max by (alert, severity, cluster, group) ({ALERT_ACTIVE}{{alert=~"RebalanceStorm|'
+                         f'RebalanceStuck|GroupEmptyWithLag", {GROUP}}})', table=True)],
+                 rename={"alert": "Alert", "severity": "Severity", "cluster": "Cluster", "group": "Group"},
+                 hide=("Time", "Value")), 12),
+          (table("Groups now: state and members", "Each group's state as its coordinator reports it and its "
+                 "member count.",
+                 [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)", table=True),
+                  target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})", ref="B", table=True)],
+                 rename={"cluster": "Cluster", "group": "Group", "state": "State", "Value #B": "Members"},
+                 hide=("Time", "Value #A")), 12))
+    return dashboard("kafka-monitor-rebalances", "kafka-monitor / Rebalances",
+                     "Consumer group state over time, members, groups not Stable, and the job's RebalanceStorm, "
+                     "RebalanceStuck and GroupEmptyWithLag alerts.", ["cluster", GROUP_WITH_STATE], g)
+
+
+def client_metadata() -> dict:
+    g = Grid()
+    clients = f"max by (cluster, source) ({METADATA_REFRESH}{{{CLUSTER}}})"
+    partitions_watched = per_partition(REPLICAS, CLUSTER)
+    topics_watched = f"max by (cluster, topic) ({REPLICAS}{{{CLUSTER}}})"
+    no_source = ("kafka_monitor_alert_active does not carry the client (`source`) yet, so this counts clusters "
+                 "with at least one client in that state.")
+    g.row(4,
+          (stat("Clients reporting", "Probes and instrumented clients that report metadata refreshes.",
+                [target(f"count({clients})")]), 4),
+          (stat("Oldest metadata", "Seconds since the client with the oldest metadata last refreshed it "
+                "successfully (MetadataStale opens after 2 x its metadata.max.age.ms, 10 minutes by default).",
+                [target(f"time() - min({clients})")], unit="s", decimals=0,
+                th=thresholds((None, "green"), (300, "orange"), (600, "red"))), 4),
+          (stat("MetadataStale open", f"The job's MetadataStale alert (KafkaMetadataStale). {no_source}",
+                [target(open_count("MetadataStale", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
+          (stat("MetadataRefreshStorm open", "The job's MetadataRefreshStorm alert (KafkaMetadataRefreshStorm): "
+                f"invalidation-driven refreshes above the limit. {no_source}",
+                [target(open_count("MetadataRefreshStorm", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
+          (stat("Leader changes open", "Partitions with the job's LeaderChanged episode open (a leader or "
+                "leader-epoch change in the last minutes; KafkaLeaderChanges fires from 3 per topic).",
+                [target(open_count("LeaderChanged", PK, CLUSTER, partitions_watched))],
+                th=thresholds((None, "green"), (1, "blue"))), 4),
+          (stat("Partition count changes open", "Topics with the job's PartitionCountChanged alert open "
+                "(KafkaPartitionCountChanged).",
+                [target(open_count("PartitionCountChanged", "cluster, topic", CLUSTER, topics_watched))],
+                th=thresholds((None, "green"), (1, "blue"))), 4))
+    g.row(8,
+          (timeseries("Metadata age per client", "Seconds since each probe or instrumented client last refreshed "
+                      "its cluster metadata successfully: a saw-tooth up to metadata.max.age.ms is healthy, a line "
+                      "that keeps rising is a client that cannot refresh.",
+                      [target(f"time() - {clients}", legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12),
+          (timeseries("Heartbeat age per source", "Seconds since each probe or instrumented client last sent a "
+                      "heartbeat (KafkaMonitorSourceSilent fires after 3 of its intervals).",
+                      [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
+                              legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12))
+    g.row(8,
+          (timeseries("Client metadata alerts open", f"Clusters with the job's MetadataStale and "
+                      f"MetadataRefreshStorm open. {no_source}",
+                      [target(open_count("MetadataStale", "cluster", CLUSTER, clients), legend="MetadataStale"),
+                       target(open_count("MetadataRefreshStorm", "cluster", CLUSTER, clients),
+                              legend="MetadataRefreshStorm", ref="B")], min_=0, decimals=0), 8),
+          (timeseries("Leader changes open per topic", "Partitions of each topic with a LeaderChanged episode "
+                      "open (0 while none).",
+                      [target(open_counts_per("LeaderChanged", "cluster, topic", PK, CLUSTER, partitions_watched),
+                              legend="{{topic}} ({{cluster}})")], min_=0, decimals=0), 8),
+          (table("Open leader and partition-count alerts", "The job's LeaderChanged, PreferredLeaderImbalance "
+                 "and PartitionCountChanged alerts open now (partition empty for a topic-wide alert).",
+                 [target(f'max by (alert, cluster, topic, partition) ({ALERT_ACTIVE}{{alert=~"LeaderChanged|'
+                         f'PreferredLeaderImbalance|PartitionCountChanged", {CLUSTER}}})', table=True)],
+                 rename={"alert": "Alert", "cluster": "Cluster", "topic": "Topic", "partition": "Partition"},
+                 hide=("Time", "Value")), 8))
+    return dashboard("kafka-monitor-client-metadata", "kafka-monitor / Client metadata",
+                     "How fresh each client's view of the cluster is: metadata age, the job's MetadataStale and "
+                     "MetadataRefreshStorm alerts, heartbeats, leader and partition-count changes.", ["cluster"], g)
+
+
 DASHBOARDS = {
     "overview.json": overview,
     "partitions.json": partitions,
     "consumer-groups.json": consumer_groups,
     "monitor-health.json": monitor_health,
+    "rebalances.json": rebalances,
+    "client-metadata.json": client_metadata,
 }
 
 

@@ -27,7 +27,7 @@ QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missi
                       "out_of_range", *quality.RULES)
 PART = ("cluster", "topic", "partition")
 GPART = ("cluster", "group", "topic", "partition")
-ALERT = ("alert", "severity", "cluster", "topic", "partition", "group")
+ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
 
 #: name -> (type, help, labels); the catalogue docs/metrics.md is checked against
 CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -158,7 +158,8 @@ class Exporter:
                         self._set("client_last_metadata_refresh_timestamp_seconds", lab, v)
                 elif kind == "alert":
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
-                           "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "")
+                           "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "",
+                           r.get("source") or "")
                     if action == "open":
                         self._set("alert_active", lab, 1)
                     else:

@@ -52,13 +52,16 @@ GRAFANA_PROV = ROOT / "deploy" / "grafana" / "provisioning"
 #: the Grafana dashboard JSON schema version the dashboards are written for (Grafana 10.3-11.x)
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
-DASHBOARDS = ["overview.json", "partitions.json", "consumer-groups.json", "monitor-health.json"]
+DASHBOARDS = ["overview.json", "partitions.json", "consumer-groups.json", "monitor-health.json", "rebalances.json",
+              "client-metadata.json"]
 #: template variables per dashboard (label_values queries on exporter metrics)
 VARIABLES = {
     "overview.json": ["cluster", "topic", "group"],
     "partitions.json": ["cluster", "topic"],
     "consumer-groups.json": ["cluster", "topic", "group"],
     "monitor-health.json": ["cluster"],
+    "rebalances.json": ["cluster", "group"],
+    "client-metadata.json": ["cluster"],
 }
 #: what each dashboard is for, as the metrics it must read
 MUST_READ = {
@@ -75,6 +78,14 @@ MUST_READ = {
                             "kafka_monitor_exporter_series_refused_total",
                             "kafka_monitor_source_last_heartbeat_timestamp_seconds",
                             "kafka_monitor_source_heartbeat_interval_seconds"},
+    "rebalances.json": {"kafka_monitor_group_state", "kafka_monitor_group_members", "kafka_monitor_alert_active"},
+    "client-metadata.json": {"kafka_monitor_client_last_metadata_refresh_timestamp_seconds",
+                             "kafka_monitor_source_last_heartbeat_timestamp_seconds", "kafka_monitor_alert_active"},
+}
+#: dashboard -> the job's alerts (kafka_monitor_alert_active{alert=...}) it must show
+MUST_SHOW_ALERTS = {
+    "rebalances.json": {"RebalanceStorm", "RebalanceStuck", "GroupEmptyWithLag"},
+    "client-metadata.json": {"MetadataStale", "MetadataRefreshStorm", "LeaderChanged", "PartitionCountChanged"},
 }
 #: Grafana's own variables a query may use
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
@@ -103,7 +114,7 @@ def queries(d: dict) -> list[tuple[str, str]]:
 # -- dashboards ---------------------------------------------------------------------------------
 
 
-def test_the_dashboards_are_the_four_expected():
+def test_the_dashboards_are_the_expected_ones():
     assert sorted(p.name for p in DASH_DIR.glob("*.json")) == sorted(DASHBOARDS)
 
 
@@ -117,6 +128,21 @@ def test_committed_dashboards_are_the_generators_output():
     stale = [name for name, text in built.items() if (DASH_DIR / name).read_text(encoding="utf-8") != text]
     assert not stale, (f"dashboards differ from dashboards/generate.py's output: {stale}; "
                        f"edit the generator and run: python dashboards/generate.py")
+
+
+def test_committed_alerts_and_panels_doc_is_the_generators_output():
+    """docs/alerts-and-panels.md lists every alert and panel; dashboards/catalogue.py writes it."""
+    spec = importlib.util.spec_from_file_location("kafka_monitor_dashboards_catalogue", DASH_DIR / "catalogue.py")
+    cat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cat)
+    text = cat.render()
+    assert (ROOT / "docs" / "alerts-and-panels.md").read_text(encoding="utf-8") == text, \
+        "docs/alerts-and-panels.md differs from dashboards/catalogue.py's output: run python dashboards/catalogue.py"
+    alerts = [r["alert"] for g in load_yaml(RULES)["groups"] for r in g["rules"] if "alert" in r]
+    panels = [(n, p["title"]) for n in DASHBOARDS for p in load_dashboard(n)["panels"]]
+    missing = [a for a in alerts if f"| {a} |" not in text]
+    missing += [f"{n} {t!r}" for n, t in panels if f"| {n} | {t} |" not in text]
+    assert not missing, f"not in the document: {missing}"
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
@@ -236,6 +262,18 @@ def test_the_only_other_metrics_are_prometheus_own():
 def test_each_dashboard_reads_what_it_is_for(name: str):
     read = {m for _, expr in queries(load_dashboard(name)) for m in METRIC.findall(expr)}
     assert MUST_READ[name] <= read, f"{name} does not read {sorted(MUST_READ[name] - read)}"
+
+
+@pytest.mark.parametrize("name", sorted(MUST_SHOW_ALERTS))
+def test_each_dashboard_shows_the_job_alerts_it_is_for(name: str):
+    from streaming.rules import Alert
+
+    shown = set()
+    for _, expr in queries(load_dashboard(name)):
+        for m in re.finditer(r'kafka_monitor_alert_active\{alert(=~?)"([^"]+)"', expr):
+            shown |= set(m.group(2).split("|")) if m.group(1) == "=~" else {m.group(2)}
+    assert shown <= {a.value for a in Alert}, f"{name} names alerts the job does not raise: {shown}"
+    assert MUST_SHOW_ALERTS[name] <= shown, f"{name} does not show {sorted(MUST_SHOW_ALERTS[name] - shown)}"
 
 
 def test_dashboard_uids_are_unique():

@@ -40,6 +40,13 @@ TEST_FILES = sorted((PROM_DIR / "tests").glob("*.test.yml"))
 EXPECTED_GROUPS = {
     "kafka-monitor.kafka": ["KafkaConsumerLagHigh", "KafkaIsrShrink", "KafkaUnderReplicatedPartition",
                             "KafkaOfflinePartition"],
+    "kafka-monitor.consumers": ["KafkaConsumerLagSecondsHigh", "KafkaConsumerLagGrowing", "KafkaConsumerStalled",
+                                "KafkaConsumerStopped", "KafkaConsumerRewound", "KafkaRebalanceStorm",
+                                "KafkaRebalanceStuck", "KafkaGroupEmptyWithLag"],
+    "kafka-monitor.partitions": ["KafkaUnderMinIsr", "KafkaAtMinIsr", "KafkaHighWatermarkStalled",
+                                 "KafkaPartitionUnobserved", "KafkaLeaderChanges", "KafkaPreferredLeaderImbalance",
+                                 "KafkaPartitionCountChanged"],
+    "kafka-monitor.clients": ["KafkaMetadataStale", "KafkaMetadataRefreshStorm"],
     "kafka-monitor.self": ["KafkaMonitorSourceSilent", "KafkaMonitorJobDown", "KafkaMonitorJobFallingBehind",
                            "KafkaMonitorEventsQuarantined"],
 }
@@ -165,13 +172,62 @@ def test_every_metric_the_rules_read_is_in_the_exporter_catalogue():
     assert not unknown, "metrics the exporter does not serve (streaming.exporter.CATALOGUE):\n" + "\n".join(unknown)
 
 
-def test_lag_threshold_in_the_description_matches_the_expression():
+#: alert -> (comparison at the end of its expression, how its description repeats the number)
+THRESHOLDS = {
+    "KafkaConsumerLagHigh": (">", "more than {} offsets"),
+    "KafkaConsumerLagSecondsHigh": (">", "more than {} seconds"),
+    "KafkaLeaderChanges": (">=", "({} or more)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(THRESHOLDS))
+def test_threshold_in_the_description_matches_the_expression(name: str):
     """The threshold is written once in the expression and repeated in the description:
     changing one without the other would tell the on-call person a wrong number."""
-    r = rule("KafkaConsumerLagHigh")
-    thresholds = re.findall(r">\s*([0-9.e+]+)\s*$", r["expr"].strip())
-    assert len(thresholds) == 1, f"expected one `> N` at the end of the expression: {r['expr']!r}"
-    assert f"more than {thresholds[0]} offsets" in r["annotations"]["description"]
+    op, wording = THRESHOLDS[name]
+    r = rule(name)
+    thresholds = re.findall(rf"(?<![<>=!]){re.escape(op)}\s*([0-9.e+]+)\s*$", r["expr"].strip())
+    assert len(thresholds) == 1, f"expected one `{op} N` at the end of the expression: {r['expr']!r}"
+    assert wording.format(thresholds[0]) in " ".join(r["annotations"]["description"].split())
+
+
+#: the job's alerts (streaming.rules.Alert) and the Prometheus alert that pages on each; the
+#: gauge-based rules cover the rest (ConsumerLagHigh: offsets and seconds; ConsumerLagStatus:
+#: one alert per status; SourceSilent: heartbeat gauges)
+JOB_ALERTS = {
+    "IsrShrink": "KafkaIsrShrink", "UnderReplicated": "KafkaUnderReplicatedPartition",
+    "OfflinePartition": "KafkaOfflinePartition", "UnderMinIsr": "KafkaUnderMinIsr", "AtMinIsr": "KafkaAtMinIsr",
+    "HighWatermarkStalled": "KafkaHighWatermarkStalled", "PartitionUnobserved": "KafkaPartitionUnobserved",
+    "LeaderChanged": "KafkaLeaderChanges", "PreferredLeaderImbalance": "KafkaPreferredLeaderImbalance",
+    "PartitionCountChanged": "KafkaPartitionCountChanged", "RebalanceStorm": "KafkaRebalanceStorm",
+    "RebalanceStuck": "KafkaRebalanceStuck", "GroupEmptyWithLag": "KafkaGroupEmptyWithLag",
+    "MetadataStale": "KafkaMetadataStale", "MetadataRefreshStorm": "KafkaMetadataRefreshStorm",
+}
+GAUGE_COVERED = {"ConsumerLagHigh": ["KafkaConsumerLagHigh", "KafkaConsumerLagSecondsHigh"],
+                 "ConsumerLagStatus": ["KafkaConsumerLagGrowing", "KafkaConsumerStalled", "KafkaConsumerStopped",
+                                       "KafkaConsumerRewound"],
+                 "SourceSilent": ["KafkaMonitorSourceSilent"]}
+
+
+def test_every_alert_of_the_catalogue_has_a_prometheus_rule():
+    """Every alert the job can raise is turned into a Prometheus alert: read from
+    kafka_monitor_alert_active{alert="<name>"}, or from the gauges the job's rule uses."""
+    from streaming.rules import SEVERITY, Alert
+
+    names = {r["alert"] for r in alerting_rules()}
+    assert set(JOB_ALERTS) | set(GAUGE_COVERED) == {a.value for a in Alert}
+    problems = []
+    for job_alert, prom_alert in JOB_ALERTS.items():
+        if prom_alert not in names:
+            problems.append(f"{job_alert}: no rule {prom_alert}")
+        elif f'kafka_monitor_alert_active{{alert="{job_alert}"}}' not in rule(prom_alert)["expr"]:
+            problems.append(f"{prom_alert} does not read kafka_monitor_alert_active{{alert=\"{job_alert}\"}}")
+        elif rule(prom_alert)["labels"]["severity"] != SEVERITY[Alert(job_alert)].name.lower():
+            problems.append(f"{prom_alert}: severity {rule(prom_alert)['labels']['severity']}, the job's is "
+                            f"{SEVERITY[Alert(job_alert)].name.lower()}")
+    for job_alert, prom_alerts in GAUGE_COVERED.items():
+        problems += [f"{job_alert}: no rule {a}" for a in prom_alerts if a not in names]
+    assert not problems, "\n".join(problems)
 
 
 # -- a real Prometheus server ---------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_alert_series_open_and_resolve_and_counters():
     e = Exporter()
     a = dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0)
     e.apply([row(action="open", **a)], batch_id=0)
-    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": ""}
+    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "", "source": ""}
     assert v(e, "alert_active", **lab) == 1
     e.apply([row(action="resolve", **a)], batch_id=1)
     assert v(e, "alert_active", **lab) is None
