@@ -53,8 +53,10 @@ def read_alerts(bootstrap: str, topic: str) -> list[dict]:
     parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
     c.assign([TopicPartition(topic, p, 0) for p in parts])
     out, eof = [], set()
+    deadline = time.monotonic() + 60
     try:
         while len(eof) < len(parts):
+            assert time.monotonic() < deadline, f"reading {topic}: no end of partition within 60s"
             for m in c.consume(1000, timeout=2):
                 if m.error():
                     eof.add(m.partition())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -26,7 +27,9 @@ def read_all(bootstrap, topic):
     parts = list(md.topics[topic].partitions)
     c.assign([TopicPartition(topic, p, 0) for p in parts])
     out, eof = [], set()
+    deadline = time.monotonic() + 60
     while len(eof) < len(parts):
+        assert time.monotonic() < deadline, f"reading {topic}: no end of partition within 60s"
         for m in c.consume(500, timeout=2):
             if m.error():
                 eof.add(m.partition())

@@ -24,6 +24,8 @@ def mock():
     with MockCluster(brokers=3) as mc:
         mc.create_topic("orders", 3, 3)
         mc.create_topic(EVENTS, 1, 3)
+        # the events topic must stay readable while a test takes broker 2 or 3 down
+        mc.set_leader(EVENTS, 0, 1)
         yield mc
 
 

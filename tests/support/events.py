@@ -8,16 +8,22 @@ from monitor.contract import Event
 from tests.conftest import unique
 
 
-def read_events(bootstrap: str, topic: str) -> list[Event]:
-    """Every event in ``topic`` (all partitions, from the start to the current end)."""
+def read_events(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Event]:
+    """Every event in ``topic`` (all partitions, from the start to the current end); fails
+    after ``timeout_s`` rather than waiting for a partition that never reaches its end."""
+    import time
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False,
                   "enable.partition.eof": True})
     md = c.list_topics(topic, timeout=10)
     parts = list(md.topics[topic].partitions)
     c.assign([TopicPartition(topic, p, 0) for p in parts])
     out, eof = [], set()
+    deadline = time.monotonic() + timeout_s
     try:
         while len(eof) < len(parts):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"reading {topic}: partitions {sorted(set(parts) - eof)} did not reach "
+                                     f"their end within {timeout_s:.0f}s")
             for m in c.consume(500, timeout=2):
                 if m.error():
                     eof.add(m.partition())
