@@ -379,13 +379,18 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
 _LISTENERS: dict[str, tuple[SparkSession, ProgressListener]] = {}
 
 
-def stop_query(q: StreamingQuery, timeout_s: float = 10.0) -> None:
-    """Stop between batches where possible: a stop during a running batch can kill the stream
-    thread mid-batch (seen as a StackOverflowError in Spark 4.1); the checkpoint makes the next
-    start correct either way."""
+def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
+    """Stop between batches where possible: a stop during a running batch interrupts it (an
+    InterruptedException in the sink's collect, and in Spark 4.1 sometimes a StackOverflowError
+    in the stream thread); the checkpoint makes the next start correct either way.  A busy
+    query starts its next batch as soon as one ends, so wait for a batch to end and stop
+    right then, rather than for an idle moment that may never come."""
     deadline = time.monotonic() + timeout_s
+    last = (q.lastProgress or {}).get("batchId")
     while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+        if (q.lastProgress or {}).get("batchId") != last:
+            break  # a batch just completed
+        time.sleep(0.05)
     q.stop()
     registered = _LISTENERS.pop(str(q.id), None)
     if registered is not None:
