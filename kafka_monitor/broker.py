@@ -44,6 +44,19 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def stop_process(proc: Optional[subprocess.Popen], timeout: float = 10.0) -> None:
+    """Stop a process we started, by its PID: SIGTERM, then SIGKILL if it has not exited
+    within ``timeout`` seconds.  Nothing happens if it already exited."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
 class TansuBroker:
     def __init__(self, port: Optional[int] = None, log: Optional[IO[bytes]] = None):
         self.port = port or free_port()
@@ -85,14 +98,7 @@ class TansuBroker:
         raise RuntimeError(f"Tansu broker on {self.bootstrap} not ready after {timeout:.0f}s: {last}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
+        stop_process(self.proc, timeout)
 
     def __enter__(self) -> "TansuBroker":
         return self.start()

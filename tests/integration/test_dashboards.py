@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
-from kafka_monitor.broker import die_with_parent, free_port
+from kafka_monitor.broker import die_with_parent, free_port, stop_process
 from streaming.exporter import CATALOGUE
 from tests.conftest import wait_for
 
@@ -552,13 +552,7 @@ def alertmanager(tmp_path_factory):
         wait_for(ready, timeout=30, what="Alertmanager to be ready")
         yield url
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc)
 
 
 def test_offline_partition_inhibits_its_under_replicated_and_isr_shrink_pages(alertmanager):

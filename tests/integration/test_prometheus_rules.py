@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
-from kafka_monitor.broker import die_with_parent, free_port
+from kafka_monitor.broker import die_with_parent, free_port, stop_process
 from streaming.exporter import CATALOGUE
 from tests.conftest import wait_for
 
@@ -258,13 +258,7 @@ def prometheus(tmp_path_factory):
     try:
         yield server
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc)
 
 
 def api(server: dict, path: str) -> Any:

@@ -34,7 +34,7 @@ from html.parser import HTMLParser
 import pytest
 
 from kafka_monitor import cli
-from kafka_monitor.broker import die_with_parent, free_port
+from kafka_monitor.broker import die_with_parent, free_port, stop_process
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -202,13 +202,7 @@ def prometheus(tmp_path_factory):
         server["ready_s"] = time.monotonic() - began
         yield server
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc)
 
 
 # -- reading the page back ---------------------------------------------------------------------------

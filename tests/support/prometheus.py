@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from kafka_monitor.broker import die_with_parent, free_port
+from kafka_monitor.broker import die_with_parent, free_port, stop_process
 
 __all__ = ["PrometheusError", "PrometheusServer", "QueryError", "prometheus_binary"]
 
@@ -91,14 +91,7 @@ class PrometheusServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        stop_process(proc, timeout)
 
     def __enter__(self) -> "PrometheusServer":
         return self.start() if self.proc is None else self
