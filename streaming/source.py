@@ -5,8 +5,10 @@ the events topic with this reader (format name ``kafka-monitor-kafka``).
 
 Semantics (the ones Spark's own Kafka source has):
 - the offset Spark checkpoints is ``{"topic": T, "offsets": {"<partition>": <next offset>}}``;
-- a micro-batch reads exactly the records with offsets in [start, end) of each partition, one
-  Spark task per Kafka partition with new records; a replayed batch reads the same records;
+- a micro-batch reads exactly the records with offsets in [start, end) of each partition; a
+  replayed batch reads the same records.  The partitions with new records are spread over as
+  few Spark tasks as the records need (one per 50,000, at most option ``maxTasks``, default 1):
+  each task pays for a consumer and its connection, so small batches are one task;
 - ``maxOffsetsPerTrigger`` caps the records per micro-batch (shared across partitions in
   proportion to their backlog) through Spark's admission control (``latestOffset(start, limit)``,
   PySpark >= 4.2);
@@ -46,6 +48,8 @@ ARROW_SCHEMA = pa.schema([
     ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", pa.int64()),
 ])
 ARROW_BATCH_ROWS = 20_000
+#: a micro-batch gets one more read task per this many records (up to option maxTasks)
+RECORDS_PER_TASK = 50_000
 
 
 class SourceError(RuntimeError):
@@ -64,11 +68,32 @@ def _options(options: Any) -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 class KafkaSourcePartition(InputPartition):
-    def __init__(self, topic: str, partition: int, start: int, end: int, kafka: dict[str, str],
+    """One Spark task: [start, end) of one or more Kafka partitions, read by one consumer."""
+
+    def __init__(self, topic: str, ranges: list[tuple[int, int, int]], kafka: dict[str, str],
                  fail_on_data_loss: bool):
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.topic = topic
+        self.ranges = ranges  # (partition, start, end)
         self.kafka = kafka
         self.fail_on_data_loss = fail_on_data_loss
+
+
+def plan_tasks(ranges: list[tuple[int, int, int]], max_tasks: int,
+               records_per_task: int = RECORDS_PER_TASK) -> list[list[tuple[int, int, int]]]:
+    """Spread the partition ranges with records over as few tasks as the records need (one
+    per ``records_per_task``, at most ``max_tasks``), balanced by record count.  Every task
+    pays a consumer, a connection and a Python worker hand-off, so a small batch is one task
+    and a large one uses every core."""
+    ranges = [r for r in ranges if r[2] > r[1]]
+    total = sum(e - s for _, s, e in ranges)
+    n = max(1, min(len(ranges), max_tasks, -(-total // records_per_task)))
+    tasks: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    load = [0] * n
+    for r in sorted(ranges, key=lambda r: r[1] - r[2]):  # largest first
+        i = load.index(min(load))
+        tasks[i].append(r)
+        load[i] += r[2] - r[1]
+    return [sorted(t) for t in tasks if t]
 
 
 class KafkaEventSource(DataSource):
@@ -91,6 +116,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.max_offsets = int(opts["maxoffsetspertrigger"]) if opts.get("maxoffsetspertrigger") else None
         if self.max_offsets is not None and self.max_offsets <= 0:
             raise SourceError("option 'maxOffsetsPerTrigger' must be > 0")
+        self.max_tasks = int(opts.get("maxtasks", "1"))
+        if self.max_tasks <= 0:
+            raise SourceError("option 'maxTasks' must be > 0")
         self._admin = None
         self._latest: Optional[dict] = None
 
@@ -152,13 +180,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSourcePartition]:
-        out = []
         begin = start.get("offsets", {}) if start else {}
-        for p, e in sorted(end.get("offsets", {}).items(), key=lambda kv: int(kv[0])):
-            s = begin.get(p, 0)
-            if e > s:
-                out.append(KafkaSourcePartition(self.topic, int(p), s, e, self.kafka, self.fail_on_data_loss))
-        return out
+        ranges = [(int(p), begin.get(p, 0), e) for p, e in end.get("offsets", {}).items()]
+        return [KafkaSourcePartition(self.topic, t, self.kafka, self.fail_on_data_loss)
+                for t in plan_tasks(ranges, self.max_tasks)]
 
     def commit(self, end: dict) -> None:
         pass  # Spark's checkpoint is the source of truth; nothing is committed to Kafka
@@ -190,7 +215,9 @@ def cap(begin: dict[int, int], end: dict[int, int], max_rows: int, earliest: dic
 
 
 def read_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[pa.RecordBatch]:
-    """Yield the records of [part.start, part.end) as Arrow record batches."""
+    """Yield the records of [start, end) of each of the task's partitions as Arrow record
+    batches (built column-wise: about 3x cheaper per record than yielding tuples, see
+    bench/source_bench.py)."""
     import time
 
     from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -204,46 +231,59 @@ def read_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Ite
         "auto.offset.reset": "error" if part.fail_on_data_loss else "earliest",
         "fetch.wait.max.ms": 100,
     })
+    nxt = {p: s for p, s, _ in part.ranges}
+    end = {p: e for p, _, e in part.ranges}
     cols: dict[str, list] = {n: [] for n in ARROW_SCHEMA.names}
     try:
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        nxt = part.start
+        consumer.assign([TopicPartition(part.topic, p, s) for p, s, _ in part.ranges])
+        open_parts = {p for p in nxt if nxt[p] < end[p]}
         last_progress = time.monotonic()
-        while nxt < part.end:
-            msgs = consumer.consume(num_messages=5000, timeout=1.0)
+        while open_parts:
+            # consume() waits for its full timeout unless it gets num_messages: ask for exactly
+            # what is left (+1 per partition for an end-of-partition event) so it returns at once
+            want = sum(end[p] - nxt[p] for p in open_parts) + len(open_parts)
+            msgs = consumer.consume(num_messages=min(5000, want), timeout=1.0)
             if not msgs and time.monotonic() - last_progress > idle_timeout_s:
-                raise SourceError(f"{part.topic}/{part.partition}: no records for {idle_timeout_s:.0f}s "
-                                  f"while reading [{part.start}, {part.end}) at offset {nxt}")
+                raise SourceError(f"{part.topic}: no records for {idle_timeout_s:.0f}s while reading "
+                                  + ", ".join(f"partition {p} [{nxt[p]}, {end[p]})" for p in sorted(open_parts)))
             for m in msgs:
                 err = m.error()
+                p = m.partition()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         # Records missing below the end (control records, compaction) are not an
                         # error: the broker says the log ends at m.offset().
-                        if m.offset() >= part.end:
-                            nxt = part.end
+                        if p in open_parts and m.offset() >= end[p]:
+                            nxt[p] = end[p]
+                            open_parts.discard(p)
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        where = f"{part.topic}/{p}" if p is not None and p >= 0 else part.topic
                         raise SourceError(
-                            f"{part.topic}/{part.partition}: offsets from {nxt} were deleted (retention) before "
-                            f"they were read; restart with option failOnDataLoss=false to skip them ({err.str()})")
+                            f"{where}: offsets from {nxt.get(p, '?')} were deleted (retention) before they were "
+                            f"read; restart with option failOnDataLoss=false to skip them ({err.str()})")
                     if err.fatal() or not err.retriable():
-                        raise SourceError(f"{part.topic}/{part.partition}: {err.str()}")
+                        raise SourceError(f"{part.topic}/{p}: {err.str()}")
+                    continue
+                if p not in open_parts:
                     continue
                 off = m.offset()
-                if off >= part.end:
-                    nxt = part.end
-                    break
-                if off < nxt:
+                if off >= end[p]:
+                    nxt[p] = end[p]
+                    open_parts.discard(p)
+                    continue
+                if off < nxt[p]:
                     continue
                 k, v = m.key(), m.value()
                 cols["key"].append(k.decode("utf-8", "replace") if k is not None else None)
                 cols["value"].append(v.decode("utf-8", "replace") if v is not None else None)
                 cols["topic"].append(part.topic)
-                cols["partition"].append(part.partition)
+                cols["partition"].append(p)
                 cols["offset"].append(off)
                 cols["timestamp"].append(m.timestamp()[1])
-                nxt = off + 1
+                nxt[p] = off + 1
+                if nxt[p] >= end[p]:
+                    open_parts.discard(p)
                 last_progress = time.monotonic()
                 if len(cols["offset"]) >= ARROW_BATCH_ROWS:
                     yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)

@@ -14,3 +14,16 @@ from streaming.source import cap
 ])
 def test_cap(begin, end, limit, expected):
     assert cap(begin, end, limit, earliest={p: 0 for p in end}) == expected
+
+
+@pytest.mark.parametrize("ranges, max_tasks, per_task, expected", [
+    ([(0, 0, 10), (1, 0, 10), (2, 5, 5)], 2, 50_000, [[(0, 0, 10), (1, 0, 10)]]),  # small batch: one task
+    ([(0, 0, 60_000), (1, 0, 60_000)], 2, 50_000, [[(0, 0, 60_000)], [(1, 0, 60_000)]]),  # large: a task per core
+    ([(0, 0, 60_000), (1, 0, 60_000), (2, 0, 60_000)], 8, 50_000,
+     [[(0, 0, 60_000)], [(1, 0, 60_000)], [(2, 0, 60_000)]]),  # never more tasks than partitions
+    ([(0, 0, 90), (1, 0, 50), (2, 0, 40)], 2, 60, [[(0, 0, 90)], [(1, 0, 50), (2, 0, 40)]]),  # balanced by records
+    ([(0, 3, 3)], 2, 10, []),  # nothing to read: no task
+])
+def test_plan_tasks(ranges, max_tasks, per_task, expected):
+    from streaming.source import plan_tasks
+    assert plan_tasks(ranges, max_tasks, per_task) == expected
