@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--trigger", dest="trigger_s", type=float, help="micro-batch interval in seconds (default 5)")
     j.add_argument("--max-offsets-per-trigger", type=int, help="records per micro-batch at most (default 500000)")
     j.add_argument("--starting-offsets", help="earliest (default), latest or JSON {\"<partition>\": offset}")
+    j.add_argument("--fail-on-data-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="fail when records were deleted by retention before they were read (default); "
+                        "--no-fail-on-data-loss skips them")
+    j.add_argument("--source", choices=["python", "spark-kafka"],
+                   help="Kafka reader: python (default; confluent-kafka, no jars) or spark-kafka (Spark's built-in "
+                        "kafka source; needs spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:"
+                        "<spark version>)")
     j.add_argument("--buckets", type=int, help="state grouping keys (default 16)")
     j.add_argument("--entity-ttl", dest="entity_ttl_s", type=float, help="seconds before an unobserved entity is dropped (default 900)")
     j.add_argument("--state-store", choices=["hdfs", "rocksdb"], help="default hdfs")
@@ -173,11 +180,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             finally:
                 probe.close()  # final flush of what is buffered
             return 0
-        from streaming.job import run
+        from streaming.job import JobConfigError, run
         try:
             run(cfg, stop_event=stop, on_started=lambda port: print(
                 f"metrics at http://{cfg.metrics_host}:{port}/metrics", flush=True))
-        except OSError as e:
+        except (OSError, JobConfigError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0

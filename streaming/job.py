@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
 from streaming import quality
+from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
@@ -51,6 +53,11 @@ class JobConfig:
     trigger_s: float = 5.0
     max_offsets_per_trigger: Optional[int] = 500_000
     starting_offsets: str = "earliest"
+    #: with false, records deleted by retention before they were read are skipped instead of failing
+    fail_on_data_loss: bool = True
+    #: "python": our confluent-kafka data source; "spark-kafka": Spark's built-in kafka source
+    #: (needs spark-sql-kafka-0-10 on the classpath, see streaming.spark_kafka)
+    source: str = "python"
     buckets: int = 16
     entity_ttl_s: float = 900.0
     metrics_host: str = "127.0.0.1"
@@ -78,6 +85,12 @@ class JobConfig:
             raise JobConfigError(f"job.buckets: must be in 1..4096, got {self.buckets}")
         if not self.entity_ttl_s > 0:
             raise JobConfigError("job.entity_ttl_s: must be > 0")
+        if self.source not in spark_kafka.SOURCES:
+            raise JobConfigError(f"job.source: must be one of {', '.join(spark_kafka.SOURCES)}, got {self.source!r}")
+        try:
+            spark_kafka.parse_starting_offsets(self.starting_offsets)
+        except ValueError as e:
+            raise JobConfigError(str(e)) from None
         if self.state_store not in STATE_STORES:
             raise JobConfigError(f"job.state_store: must be one of {', '.join(STATE_STORES)}")
         if not 0 <= self.metrics_port <= 65535:
@@ -146,7 +159,7 @@ ENTITY_OF_TYPE = {
 #: the columns the state function receives (one flat row per observation)
 FLAT_COLUMNS: list[tuple[str, str]] = [
     ("reason", "string"), ("raw", "string"), ("entity", "string"), ("bucket_key", "string"), ("type", "string"),
-    ("cluster", "string"), ("source", "string"), ("seq", "bigint"), ("observed_at", "bigint"),
+    ("event_id", "string"), ("cluster", "string"), ("source", "string"), ("seq", "bigint"), ("observed_at", "bigint"),
     ("topic", "string"), ("partition", "bigint"), ("group", "string"),
     ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
     ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
@@ -209,7 +222,7 @@ def parse(raw: DataFrame) -> DataFrame:
                   .otherwise(src))
     base = {
         "reason": reason, "raw": F.col("raw"), "entity": entity, "bucket_key": bucket_key, "type": etype,
-        "cluster": cl, "source": F.col("e.source"), "seq": F.col("e.seq"), "observed_at": F.col("e.observed_at"),
+        "event_id": F.col("e.event_id"), "cluster": cl, "source": F.col("e.source"), "seq": F.col("e.seq"), "observed_at": F.col("e.observed_at"),
         "group_state": F.col(d + "state"), "members": F.size(F.col(d + "members")).cast("bigint"),
         "refresh_reason": F.col(d + "reason"),
     }
@@ -231,7 +244,7 @@ def parse(raw: DataFrame) -> DataFrame:
         F.when((etype == "metadata_refresh") & reason.isNull(), F.col(d + "partition_count_changes")).otherwise(
             F.array().cast("array<struct<topic:string,old_count:bigint,new_count:bigint,unseen_for_at_most_ms:bigint>>")),
         lambda c: F.struct(*[(derived[n](c) if n in derived else
-                              (col(n) if n in ("reason", "raw", "cluster", "source", "seq", "observed_at")
+                              (col(n) if n in ("reason", "raw", "event_id", "cluster", "source", "seq", "observed_at")
                                else F.lit(None))).cast(t).alias(n) for n, t in FLAT_COLUMNS]))
     return ev.select(F.explode(F.concat(F.array(own), F.coalesce(changes, F.array()))).alias("r")).select("r.*")
 
@@ -251,7 +264,7 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
         F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)).cast("int"))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
-        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000))),
+        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex)),
         outputStructType=st.OUTPUT_SCHEMA,
         stateStructType=st.STATE_SCHEMA,
         outputMode="update",
@@ -260,16 +273,40 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
 
 
 def read_events(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    """The events topic as records with our source's columns (key, value, topic, partition,
+    offset, timestamp ms), read by the source ``cfg.source`` names."""
+    if cfg.source == "spark-kafka":
+        return _read_spark_kafka(spark, cfg)
     spark.dataSource.register(KafkaEventSource)
     r = (spark.readStream.format(FORMAT)
          .option("subscribe", cfg.events_topic)
          .option("startingOffsets", cfg.starting_offsets)
+         .option("failOnDataLoss", "true" if cfg.fail_on_data_loss else "false")
+         # a large batch is read by up to one task per core (a small one by one task)
+         .option("maxTasks", str(spark.sparkContext.defaultParallelism))
          .option("kafka.bootstrap.servers", cfg.bootstrap_servers))
     if cfg.max_offsets_per_trigger:
         r = r.option("maxOffsetsPerTrigger", str(cfg.max_offsets_per_trigger))
     for k, v in cfg.kafka.items():
         r = r.option(f"kafka.{k}", v)
     return r.load()
+
+
+def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    try:
+        opts = spark_kafka.options(cfg)
+    except ValueError as e:
+        raise JobConfigError(str(e)) from None
+    owned = sorted(set(cfg.kafka) & spark_kafka.SOURCE_OWNED)
+    if owned:
+        log.warning("job.kafka: %s not passed to Spark's kafka source (it sets them itself)", ", ".join(owned))
+    try:
+        raw = spark.readStream.format(spark_kafka.FORMAT).options(**opts).load()
+    except Exception as e:  # AnalysisException (KAFKA_DATA_SOURCE_NOT_ENABLED) or a missing class
+        if spark_kafka.is_missing_source(e):
+            raise JobConfigError(spark_kafka.missing_source_message(spark.version, e)) from None
+        raise
+    return spark_kafka.records(raw)
 
 
 class ExporterSink:
@@ -308,6 +345,16 @@ def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
     return path
 
 
+def source_offsets(o: Any) -> dict[tuple[str, str], int]:
+    """A source offset from a progress report -> {(topic, partition): offset}.  Ours is
+    ``{"topic": T, "offsets": {"0": n}}``; Spark's kafka source's is ``{"<topic>": {"0": n}}``."""
+    if not o:
+        return {}
+    if isinstance(o.get("topic"), str) and isinstance(o.get("offsets"), dict):
+        return {(o["topic"], str(p)): int(n) for p, n in o["offsets"].items()}
+    return {(str(t), str(p)): int(n) for t, parts in o.items() for p, n in parts.items()}
+
+
 def report_progress(p: Any, exporter: Exporter) -> None:
     """The job's own health from Spark's progress of a batch (a StreamingQueryProgress or its
     dict): how far behind the events topic it is, state rows, batch duration."""
@@ -318,10 +365,10 @@ def report_progress(p: Any, exporter: Exporter) -> None:
     for src in get(p, "sources", []) or []:
         latest, end = get(src, "latestOffset"), get(src, "endOffset")
         try:
-            lo = json.loads(latest) if isinstance(latest, str) else latest
-            eo = json.loads(end) if isinstance(end, str) else end
-            for part, off in (lo or {}).get("offsets", {}).items():
-                behind += max(0, int(off) - int((eo or {}).get("offsets", {}).get(part, 0)))
+            lo = source_offsets(json.loads(latest) if isinstance(latest, str) else latest)
+            eo = source_offsets(json.loads(end) if isinstance(end, str) else end)
+            for part, off in lo.items():
+                behind += max(0, off - eo.get(part, 0))
         except (ValueError, TypeError, AttributeError):
             continue
     state_rows = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])

@@ -24,6 +24,9 @@ def test_help_explains(argv, capsys):
     (["probe", "--bootstrap-servers", "x:1", "-X", "novalue"], "expects key=value"),
     (["job", "--bootstrap-servers", "x:1"], "job.checkpoint_dir: required"),
     (["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--buckets", "0"], "job.buckets"),
+    (["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--source", "kafka"], "invalid choice: 'kafka'"),
+    (["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--source", "spark-kafka",
+      "--starting-offsets", "{nope"], "job.starting_offsets: must be earliest, latest or JSON"),
 ])
 def test_bad_settings_exit_2_with_the_setting_named(argv, message, capsys):
     try:
@@ -46,3 +49,20 @@ def test_json_log_lines():
     rec = logging.LogRecord("monitor.probe", logging.WARNING, __file__, 1, "lost %s", ("broker 2",), None)
     line = json.loads(cli.JsonFormatter().format(rec))
     assert line["level"] == "WARNING" and line["message"] == "lost broker 2" and line["logger"] == "monitor.probe"
+
+
+@pytest.mark.parametrize("argv, source, fail_on_data_loss", [
+    ([], "python", True),
+    (["--source", "spark-kafka", "--no-fail-on-data-loss"], "spark-kafka", False),
+    (["--source", "python", "--fail-on-data-loss"], "python", True),
+])
+def test_job_source_flags(monkeypatch, argv, source, fail_on_data_loss):
+    import signal
+
+    import streaming.job
+
+    seen = {}
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # keep pytest's handlers
+    monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", *argv]) == 0
+    assert (seen["cfg"].source, seen["cfg"].fail_on_data_loss) == (source, fail_on_data_loss)

@@ -49,6 +49,26 @@ def test_job_section_and_validation():
         build(JobConfig, "job", env={"KAFKA_MONITOR_JOB_BUCKETS": "1.5"}, flags={"bootstrap_servers": "b", "checkpoint_dir": "/c"})
 
 
+def test_job_source_and_fail_on_data_loss(tmp_path):
+    base = {"bootstrap_servers": "b:1", "checkpoint_dir": "/c"}
+    cfg = build(JobConfig, "job", env={}, flags=base)
+    assert cfg.source == "python" and cfg.fail_on_data_loss is True  # defaults
+    f = tmp_path / "km.toml"
+    f.write_text('[job]\nsource = "spark-kafka"\nfail_on_data_loss = false\n')
+    cfg = build(JobConfig, "job", file_data=read_file(str(f)), env={}, flags=base)
+    assert cfg.source == "spark-kafka" and cfg.fail_on_data_loss is False
+    cfg = build(JobConfig, "job", file_data=read_file(str(f)),
+                env={"KAFKA_MONITOR_JOB_SOURCE": "python", "KAFKA_MONITOR_JOB_FAIL_ON_DATA_LOSS": "true"}, flags=base)
+    assert cfg.source == "python" and cfg.fail_on_data_loss is True  # env beats file
+    cfg = build(JobConfig, "job", env={"KAFKA_MONITOR_JOB_SOURCE": "python"},
+                flags={**base, "source": "spark-kafka", "fail_on_data_loss": False})
+    assert cfg.source == "spark-kafka" and cfg.fail_on_data_loss is False  # flag beats env
+    with pytest.raises(ConfigError, match="job.source: must be one of python, spark-kafka"):
+        build(JobConfig, "job", env={"KAFKA_MONITOR_JOB_SOURCE": "kafka"}, flags=base)
+    with pytest.raises(ConfigError, match="job.fail_on_data_loss: must be true or false"):
+        build(JobConfig, "job", env={"KAFKA_MONITOR_JOB_FAIL_ON_DATA_LOSS": "maybe"}, flags=base)
+
+
 def test_missing_file_is_a_clear_error():
     with pytest.raises(ConfigError, match="not found"):
         read_file("/nonexistent/km.toml")
