@@ -25,6 +25,8 @@ LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
                       "out_of_range", *quality.RULES)
+#: why the state drops a valid event (streaming.state.admit)
+DROP_REASONS = ("duplicate", "out_of_order")
 PART = ("cluster", "topic", "partition")
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
@@ -49,6 +51,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
+    P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied) or out_of_order (older than the last observation of its type from its source).", ("reason",)),
     P + "exporter_series_refused_total": ("counter", "Entity series not created because the exporter's series cap was reached.", ()),
     P + "job_up": ("gauge", "1 while the streaming query runs, 0 after it failed.", ()),
     P + "job_events_behind": ("gauge", "Records in the events topic the job has not processed yet (at its last batch).", ()),
@@ -73,6 +76,8 @@ class Exporter:
             self._m[name] = cls(base, help_, labels, registry=self.registry)
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
             self.m("events_quarantined_total").labels(reason)
+        for reason in DROP_REASONS:
+            self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], None] = {}
         self._group_state: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -167,6 +172,8 @@ class Exporter:
                     self.m("alert_transitions_total").labels(r["alert"], action).inc()
                 elif kind == "quarantine":
                     self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)
+                elif kind == "dropped":
+                    self.m("events_dropped_total").labels(r["alert"]).inc(r["count"] or 0)
             self._last_batch_id = batch_id
             return n
 

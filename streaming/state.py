@@ -32,7 +32,7 @@ QUARANTINE_BUCKET = -1
 
 #: the rows the state function emits (one schema for gauges, removals, alerts and quarantine)
 OUTPUT_COLUMNS: list[tuple[str, str]] = [
-    ("kind", "string"),          # partition | group_partition | group | client | source | topic | alert | quarantine
+    ("kind", "string"),          # partition | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped
     ("action", "string"),        # upsert | remove | open | resolve | count
     ("cluster", "string"),
     ("topic", "string"),
@@ -70,6 +70,9 @@ class StateConfig:
     entity_ttl_ms: int = 900_000
     #: how often a bucket without new events is woken to run the time-driven checks
     tick_ms: int = 30_000
+    #: identifies this run of the job: an entity's gauges are sent to the exporter when they
+    #: change, and once per run (a restarted job starts with an empty exporter)
+    run_id: str = ""
     lag: rules_lag.LagConfig = field(default_factory=rules_lag.LagConfig)
     partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
@@ -106,7 +109,11 @@ def _column(col: pd.Series) -> list:
     """A column as Python values with None for missing ones (column-wise: much cheaper than
     converting row by row)."""
     if col.dtype == object:
-        return [_opt(v) for v in col.tolist()]
+        values = col.tolist()
+        # strings (and None) pass as they are; only arrays and NaN/NA need converting
+        if all(v is None or type(v) is str for v in values):
+            return values
+        return [_opt(v) for v in values]
     missing = col.isna().to_numpy()
     values = col.tolist()
     if not missing.any():
@@ -178,8 +185,42 @@ def _new(kind: str, r: dict) -> dict:
     return s
 
 
-def fold(entities: dict[str, dict], rows: pd.DataFrame, cfg: StateConfig) -> tuple[list[rules.Transition], set[str]]:
-    """Apply the batch's rows (in event order) to the entities; return (transitions, touched keys)."""
+#: event ids remembered per (entity, type, source) at its latest event time
+DEDUP_IDS = 16
+
+
+def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional[str]) -> Optional[str]:
+    """Whether an observation may be applied to entity state ``s``: None, or why it is dropped.
+
+    ``duplicate``: an event with this ``event_id`` was already applied (a producer retry, a
+    replayed probe).  ``out_of_order``: older than the last observation of the same type from
+    the same source already applied — applying it would move the entity back in time.  Both are
+    decided per entity, type and source with O(1) memory: the latest event time and the ids
+    seen at exactly that time, so a replay of an older event counts as ``out_of_order``.  This
+    is stricter than a watermark: the entity's own latest observation is the watermark.
+    (Different sources are independent: their clocks may differ.)"""
+    applied = s.setdefault("applied", {})
+    k = (etype, source)
+    last = applied.get(k)
+    if last is not None:
+        lt, ids = last
+        seen = event_id is not None and event_id in ids
+        if t < lt:
+            return "duplicate" if seen else "out_of_order"
+        if t == lt:
+            if seen:
+                return "duplicate"
+            if len(ids) < DEDUP_IDS:
+                ids.append(event_id)
+            return None
+    applied[k] = (t, [event_id])
+    return None
+
+
+def fold(entities: dict[str, dict], rows: pd.DataFrame, cfg: StateConfig,
+         dropped: Optional[dict[str, int]] = None) -> tuple[list[rules.Transition], set[str]]:
+    """Apply the batch's rows (in event order) to the entities; return (transitions, touched keys).
+    Rows ``admit`` refuses are counted in ``dropped`` by reason."""
     out: list[rules.Transition] = []
     touched: set[str] = set()
     rows = rows.sort_values(["observed_at", "seq"], kind="stable")
@@ -191,6 +232,11 @@ def fold(entities: dict[str, dict], rows: pd.DataFrame, cfg: StateConfig) -> tup
         s = entities.get(key)
         if s is None:
             s = _new(kind, r)
+        why = admit(s, etype, r["source"], t, r.get("event_id"))
+        if why is not None:
+            if dropped is not None:
+                dropped[why] = dropped.get(why, 0) + 1
+            continue
         if etype == "partition_metadata":
             out += rules_partition.on_partition_metadata_extra(s, r, t, key, cfg.partition)
             out += rules.on_partition_metadata(s, r, t, key)
@@ -241,6 +287,36 @@ def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Tr
         elif kind == "source":
             out += rules_group.tick_source(s, now, key, cfg.group)
     return out
+
+
+#: what the exporter shows of an entity kind with many entities (everything but ``at``); its
+#: gauges are re-sent only when this changes (or the run changes)
+_EXPORTED = {
+    "partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
+    "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status"),
+}
+
+
+def changed_entity_rows(entities: dict[str, dict], keys: Any, run_id: str) -> list[dict]:
+    """Upsert rows for the touched entities whose exported values changed since they were last
+    sent in this run.  Sending only changes keeps the sink's work (collect to the driver, the
+    exporter) following change, not the number of partitions."""
+    out = []
+    for k in sorted(keys):
+        s = entities[k]
+        row = _entity_row(s)
+        fields = _EXPORTED.get(s["kind"])
+        if fields is not None:
+            sig = (run_id, tuple(row[f] for f in fields))
+            if s.get("sent") == sig:
+                continue
+            s["sent"] = sig
+        out.append(row)
+    return out
+
+
+def dropped_rows(dropped: dict[str, int], at: Optional[int]) -> list[dict]:
+    return [_row(kind="dropped", action="count", alert=why, count=n, at=at) for why, n in sorted(dropped.items()) if n]
 
 
 def evict_stale(entities: dict[str, dict], now: int, ttl_ms: int) -> list[dict]:
@@ -300,10 +376,12 @@ def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame
             return
         entities = _load(state)
         now = int(rows["observed_at"].max())
-        transitions, touched = fold(entities, rows, cfg)
+        dropped: dict[str, int] = {}
+        transitions, touched = fold(entities, rows, cfg, dropped)
         transitions += tick(entities, now, cfg)
         out = [_transition_row(x) for x in transitions]
-        out += [_entity_row(entities[k]) for k in sorted(touched)]
+        out += changed_entity_rows(entities, touched, cfg.run_id)
+        out += dropped_rows(dropped, now)
         out += evict_stale(entities, now, cfg.entity_ttl_ms)
         _store(state, entities, cfg)
         yield _frame(out)

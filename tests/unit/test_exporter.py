@@ -91,3 +91,12 @@ def test_source_heartbeat_and_interval_and_quarantine_reasons_start_at_zero():
     assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") == 2.0
     e.apply([row(kind="source", action="remove", cluster="k", source="p", at=5000)], batch_id=1)
     assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") is None
+
+
+def test_dropped_events_are_counted_by_reason_from_zero():
+    e = Exporter()
+    assert v(e, "events_dropped_total", reason="duplicate") == 0
+    assert v(e, "events_dropped_total", reason="out_of_order") == 0
+    e.apply([row(kind="dropped", action="count", alert="duplicate", count=3)], batch_id=0)
+    e.apply([row(kind="dropped", action="count", alert="duplicate", count=3)], batch_id=0)  # a replayed batch
+    assert v(e, "events_dropped_total", reason="duplicate") == 3

@@ -6,6 +6,7 @@ import json
 import pickle
 
 import pandas as pd
+import pytest
 
 from streaming import state as st
 from streaming.job import FLAT_COLUMNS
@@ -136,3 +137,69 @@ def test_quarantine_bucket_counts_by_reason_and_keeps_no_state():
                                                           ("unknown_type", "{...}")]
     assert json.loads(counts[counts.alert == "malformed_json"].evidence.iloc[0])["sample"] == "{oops"
     assert s.value is None
+
+
+# -- duplicates and out-of-order observations --------------------------------------------------
+
+@pytest.mark.parametrize("applied, etype, source, t, event_id, expected", [
+    ([], "partition_metadata", "p", 1000, "a", None),                                     # first
+    ([("partition_metadata", "p", 1000, "a")], "partition_metadata", "p", 1000, "a", "duplicate"),
+    ([("partition_metadata", "p", 1000, "a")], "partition_metadata", "p", 1000, "b", None),  # same ms, other event
+    ([("partition_metadata", "p", 1000, "a")], "partition_metadata", "p", 2000, "a", None),  # newer: a new observation
+    ([("partition_metadata", "p", 2000, "a")], "partition_metadata", "p", 1000, "b", "out_of_order"),
+    ([("partition_metadata", "p", 1000, "a"), ("partition_metadata", "p", 1000, "b")],
+     "partition_metadata", "p", 1000, "a", "duplicate"),                                  # every id at the latest time
+    ([("partition_metadata", "p", 2000, "a")], "partition_offsets", "p", 1000, "b", None),   # other type: independent
+    ([("partition_metadata", "p", 2000, "a")], "partition_metadata", "q", 1000, "b", None),  # other source: own clock
+    ([("partition_metadata", "p", 1000, None)], "partition_metadata", "p", 1000, None, None),  # no id: never a duplicate
+])
+def test_admit(applied, etype, source, t, event_id, expected):
+    s: dict = {}
+    for a in applied:
+        assert st.admit(s, *a) is None
+    assert st.admit(s, etype, source, t, event_id) == expected
+
+
+def test_memory_of_ids_per_entity_is_bounded():
+    s: dict = {}
+    for i in range(100):
+        st.admit(s, "partition_offsets", "p", 1000, f"e{i}")
+    assert len(s["applied"][("partition_offsets", "p")][1]) == st.DEDUP_IDS
+    st.admit(s, "partition_offsets", "p", 2000, "x")
+    assert s["applied"][("partition_offsets", "p")] == (2000, ["x"])
+
+
+def test_a_replayed_event_changes_nothing_and_is_counted():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000))
+    s = FakeState()
+    first = {**pmd(1, 1000, [1, 2, 3]), "event_id": "e1"}
+    shrink = {**pmd(2, 2000, [1, 3]), "event_id": "e2"}
+    out = call(fn, 0, rows(first, shrink, {**shrink}), s)  # a duplicate in the same batch
+    assert sorted(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("IsrShrink", "open"), ("UnderReplicated", "open")]
+    assert {r.alert: r["count"] for _, r in out[out.kind == "dropped"].iterrows()} == {"duplicate": 1}
+    # the same two events again in a later batch (a producer retry), then a stale full ISR
+    stale = {**pmd(3, 1500, [1, 2, 3]), "event_id": "e3"}
+    out = call(fn, 0, rows(first, shrink, stale), s)
+    assert out[out.kind == "alert"].empty
+    # only ids at the latest event time are remembered: the replay of the older event (e1)
+    # counts as out of order, the replay of the latest (e2) as a duplicate
+    assert {r.alert: r["count"] for _, r in out[out.kind == "dropped"].iterrows()} == {
+        "duplicate": 1, "out_of_order": 2}
+    assert pickle.loads(s.value[0])["partition|k/t/0"]["isr"] == [1, 3]
+
+
+# -- gauges are sent when they change ----------------------------------------------------------
+
+def test_unchanged_entities_are_not_sent_again_within_a_run():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000, run_id="run-1"))
+    s = FakeState()
+    out = call(fn, 0, rows(poff(1, 1000, 5, part=0), poff(2, 1000, 7, part=1)), s)
+    assert sorted(out[out.kind == "partition"].partition) == [0, 1]
+    out = call(fn, 0, rows(poff(3, 2000, 5, part=0), poff(4, 2000, 8, part=1)), s)  # only partition 1 moved
+    assert list(out[out.kind == "partition"].partition) == [1]
+    assert list(out[out.kind == "partition"].high_watermark) == [8]
+    # a new run (a restarted job: its exporter is empty) sends every touched entity once
+    fn2 = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000, run_id="run-2"))
+    out = call(fn2, 0, rows(poff(5, 3000, 5, part=0), poff(6, 3000, 8, part=1)), s)
+    assert sorted(out[out.kind == "partition"].partition) == [0, 1]
