@@ -10,6 +10,10 @@ rows that arrived.  A group and its partitions share a bucket (group rules read 
 do a client and its source.  Bucket ``-1`` carries the rows the quality gate quarantined; it
 keeps no state and turns them into counted ``quarantine`` rows.
 
+Each entity drops observations it already applied (same ``event_id``) or that are older than
+the last one of their type from their source (``admit``), counted by reason; the gauges of
+partitions and group partitions leave the function only when they change (``changed_entity_rows``).
+
 The function stays thin: handle the timeout first, unpack the state, call the pure rules
 (``streaming.rules*``) in event order, run the time-driven checks, write the state back, set
 the timeout.  ``now`` for the rules is the observation's event time; for the time-driven checks
