@@ -322,7 +322,8 @@ class ExporterSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        rows = [r.asDict() for r in df.collect()]
+        # Arrow to the driver: ~10x cheaper per row than collect()'s Row objects
+        rows = df.toArrow().to_pylist()
         if self.alerts is not None:
             self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
