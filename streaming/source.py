@@ -13,9 +13,11 @@ Semantics (the ones Spark's own Kafka source has):
   proportion to their backlog) through Spark's admission control (``latestOffset(start, limit)``,
   PySpark >= 4.2);
 - ``startingOffsets``: ``earliest`` (default), ``latest`` or JSON ``{"<partition>": offset}``;
-  partitions that appear later start at their earliest offset;
+  partitions that appear later are read from offset 0 (as Spark's kafka source does: if their
+  first records are already gone, that is data loss, below);
 - ``failOnDataLoss`` (default true): when records in [start, end) were deleted by retention
-  before they were read, fail the batch with a message that says so; with false, skip them.
+  before they were read, or a partition's log now ends before the checkpointed offset (topic
+  deleted and recreated), fail with a message that says so; with false, skip them / go on.
 - every option starting with ``kafka.`` is passed to librdkafka without the prefix
   (``kafka.bootstrap.servers``, ``kafka.security.protocol``, ``kafka.sasl.*``, ``kafka.ssl.*``).
 
@@ -167,8 +169,17 @@ class KafkaStreamReader(DataSourceStreamReader):
         begin = {int(p): o for p, o in (start or {}).get("offsets", {}).items()}
         end: dict[int, int] = {}
         for p, (lo, hi) in marks.items():
-            s = begin.get(p, lo)  # a new partition starts at its earliest offset
-            end[p] = max(s, hi)
+            s = begin.get(p, lo)
+            if hi < s:
+                # the log ends before what was read: the topic was deleted and recreated (or
+                # truncated); records written to the new log below ``s`` would be skipped
+                if self.fail_on_data_loss:
+                    raise SourceError(
+                        f"{self.topic}/{p}: the end offset went back from {s} to {hi} (topic deleted and "
+                        f"recreated?): records written since may be missed; restart with option "
+                        f"failOnDataLoss=false to go on from offset {hi}")
+                log.warning("%s/%s: end offset went back from %d to %d; going on from %d", self.topic, p, s, hi, hi)
+            end[p] = hi  # >= s unless the log went back (failOnDataLoss=false: go on from there)
         self._latest = {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
         if isinstance(limit, ReadMaxRows):
             end = cap(begin, end, limit.max_rows, {p: lo for p, (lo, _) in marks.items()})
