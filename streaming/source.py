@@ -227,8 +227,9 @@ def cap(begin: dict[int, int], end: dict[int, int], max_rows: int, earliest: dic
 
 def read_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[pa.RecordBatch]:
     """Yield the records of [start, end) of each of the task's partitions as Arrow record
-    batches (built column-wise: about 3x cheaper per record than yielding tuples, see
-    bench/source_bench.py)."""
+    batches, built column-wise.  Measured (bench/source_bench.py, 200k events, local[2]): 1.3-1.5x
+    less Python CPU per record than yielding tuples (which PySpark then converts field by field),
+    the same wall time on Tansu, where the broker sets the pace (~7 us per record)."""
     import time
 
     from confluent_kafka import Consumer, KafkaError, TopicPartition
