@@ -293,12 +293,16 @@ def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Tr
     return out
 
 
-#: what the exporter shows of an entity kind with many entities (everything but ``at``); its
-#: gauges are re-sent only when this changes (or the run changes)
-_EXPORTED = {
-    "partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
-    "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status"),
-}
+def _exported(s: dict) -> Optional[tuple]:
+    """What the exporter shows of a partition or a group partition (everything in its row but
+    ``at``), cheap to compare; None for the other kinds (few entities: always sent)."""
+    kind = s["kind"]
+    if kind == "partition":
+        return (s["leader"], None if s["replicas"] is None else len(s["replicas"]),
+                None if s["isr"] is None else len(s["isr"]), s["hw"], s["log_start"], s["lso"])
+    if kind == "group_partition":
+        return (s["committed"], s["hw"], s["lag"], s.get("lag_seconds"), s.get("status"))
+    return None
 
 
 def changed_entity_rows(entities: dict[str, dict], keys: Any, run_id: str) -> list[dict]:
@@ -308,14 +312,13 @@ def changed_entity_rows(entities: dict[str, dict], keys: Any, run_id: str) -> li
     out = []
     for k in sorted(keys):
         s = entities[k]
-        row = _entity_row(s)
-        fields = _EXPORTED.get(s["kind"])
-        if fields is not None:
-            sig = (run_id, tuple(row[f] for f in fields))
+        shown = _exported(s)
+        if shown is not None:
+            sig = (run_id, shown)
             if s.get("sent") == sig:
                 continue
             s["sent"] = sig
-        out.append(row)
+        out.append(_entity_row(s))
     return out
 
 

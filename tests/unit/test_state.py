@@ -203,3 +203,14 @@ def test_unchanged_entities_are_not_sent_again_within_a_run():
     fn2 = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000, run_id="run-2"))
     out = call(fn2, 0, rows(poff(5, 3000, 5, part=0), poff(6, 3000, 8, part=1)), s)
     assert sorted(out[out.kind == "partition"].partition) == [0, 1]
+
+
+def test_the_change_signature_covers_every_exported_field():
+    ents: dict = {}
+    st.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
+                       {**goff(3, 1000, 4, 9), "event_id": "c"}), st.StateConfig())
+    fields = {"partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
+              "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status")}
+    for s in ents.values():
+        row = st._entity_row(s)
+        assert st._exported(s) == tuple(row[f] for f in fields[s["kind"]]), s["kind"]
