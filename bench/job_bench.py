@@ -5,10 +5,16 @@ observation cycles (per cycle: one partition_metadata and one partition_offsets 
 one group_offsets per group/partition pair, one heartbeat) into the events topic, then runs the
 real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
 
-- drain: a new query over the whole backlog, timed from start() until every record is processed
-  → events/s (this includes the query's start-up, ~10-20 s: the figure is conservative);
-- steady: while the query runs, one new cycle every ``--cycle-s`` seconds; the per-batch wall
-  times Spark reports (triggerExecution) → p50 / p95;
+- drain: a new query over the whole backlog.  Two figures: events/s from start() until every
+  record is processed (includes the query's start-up and the first batch's Python worker
+  start, ~15-25 s), and events/s over the batches after the first one (the rate a running job
+  catches up at);
+- steady: while the query runs (trigger ``--trigger-s``, the job's default 5 s), one new cycle
+  every ``--cycle-s`` seconds (the probe's default interval, 10 s); the per-batch wall times
+  Spark reports (triggerExecution) → p50 / p95, and the median of each phase (addBatch =
+  read + parse + gate + state + sink; latestOffset; queryPlanning; walCommit; commitOffsets);
+- ``--active``: the share of partitions (and group partitions) whose offsets move each cycle
+  (1.0 = all of them, the worst case; the metadata of every partition is sent every cycle);
 - memory: peak RSS (VmHWM) of the JVM and of the Python worker processes.
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
@@ -20,6 +26,7 @@ Prints a table and writes bench/results/job.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -36,13 +43,13 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 
 from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
-from monitor.contract import Event, GroupOffsets, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
+from monitor.contract import Event, GroupOffsets, entity_key, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
 
 EVENTS_PARTITIONS = 6
 PARTS_PER_TOPIC = 100
 
 
-def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int) -> list[Event]:
+def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: float = 1.0) -> list[Event]:
     evs: list[Event] = []
     seq = cycle * (2 * n_parts + n_pairs + 1)
 
@@ -56,24 +63,42 @@ def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int) -> list[Even
         isr = [1, 2, 3] if (i + cycle) % 97 else [1, 2]  # a few ISR changes each cycle
         evs.append(ev(PartitionMetadata(topic=topic, partition=part, leader=1, leader_epoch=3, replicas=[1, 2, 3],
                                         isr=isr, metadata_version=cycle + 1, min_insync_replicas=2)))
-        evs.append(ev(PartitionOffsets(topic=topic, partition=part, high_watermark=1000 * (cycle + 1) + i,
+        moving = (i % 1000) < active * 1000
+        evs.append(ev(PartitionOffsets(topic=topic, partition=part,
+                                       high_watermark=(1000 * (cycle + 1) if moving else 1000) + i,
                                        log_start_offset=0, via="list_offsets")))
     for j in range(n_pairs):
         topic, part = f"t{(j % max(n_parts, 1)) // PARTS_PER_TOPIC}", j % PARTS_PER_TOPIC
+        moving = (j % 1000) < active * 1000
+        c = cycle if moving else 0
         evs.append(ev(GroupOffsets(group=f"g{j // 1000}", topic=topic, partition=part,
-                                   committed_offset=1000 * cycle + j % 500, high_watermark=1000 * (cycle + 1) + j,
+                                   committed_offset=1000 * c + j % 500, high_watermark=1000 * (c + 1) + j,
                                    hw_observed_at=t_ms)))
     evs.append(ev(Heartbeat(interval_ms=10_000, events_sent=seq, events_dropped=0)))
     return evs
 
 
-def produce(bootstrap: str, topic: str, events: list[Event]) -> None:
+def serialize(events: list[Event]) -> list[tuple[bytes, bytes]]:
+    """(key, value) records, as Event.key() / Event.to_json() make them, with a shallow copy of
+    the (flat) payloads: dataclasses.asdict's deep copy would make generating 200k events per
+    cycle cost more CPU than the job under test, on the same 2 cores."""
+    out = []
+    for e in events:
+        data = {f.name: getattr(e.data, f.name) for f in dataclasses.fields(e.data)}
+        d = {"schema": e.schema, "type": e.type, "event_id": e.event_id, "cluster": e.cluster, "source": e.source,
+             "seq": e.seq, "observed_at": e.observed_at, "data": data}
+        out.append((entity_key(e.type, e.cluster, e.source, data).encode(),
+                    json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()))
+    return out
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
                   "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
-    for e in events:
+    for k, v in records:
         while True:
             try:
-                p.produce(topic, key=e.key().encode(), value=e.to_json())
+                p.produce(topic, key=k, value=v)
                 break
             except BufferError:
                 p.poll(0.05)
@@ -134,7 +159,17 @@ def descendants(pid: int) -> list[int]:
     return kids + [g for k in kids for g in descendants(k)]
 
 
-def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float) -> dict:
+def batch_rows(q, seen: set) -> list[dict]:
+    out = []
+    for p in q.recentProgress:
+        if p["batchId"] not in seen and p["numInputRows"] > 0:
+            seen.add(p["batchId"])
+            out.append(p)
+    return out
+
+
+def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
+            trigger_s: float, active: float) -> dict:
     from streaming.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -142,9 +177,15 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
     with TansuBroker() as broker:
         create_topics(broker.bootstrap, {"kafka-monitor.events": EVENTS_PARTITIONS, "kafka-monitor.alerts": 1})
         t0 = int(time.time() * 1000) - backlog_cycles * 10_000
-        backlog = [e for c in range(backlog_cycles) for e in cycle_events(n_parts, n_pairs, c, t0 + c * 10_000)]
+        backlog = [r for c in range(backlog_cycles)
+                   for r in serialize(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active))]
         produce(broker.bootstrap, "kafka-monitor.events", backlog)
-        cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=cycle_s,
+        # the steady cycles are made now, before the query starts (event times: where the
+        # cycles will be produced, roughly), so that making them does not compete with the job
+        t1 = int(time.time() * 1000) + 30_000
+        cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active))
+                  for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
+        cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
                         max_offsets_per_trigger=250_000, metrics_port=0)
         exporter = Exporter()
         started = time.perf_counter()
@@ -152,18 +193,18 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         try:
             wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
             drain_s = time.perf_counter() - started
-            durations = []
-            seen = set()
-            for c in range(backlog_cycles, backlog_cycles + steady_cycles):
+            seen: set = set()
+            drained = batch_rows(q, seen)
+            # the rate after the first batch (which pays the query's and the workers' start-up)
+            later = [p for p in drained if p["batchId"] > 0]
+            later_rows = sum(p["numInputRows"] for p in later)
+            later_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000.0
+            steady = []
+            for records in cycles:
                 t_cycle = time.perf_counter()
-                produce(broker.bootstrap, "kafka-monitor.events",
-                        cycle_events(n_parts, n_pairs, c, int(time.time() * 1000)))
+                produce(broker.bootstrap, "kafka-monitor.events", records)
                 wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
-                for p in q.recentProgress:
-                    if p["batchId"] not in seen and p["numInputRows"] > 0:
-                        seen.add(p["batchId"])
-                        if p["batchId"] > 0:
-                            durations.append(p["durationMs"]["triggerExecution"] / 1000.0)
+                steady += batch_rows(q, seen)
                 time.sleep(max(0.0, cycle_s - (time.perf_counter() - t_cycle)))
             assert q.exception() is None, q.exception()
         finally:
@@ -173,13 +214,18 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         jvm = SparkContext._gateway.proc.pid
         py_workers = [p for p in descendants(jvm) if "python" in open(f"/proc/{p}/cmdline").read()]
     shutil.rmtree(work, ignore_errors=True)
-    durations.sort()
+    durations = sorted(p["durationMs"]["triggerExecution"] / 1000.0 for p in steady)
     p95 = durations[min(len(durations) - 1, int(round(0.95 * (len(durations) - 1))))] if durations else None
+    phases = {k: statistics.median(p["durationMs"].get(k, 0) / 1000.0 for p in steady)
+              for k in ("addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")} if steady else {}
     return {
-        "partitions": n_parts, "group_partitions": n_pairs, "backlog_events": len(backlog),
+        "partitions": n_parts, "group_partitions": n_pairs, "active": active, "backlog_events": len(backlog),
         "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
-        "steady_batches": len(durations), "batch_p50_s": statistics.median(durations) if durations else None,
-        "batch_p95_s": p95,
+        "drain_after_first_batch_events_per_s": later_rows / later_s if later_s else None,
+        "steady_batches": len(durations), "steady_rows_per_batch": statistics.median(p["numInputRows"] for p in steady)
+        if steady else None,
+        "batch_p50_s": statistics.median(durations) if durations else None, "batch_p95_s": p95,
+        "phase_median_s": phases,
         "jvm_peak_rss_mb": vm_hwm_kb(jvm) / 1024,
         "python_workers_peak_rss_mb": sum(vm_hwm_kb(p) for p in py_workers) / 1024,
         "python_workers": len(py_workers),
@@ -192,8 +238,11 @@ def main() -> int:
                     help="partitions:group_partitions (default: the issue's sizes)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--backlog-cycles", type=int, default=3)
-    ap.add_argument("--steady-cycles", type=int, default=5)
-    ap.add_argument("--cycle-s", type=float, default=5.0)
+    ap.add_argument("--steady-cycles", type=int, default=6)
+    ap.add_argument("--cycle-s", type=float, default=10.0, help="seconds between observation cycles (the probe's "
+                    "default interval_s)")
+    ap.add_argument("--trigger-s", type=float, default=5.0, help="the job's trigger (its default trigger_s)")
+    ap.add_argument("--active", type=float, default=1.0, help="share of partitions whose offsets move each cycle")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "job.json"))
     args = ap.parse_args()
 
@@ -208,18 +257,24 @@ def main() -> int:
             for r in range(args.runs):
                 print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
                       file=sys.stderr, flush=True)
-                runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s))
+                runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
+                                   args.trigger_s, args.active))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
-            med = {k: (statistics.median(x[k] for x in runs) if all(x[k] is not None for x in runs) else None)
+            med = {k: (statistics.median(x[k] for x in runs)
+                       if all(isinstance(x[k], (int, float)) for x in runs) else None)
                    for k in runs[0]}
+            med["phase_median_s"] = {k: statistics.median(x["phase_median_s"].get(k, 0) for x in runs)
+                                     for k in runs[0]["phase_median_s"]}
             med["runs"] = runs
             results.append(med)
     finally:
         stop_spark(spark)
-    print(f"{'partitions':>10} {'grp/parts':>9} {'drain ev/s':>10} {'p50 s':>6} {'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
+    print(f"{'partitions':>10} {'grp/parts':>9} {'drain ev/s':>10} {'(running)':>10} {'rows/bat':>8} {'p50 s':>6} "
+          f"{'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
     for m in results:
         f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
         print(f"{m['partitions']:>10} {m['group_partitions']:>9} {f(m['drain_events_per_s'], '>10.0f')} "
+              f"{f(m['drain_after_first_batch_events_per_s'], '>10.0f')} {f(m['steady_rows_per_batch'], '>8.0f')} "
               f"{f(m['batch_p50_s'], '>6.2f')} {f(m['batch_p95_s'], '>6.2f')} {f(m['jvm_peak_rss_mb'], '>7.0f')} "
               f"{f(m['python_workers_peak_rss_mb'], '>7.0f')}")
     out = pathlib.Path(args.out)
