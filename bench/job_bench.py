@@ -146,6 +146,13 @@ def vm_hwm_kb(pid: int) -> int:
     return 0
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline").read()
+    except OSError:  # exited meanwhile (Spark retires idle Python workers)
+        return ""
+
+
 def descendants(pid: int) -> list[int]:
     kids = []
     for d in os.listdir("/proc"):
@@ -212,7 +219,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
             exporter.shutdown()
         from pyspark import SparkContext
         jvm = SparkContext._gateway.proc.pid
-        py_workers = [p for p in descendants(jvm) if "python" in open(f"/proc/{p}/cmdline").read()]
+        py_workers = [p for p in descendants(jvm) if "python" in cmdline(p)]
     shutil.rmtree(work, ignore_errors=True)
     durations = sorted(p["durationMs"]["triggerExecution"] / 1000.0 for p in steady)
     p95 = durations[min(len(durations) - 1, int(round(0.95 * (len(durations) - 1))))] if durations else None
