@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--state-store", choices=["hdfs", "rocksdb"], help="default hdfs")
     j.add_argument("--metrics-host", help="address /metrics binds to (default 127.0.0.1)")
     j.add_argument("--metrics-port", type=int, help="port of /metrics (default 9465)")
+    j.add_argument("--max-series", type=int, help="entity series the exporter keeps at most (default 200000; about "
+                                                  "6 per partition and 4 per group partition)")
     j.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
     j.add_argument("--alerts-topic", help="topic alert transitions are published to, keyed by alert id "
                                           "(default kafka-monitor.alerts; '' to not publish)")

@@ -78,7 +78,7 @@ class Exporter:
             self.m("events_quarantined_total").labels(reason)
         for reason in DROP_REASONS:
             self.m("events_dropped_total").labels(reason)
-        self._series: dict[tuple[str, tuple], None] = {}
+        self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         self._group_state: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
@@ -93,12 +93,13 @@ class Exporter:
         if value is None:
             return
         key = (name, labels)
-        if key not in self._series:
+        child = self._series.get(key)
+        if child is None:
             if len(self._series) >= self.max_series:
                 self.m("exporter_series_refused_total").inc()
                 return
-            self._series[key] = None
-        self.m(name).labels(*labels).set(value)
+            child = self._series[key] = self.m(name).labels(*labels)
+        child.set(value)  # the series' own object: no label lookup per update
 
     def _remove(self, name: str, labels: tuple) -> None:
         if (name, labels) in self._series:

@@ -62,6 +62,9 @@ class JobConfig:
     entity_ttl_s: float = 900.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9465
+    #: entity series the exporter keeps at most (6 per partition, 4 per group partition, ...);
+    #: what the cap refuses is counted in kafka_monitor_exporter_series_refused_total
+    max_series: int = 200_000
     state_store: str = "hdfs"
     shuffle_partitions: Optional[int] = None  # default: the cores Spark has
     master: Optional[str] = None               # default: local[*] unless spark-submit set one
@@ -93,6 +96,8 @@ class JobConfig:
             raise JobConfigError(str(e)) from None
         if self.state_store not in STATE_STORES:
             raise JobConfigError(f"job.state_store: must be one of {', '.join(STATE_STORES)}")
+        if self.max_series < 0:
+            raise JobConfigError(f"job.max_series: must be >= 0, got {self.max_series}")
         if not 0 <= self.metrics_port <= 65535:
             raise JobConfigError("job.metrics_port: must be a TCP port (0 = any free port)")
         return self
@@ -448,7 +453,7 @@ def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
 def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
     """Run the job until ``stop_event`` is set (or forever); serve metrics meanwhile."""
     cfg.validate()
-    exporter = Exporter()
+    exporter = Exporter(max_series=cfg.max_series)
     port = exporter.serve(cfg.metrics_port, cfg.metrics_host)
     log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
     handlers = {}

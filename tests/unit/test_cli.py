@@ -66,3 +66,15 @@ def test_job_source_flags(monkeypatch, argv, source, fail_on_data_loss):
     monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
     assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", *argv]) == 0
     assert (seen["cfg"].source, seen["cfg"].fail_on_data_loss) == (source, fail_on_data_loss)
+
+
+def test_job_max_series_flag_reaches_the_config(monkeypatch):
+    import signal
+
+    import streaming.job
+
+    seen = {}
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--max-series", "700000"]) == 0
+    assert seen["cfg"].max_series == 700_000

@@ -100,3 +100,20 @@ def test_dropped_events_are_counted_by_reason_from_zero():
     e.apply([row(kind="dropped", action="count", alert="duplicate", count=3)], batch_id=0)
     e.apply([row(kind="dropped", action="count", alert="duplicate", count=3)], batch_id=0)  # a replayed batch
     assert v(e, "events_dropped_total", reason="duplicate") == 3
+
+
+def test_updates_reuse_the_series_and_the_cap_still_holds():
+    e = Exporter(max_series=2)
+    e.apply([row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
+                 committed_offset=5, lag=1)], batch_id=0)
+    e.apply([row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
+                 committed_offset=7, lag=0)], batch_id=1)
+    assert v(e, "group_partition_committed_offset", cluster="k", group="g", topic="t", partition="0") == 7
+    assert v(e, "group_partition_lag", cluster="k", group="g", topic="t", partition="0") == 0
+    e.apply([row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=1,
+                 committed_offset=1, lag=1)], batch_id=2)
+    assert v(e, "group_partition_lag", cluster="k", group="g", topic="t", partition="1") is None
+    assert v(e, "exporter_series_refused_total") == 2
+    e.apply([row(kind="group_partition", action="remove", cluster="k", consumer_group="g", topic="t", partition=0)],
+            batch_id=3)
+    assert v(e, "group_partition_lag", cluster="k", group="g", topic="t", partition="0") is None
