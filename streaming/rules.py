@@ -103,6 +103,8 @@ def _open(state: dict, alert: Alert, entity: str, labels: dict, now: int, eviden
 
 
 def _resolve(state: dict, alert: Alert, entity: str, labels: dict, now: int, evidence: dict) -> list[Transition]:
+    if not state["open"]:  # the common case: nothing open on the entity
+        return []
     was = state["open"].pop(alert.value, None)
     if was is None:
         return []
@@ -139,21 +141,22 @@ def on_partition_metadata(state: dict, obs: dict, now: int, entity: str) -> list
     if removed and set(prev_replicas or []) == set(replicas):
         out += _open(state, Alert.ISR_SHRINK, entity, labels, now,
                      {"isr_before": prev_isr, "isr_after": isr, "removed": removed, "replicas": replicas})
-    if set(isr) >= set(replicas):
+    opened = state["open"]  # evidence for a resolve is only built when something is open
+    if opened and set(isr) >= set(replicas):
         out += _resolve(state, Alert.ISR_SHRINK, entity, labels, now,
                         {"isr_before": prev_isr, "isr_after": isr, "replicas": replicas})
 
     if len(isr) < len(replicas):
         out += _open(state, Alert.UNDER_REPLICATED, entity, labels, now,
                      {"isr": isr, "replicas": replicas, "missing": sorted(set(replicas) - set(isr))})
-    else:
+    elif opened:
         out += _resolve(state, Alert.UNDER_REPLICATED, entity, labels, now, {"isr": isr, "replicas": replicas})
 
     leader = int(obs["leader"])
     if leader < 0:
         out += _open(state, Alert.OFFLINE_PARTITION, entity, labels, now,
                      {"leader": leader, "replicas": replicas, "offline_replicas": list(obs.get("offline_replicas") or [])})
-    else:
+    elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
 
     state.update(replicas=replicas, isr=isr, leader=leader, leader_epoch=obs.get("leader_epoch"),

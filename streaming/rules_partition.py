@@ -295,9 +295,10 @@ def on_partition_metadata_extra(state: dict, obs: dict, now: int, entity: str,
     imbalanced = leader >= 0 and bool(replicas) and leader != replicas[0]
     if not imbalanced:
         state["imbalanced_since"] = None
-        out += _resolve(state, _PLI, entity, labels, now,
-                        {"leader": leader, "preferred_leader": replicas[0] if replicas else None,
-                         "offline": leader < 0})
+        if state["open"]:
+            out += _resolve(state, _PLI, entity, labels, now,
+                            {"leader": leader, "preferred_leader": replicas[0] if replicas else None,
+                             "offline": leader < 0})
     else:
         if state["imbalanced_since"] is None:
             state["imbalanced_since"] = now
@@ -352,6 +353,8 @@ def _min_isr(state: dict, now: int, entity: str, labels: dict, isr: list[int], r
         target = _AT
     else:
         target = None
+    if target is None and not state["open"]:
+        return []  # healthy, nothing open to resolve
     evidence = {"isr": isr, "isr_size": n_isr, "min_insync_replicas": min_isr, "replicas": replicas,
                 "replication_factor": n_rep}
     out: list[Transition] = []
