@@ -68,7 +68,7 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
         t.start()
         threads.append(t)
         print(f"[demo] workload: producer -> {workload.TOPIC}, consumer group {workload.GROUP}; "
-              f"probe every {probe_interval_s:g}s; starting the Spark job (about 45 s to the first metrics)...", flush=True)
+              f"probe every {probe_interval_s:g}s; starting the Spark job (about 30 s to the first metrics)...", flush=True)
         if duration_s:
             threading.Timer(duration_s, stop.set).start()
 
