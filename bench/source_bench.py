@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import job_bench  # noqa: E402  (bench/job_bench.py: cycle_events, produce, end_offsets)
 from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
 from streaming.source import (  # noqa: E402
-    ARROW_SCHEMA, FORMAT, KafkaEventSource, KafkaSourcePartition, KafkaStreamReader, SourceError, read_range,
+    ARROW_SCHEMA, FORMAT, KafkaEventSource, KafkaSourcePartition, KafkaStreamReader, messages_in_range, read_range,
 )
 
 TOPIC = "kafka-monitor.events"
@@ -78,119 +78,23 @@ TUPLES_FORMAT = FORMAT + "-tuples"
 SPARK_ARROW_BATCH = 10_000
 
 
-# -- the tuple variants (mirror streaming.source.read_range's loop) -----------------------------
-
-def _consumer(part: KafkaSourcePartition):
-    from confluent_kafka import Consumer
-    return Consumer({
-        **part.kafka,
-        "group.id": f"kafka-monitor-source-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "error" if part.fail_on_data_loss else "earliest",
-        "fetch.wait.max.ms": 100,
-    })
-
+# -- the tuple variants (the same range loop as streaming.source.read_range) ---------------------
 
 def read_range_tuples(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[tuple]:
-    """read_range's loop, yielding one (key, value, topic, partition, offset, timestamp) tuple
-    per record instead of appending to columns."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    consumer = _consumer(part)
-    nxt = {p: s for p, s, _ in part.ranges}
-    end = {p: e for p, _, e in part.ranges}
+    """read_range, yielding one (key, value, topic, partition, offset, timestamp) tuple per
+    record instead of appending to columns."""
     topic = part.topic
-    try:
-        consumer.assign([TopicPartition(topic, p, s) for p, s, _ in part.ranges])
-        open_parts = {p for p in nxt if nxt[p] < end[p]}
-        last_progress = time.monotonic()
-        while open_parts:
-            want = sum(end[p] - nxt[p] for p in open_parts) + len(open_parts)
-            msgs = consumer.consume(num_messages=min(5000, want), timeout=1.0)
-            if not msgs and time.monotonic() - last_progress > idle_timeout_s:
-                raise SourceError(f"{topic}: no records for {idle_timeout_s:.0f}s")
-            for m in msgs:
-                err = m.error()
-                p = m.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if p in open_parts and m.offset() >= end[p]:
-                            nxt[p] = end[p]
-                            open_parts.discard(p)
-                        continue
-                    if err.fatal() or not err.retriable():
-                        raise SourceError(f"{topic}/{p}: {err.str()}")
-                    continue
-                if p not in open_parts:
-                    continue
-                off = m.offset()
-                if off >= end[p]:
-                    nxt[p] = end[p]
-                    open_parts.discard(p)
-                    continue
-                if off < nxt[p]:
-                    continue
-                k, v = m.key(), m.value()
-                yield (k.decode("utf-8", "replace") if k is not None else None,
-                       v.decode("utf-8", "replace") if v is not None else None,
-                       topic, p, off, m.timestamp()[1])
-                nxt[p] = off + 1
-                if nxt[p] >= end[p]:
-                    open_parts.discard(p)
-                last_progress = time.monotonic()
-    finally:
-        consumer.close()
+    for m in messages_in_range(part, idle_timeout_s):
+        k, v = m.key(), m.value()
+        yield (k.decode("utf-8", "replace") if k is not None else None,
+               v.decode("utf-8", "replace") if v is not None else None,
+               topic, m.partition(), m.offset(), m.timestamp()[1])
 
 
 def consume_only(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> int:
-    """read_range's loop without building anything: consume() plus the offset/EOF bookkeeping.
+    """The range loop without building anything: consume() plus the offset/EOF bookkeeping.
     Returns the number of records in range."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    consumer = _consumer(part)
-    nxt = {p: s for p, s, _ in part.ranges}
-    end = {p: e for p, _, e in part.ranges}
-    n = 0
-    try:
-        consumer.assign([TopicPartition(part.topic, p, s) for p, s, _ in part.ranges])
-        open_parts = {p for p in nxt if nxt[p] < end[p]}
-        last_progress = time.monotonic()
-        while open_parts:
-            want = sum(end[p] - nxt[p] for p in open_parts) + len(open_parts)
-            msgs = consumer.consume(num_messages=min(5000, want), timeout=1.0)
-            if not msgs and time.monotonic() - last_progress > idle_timeout_s:
-                raise SourceError(f"{part.topic}: no records for {idle_timeout_s:.0f}s")
-            for m in msgs:
-                err = m.error()
-                p = m.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if p in open_parts and m.offset() >= end[p]:
-                            nxt[p] = end[p]
-                            open_parts.discard(p)
-                        continue
-                    if err.fatal() or not err.retriable():
-                        raise SourceError(f"{part.topic}/{p}: {err.str()}")
-                    continue
-                if p not in open_parts:
-                    continue
-                off = m.offset()
-                if off >= end[p]:
-                    nxt[p] = end[p]
-                    open_parts.discard(p)
-                    continue
-                if off < nxt[p]:
-                    continue
-                n += 1
-                nxt[p] = off + 1
-                if nxt[p] >= end[p]:
-                    open_parts.discard(p)
-                last_progress = time.monotonic()
-    finally:
-        consumer.close()
-    return n
+    return sum(1 for _ in messages_in_range(part, idle_timeout_s))
 
 
 class TupleStreamReader(KafkaStreamReader):
