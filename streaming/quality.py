@@ -593,17 +593,8 @@ def gate_batches(frames: Iterable[pd.DataFrame], max_rows: Optional[int] = None)
     (10,000) rows.  GX's fixed cost is per validation, so the frames of a task are validated
     together (up to ``max_rows`` rows at a time: bounded memory) and then yielded one by one,
     unchanged except for ``reason``."""
-    max_rows = max_rows or MAX_ROWS_PER_VALIDATION
-    buf: list[pd.DataFrame] = []
-    rows = 0
-    for pdf in frames:
-        buf.append(pdf)
-        rows += len(pdf)
-        if rows >= max_rows:
-            yield from _gate_many(buf)
-            buf, rows = [], 0
-    if buf:
-        yield from _gate_many(buf)
+    for chunk in _chunks(frames, max_rows or MAX_ROWS_PER_VALIDATION):
+        yield from _gate_many(chunk)
 
 
 def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
@@ -614,16 +605,22 @@ def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
     ``gate_batches``, a task's batches are validated together (up to
     ``MAX_ROWS_PER_VALIDATION`` rows).  The signature is what ``F.pandas_udf`` infers an
     iterator UDF from: keep it to this one argument."""
+    for chunk in _chunks(frames, MAX_ROWS_PER_VALIDATION):
+        yield from _reasons_many(chunk)
+
+
+def _chunks(frames: Iterable[pd.DataFrame], max_rows: int) -> Iterator[list[pd.DataFrame]]:
+    """A task's frames in runs of about ``max_rows`` rows (each run is validated at once)."""
     buf: list[pd.DataFrame] = []
     rows = 0
     for pdf in frames:
         buf.append(pdf)
         rows += len(pdf)
-        if rows >= MAX_ROWS_PER_VALIDATION:
-            yield from _reasons_many(buf)
+        if rows >= max_rows:
+            yield buf
             buf, rows = [], 0
     if buf:
-        yield from _reasons_many(buf)
+        yield buf
 
 
 def _reasons_many(frames: list[pd.DataFrame]) -> Iterator[pd.Series]:
