@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
+import report  # noqa: E402  (bench/report.py)
 from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
 from monitor.contract import Event, GroupOffsets, entity_key, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
 
@@ -284,12 +284,7 @@ def main() -> int:
               f"{f(m['drain_after_first_batch_events_per_s'], '>10.0f')} {f(m['steady_rows_per_batch'], '>8.0f')} "
               f"{f(m['batch_p50_s'], '>6.2f')} {f(m['batch_p95_s'], '>6.2f')} {f(m['jvm_peak_rss_mb'], '>7.0f')} "
               f"{f(m['python_workers_peak_rss_mb'], '>7.0f')}")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "job", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                               "args": vars(args), "results": results}, indent=2) + "\n")
-    print(f"[bench] written to {out}", file=sys.stderr)
+    report.write(args.out, "job", args=vars(args), results=results)
     return 0
 
 

@@ -15,10 +15,7 @@ Prints a table and writes bench/results/probe.json.  CPU time is the whole proce
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
+import report  # noqa: E402  (bench/report.py)
 from monitor.probe import Probe, ProbeConfig  # noqa: E402
 from tests.support.mock_cluster import MockCluster  # noqa: E402
 
@@ -91,12 +89,7 @@ def main() -> int:
     for m in results:
         print(f"{m['partitions']:>10} {m['events_per_cycle']:>12.0f} {m['cycle_wall_s']:>8.3f} "
               f"{m['events_per_s']:>9.0f} {m['cpu_s_per_1000_partitions_per_cycle']:>20.4f}")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "probe", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                               "runs": args.runs, "cycles": args.cycles, "results": results}, indent=2) + "\n")
-    print(f"[bench] written to {out}", file=sys.stderr)
+    report.write(args.out, "probe", runs=args.runs, cycles=args.cycles, results=results)
     return 0
 
 

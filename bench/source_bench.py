@@ -49,10 +49,8 @@ Prints a table and writes bench/results/source.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -65,6 +63,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import report  # noqa: E402  (bench/report.py)
 import job_bench  # noqa: E402  (bench/job_bench.py: cycle_events, produce, end_offsets)
 from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
 from streaming.source import (  # noqa: E402
@@ -455,23 +454,13 @@ def main() -> int:
     import confluent_kafka
     import pyarrow
     import pyspark
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "source",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
-                    "confluent_kafka": confluent_kafka.__version__, "librdkafka": confluent_kafka.libversion()[0],
-                    "loadavg_1m_before": load_before[0], "loadavg_1m_after": load_after[0]},
-        "args": vars(args),
-        "events": args.records, "records_read": n_read,
-        "inprocess": inproc,
-        "spark": spark,
-        "ratios": ratios,
-        "total_s": time.perf_counter() - started,
-    }, indent=2) + "\n")
-    print(f"[bench] written to {out} ({time.perf_counter() - started:.0f} s in all)", file=sys.stderr)
+    report.write(args.out, "source",
+                 machine={"pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
+                          "confluent_kafka": confluent_kafka.__version__, "librdkafka": confluent_kafka.libversion()[0],
+                          "loadavg_1m_before": load_before[0], "loadavg_1m_after": load_after[0]},
+                 args=vars(args), events=args.records, records_read=n_read, inprocess=inproc, spark=spark,
+                 ratios=ratios, total_s=time.perf_counter() - started)
+    print(f"[bench] {time.perf_counter() - started:.0f} s in all", file=sys.stderr)
     return 0
 
 
