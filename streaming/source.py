@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -154,8 +154,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             offs = {str(p): hi for p, (_, hi) in marks.items()}
         else:
             try:
-                given = {str(k): int(v) for k, v in json.loads(self.starting).items()}
-            except (ValueError, AttributeError) as e:
+                given = parse_starting_offsets(self.starting)
+            except ValueError as e:
                 raise SourceError(f"option 'startingOffsets' must be earliest, latest or JSON "
                                   f"{{\"<partition>\": offset}}: {e}") from None
             offs = {str(p): given.get(str(p), lo) for p, (lo, _) in marks.items()}
@@ -206,6 +206,19 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def read(self, partition: KafkaSourcePartition) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
+
+
+def parse_starting_offsets(value: str) -> Union[str, dict[str, int]]:
+    """``earliest``, ``latest`` or JSON ``{"<partition>": offset}`` (as a dict); ValueError otherwise."""
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        given = json.loads(value)
+        if not isinstance(given, dict):
+            raise ValueError("not a JSON object")
+        return {str(int(p)): int(o) for p, o in given.items()}
+    except TypeError as e:
+        raise ValueError(str(e)) from None
 
 
 def cap(begin: dict[int, int], end: dict[int, int], max_rows: int, earliest: dict[int, int]) -> dict[int, int]:

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from streaming import source
+
 FORMAT = "kafka"
 SOURCES = ("python", "spark-kafka")
 SCALA_BINARY = "2.13"  # Spark 4 is built for Scala 2.13 only
@@ -42,16 +44,11 @@ def package(spark_version: str) -> str:
 
 
 def parse_starting_offsets(value: str) -> Any:
-    """``earliest``, ``latest`` or our JSON ``{"<partition>": offset}`` (as a dict); ValueError
-    naming the setting otherwise.  Both sources take these."""
-    if value in ("earliest", "latest"):
-        return value
+    """``earliest``, ``latest`` or our JSON ``{"<partition>": offset}`` (as a dict), parsed as our
+    source parses it; ValueError naming the setting otherwise.  Both sources take these."""
     try:
-        given = json.loads(value)
-        if not isinstance(given, dict):
-            raise ValueError("not a JSON object")
-        return {str(int(p)): int(o) for p, o in given.items()}
-    except (ValueError, TypeError) as e:
+        return source.parse_starting_offsets(value)
+    except ValueError as e:
         raise ValueError(f"job.starting_offsets: must be earliest, latest or JSON {{\"<partition>\": offset}}, "
                          f"got {value!r} ({e})") from None
 
