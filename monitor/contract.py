@@ -262,13 +262,13 @@ class Event:
 
     def key(self) -> str:
         """The entity key: the record key in the events topic."""
-        return entity_key(self.type, self.cluster, self.source, dataclasses.asdict(self.data))
+        return entity_key(self.type, self.cluster, self.source, _fields(self.data))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema, "type": self.type, "event_id": self.event_id,
             "cluster": self.cluster, "source": self.source, "seq": self.seq,
-            "observed_at": self.observed_at, "data": dataclasses.asdict(self.data),
+            "observed_at": self.observed_at, "data": _fields(self.data),
         }
 
     def to_json(self) -> bytes:
@@ -300,6 +300,21 @@ class Event:
             raise ContractError("out_of_range", "seq and observed_at must be >= 0")
         data = _build(PAYLOADS[etype][0], obj.get("data"), "data")
         return cls(type=etype, data=data, schema=schema, **env)
+
+
+def _fields(data: Any) -> dict[str, Any]:
+    """A payload as a dict, like ``dataclasses.asdict`` but copying only what needs it: lists are
+    copied shallowly, nested payloads (PartitionCountChange) become dicts.  asdict's deep copy
+    of every value cost more than the rest of making an event at 100k partitions per cycle."""
+    out = {}
+    for f in dataclasses.fields(data):
+        v = getattr(data, f.name)
+        if isinstance(v, list):
+            v = [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in v]
+        elif dataclasses.is_dataclass(v):
+            v = dataclasses.asdict(v)
+        out[f.name] = v
+    return out
 
 
 def entity_key(etype: str, cluster: str, source: str, data: dict[str, Any]) -> str:
