@@ -299,6 +299,15 @@ def heartbeats_missed() -> dict:
                 th=thresholds((None, "green"), (1.5, "orange"), (3, "red")))
 
 
+def groups_now(description: str) -> dict:
+    """Table: each group's current state and member count."""
+    return table("Groups now: state and members", description,
+                 [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)", table=True),
+                  target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})", ref="B", table=True)],
+                 rename={"cluster": "Cluster", "group": "Group", "state": "State", "Value #B": "Members"},
+                 hide=("Time", "Value #A"))
+
+
 def overview() -> dict:
     g = Grid()
     severity_targets = [
@@ -478,12 +487,8 @@ def consumer_groups() -> dict:
                          "Value #A": "Lag", "Value #B": "Lag (s)", "Value #C": "Status",
                          "Value #D": "Committed offset", "Value #E": "ETA (s)"},
                  sort_by="Lag", overrides=status_override), 16),
-          (table("Groups now: state and members", "Each group's state as its coordinator reports it (Stable, "
-                 "PreparingRebalance, CompletingRebalance, Empty, Dead) and its member count.",
-                 [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)", table=True),
-                  target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})", ref="B", table=True)],
-                 rename={"cluster": "Cluster", "group": "Group", "state": "State", "Value #B": "Members"},
-                 hide=("Time", "Value #A")), 8))
+          (groups_now("Each group's state as its coordinator reports it (Stable, PreparingRebalance, "
+                      "CompletingRebalance, Empty, Dead) and its member count."), 8))
     return dashboard("kafka-monitor-consumer-groups", "kafka-monitor / Consumer groups",
                      "Lag per group, topic and partition in offsets and in time, Burrow-style status, "
                      "committed-offset rates, the time to catch up, group state and members.",
@@ -630,12 +635,7 @@ def rebalances() -> dict:
                          f'RebalanceStuck|GroupEmptyWithLag", {GROUP}}})', table=True)],
                  rename={"alert": "Alert", "severity": "Severity", "cluster": "Cluster", "group": "Group"},
                  hide=("Time", "Value")), 12),
-          (table("Groups now: state and members", "Each group's state as its coordinator reports it and its "
-                 "member count.",
-                 [target(f"max by (cluster, group, state) ({GROUP_STATE}{{{GROUP}}} == 1)", table=True),
-                  target(f"max by (cluster, group) ({GROUP_MEMBERS}{{{GROUP}}})", ref="B", table=True)],
-                 rename={"cluster": "Cluster", "group": "Group", "state": "State", "Value #B": "Members"},
-                 hide=("Time", "Value #A")), 12))
+          (groups_now("Each group's state as its coordinator reports it and its member count."), 12))
     return dashboard("kafka-monitor-rebalances", "kafka-monitor / Rebalances",
                      "Consumer group state over time, members, groups not Stable, and the job's RebalanceStorm, "
                      "RebalanceStuck and GroupEmptyWithLag alerts.", ["cluster", GROUP_WITH_STATE], g)
