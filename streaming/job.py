@@ -30,6 +30,7 @@ from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
+from streaming.gcpause import gc_paused
 from streaming.schema import EVENT_SCHEMA
 from streaming.source import FORMAT, KafkaEventSource
 
@@ -326,6 +327,10 @@ class ExporterSink:
         self.quarantine_dir = quarantine_dir
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with gc_paused():  # a batch's rows (up to ~10^5 dicts) against ~10^5-10^6 live series
+            self._apply(df, batch_id)
+
+    def _apply(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         # Arrow to the driver: ~10x cheaper per row than collect()'s Row objects
         rows = df.toArrow().to_pylist()

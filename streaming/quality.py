@@ -120,6 +120,7 @@ import numpy as np
 import pandas as pd
 
 from monitor.contract import EVENT_TYPES, KAFKA_OFFSET_SENTINELS, PAYLOADS
+from streaming.gcpause import gc_paused
 
 # ---------------------------------------------------------------------------------------------
 # The rules
@@ -593,8 +594,9 @@ def gate_batches(frames: Iterable[pd.DataFrame], max_rows: Optional[int] = None)
     (10,000) rows.  GX's fixed cost is per validation, so the frames of a task are validated
     together (up to ``max_rows`` rows at a time: bounded memory) and then yielded one by one,
     unchanged except for ``reason``."""
-    for chunk in _chunks(frames, max_rows or MAX_ROWS_PER_VALIDATION):
-        yield from _gate_many(chunk)
+    with gc_paused():
+        for chunk in _chunks(frames, max_rows or MAX_ROWS_PER_VALIDATION):
+            yield from _gate_many(chunk)
 
 
 def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
@@ -605,8 +607,9 @@ def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
     ``gate_batches``, a task's batches are validated together (up to
     ``MAX_ROWS_PER_VALIDATION`` rows).  The signature is what ``F.pandas_udf`` infers an
     iterator UDF from: keep it to this one argument."""
-    for chunk in _chunks(frames, MAX_ROWS_PER_VALIDATION):
-        yield from _reasons_many(chunk)
+    with gc_paused():
+        for chunk in _chunks(frames, MAX_ROWS_PER_VALIDATION):
+            yield from _reasons_many(chunk)
 
 
 def _chunks(frames: Iterable[pd.DataFrame], max_rows: int) -> Iterator[list[pd.DataFrame]]:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 import pandas as pd
 
 from streaming import rules, rules_group, rules_lag, rules_partition
+from streaming.gcpause import gc_paused
 
 QUARANTINE_BUCKET = -1
 
@@ -367,6 +368,10 @@ def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame
     """The function handed to ``applyInPandasWithState`` (a closure over its settings)."""
 
     def update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        with gc_paused():
+            yield from _update_bucket(key, pdfs, state)
+
+    def _update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
         if state.hasTimedOut:
             entities = _load(state)
