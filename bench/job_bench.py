@@ -1,8 +1,9 @@
 """Streaming job benchmark: drain rate and steady-state batch latency against tracked entities.
 
 For each size (partitions, group/partition pairs) it starts a Tansu broker, writes a backlog of
-observation cycles (per cycle: one partition_metadata and one partition_offsets per partition,
-one group_offsets per group/partition pair, one heartbeat) into the events topic, then runs the
+observation cycles (per cycle: one partition_offsets per partition, a partition_metadata where
+the probe would send one (see ``--metadata``), one group_offsets per group/partition pair, one
+heartbeat) into the events topic, then runs the
 real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
 
 - drain: a new query over the whole backlog.  Two figures: events/s from start() until every
@@ -14,7 +15,11 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
   Spark reports (triggerExecution) → p50 / p95, and the median of each phase (addBatch =
   read + parse + gate + state + sink; latestOffset; queryPlanning; walCommit; commitOffsets);
 - ``--active``: the share of partitions (and group partitions) whose offsets move each cycle
-  (1.0 = all of them, the worst case; the metadata of every partition is sent every cycle);
+  (1.0 = all of them, the worst case);
+- ``--metadata``: partition metadata as the probe sends it (on change, and a snapshot of each
+  partition every ``metadata_snapshot_s``, 60 s = 6 cycles: at 100,000 partitions a cycle is
+  about 100k offsets + 17k metadata + the group offsets) or ``every-cycle`` (every partition's
+  metadata in every cycle, as the probe sent it before);
 - memory: peak RSS (VmHWM) of the JVM and of the Python worker processes.
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
@@ -48,7 +53,16 @@ EVENTS_PARTITIONS = 6
 PARTS_PER_TOPIC = 100
 
 
-def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: float = 1.0) -> list[Event]:
+def isr_of(i: int, cycle: int) -> list[int]:
+    return [1, 2, 3] if (i + cycle) % 97 else [1, 2]  # a few ISR changes each cycle
+
+
+def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: float = 1.0,
+                 snapshot_cycles: int = 6) -> list[Event]:
+    """One observation cycle as the probe sends it: a partition's metadata on the first cycle,
+    when it changed, and as a snapshot every ``snapshot_cycles`` cycles (spread: partition i's
+    comes in the cycles where cycle = i mod snapshot_cycles); ``snapshot_cycles`` = 1 sends
+    every partition's metadata every cycle (the probe before it sent changes only)."""
     evs: list[Event] = []
     seq = cycle * (2 * n_parts + n_pairs + 1)
 
@@ -59,13 +73,14 @@ def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: floa
 
     for i in range(n_parts):
         topic, part = f"t{i // PARTS_PER_TOPIC}", i % PARTS_PER_TOPIC
-        isr = [1, 2, 3] if (i + cycle) % 97 else [1, 2]  # a few ISR changes each cycle
-        evs.append(ev(PartitionMetadata(topic=topic, partition=part, leader=1, leader_epoch=3, replicas=[1, 2, 3],
-                                        isr=isr, metadata_version=cycle + 1, min_insync_replicas=2)))
+        isr = isr_of(i, cycle)
+        if cycle == 0 or isr != isr_of(i, cycle - 1) or (cycle - i) % snapshot_cycles == 0:
+            evs.append(ev(PartitionMetadata(topic=topic, partition=part, leader=1, leader_epoch=3, replicas=[1, 2, 3],
+                                            isr=isr, metadata_version=cycle + 1, min_insync_replicas=2)))
         moving = (i % 1000) < active * 1000
         evs.append(ev(PartitionOffsets(topic=topic, partition=part,
                                        high_watermark=(1000 * (cycle + 1) if moving else 1000) + i,
-                                       log_start_offset=0, via="list_offsets")))
+                                       log_start_offset=0, via="list_offsets", metadata_at=t_ms)))
     for j in range(n_pairs):
         topic, part = f"t{(j % max(n_parts, 1)) // PARTS_PER_TOPIC}", j % PARTS_PER_TOPIC
         moving = (j % 1000) < active * 1000
@@ -167,7 +182,7 @@ def batch_rows(q, seen: set) -> list[dict]:
 
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
-            trigger_s: float, active: float) -> dict:
+            trigger_s: float, active: float, snapshot_cycles: int) -> dict:
     from streaming.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -176,12 +191,12 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         create_topics(broker.bootstrap, {"kafka-monitor.events": EVENTS_PARTITIONS, "kafka-monitor.alerts": 1})
         t0 = int(time.time() * 1000) - backlog_cycles * 10_000
         backlog = [r for c in range(backlog_cycles)
-                   for r in serialize(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active))]
+                   for r in serialize(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles))]
         produce(broker.bootstrap, "kafka-monitor.events", backlog)
         # the steady cycles are made now, before the query starts (event times: where the
         # cycles will be produced, roughly), so that making them does not compete with the job
         t1 = int(time.time() * 1000) + 30_000
-        cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active))
+        cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
                         max_offsets_per_trigger=250_000, metrics_port=0)
@@ -217,7 +232,8 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
     phases = {k: statistics.median(p["durationMs"].get(k, 0) / 1000.0 for p in steady)
               for k in ("addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")} if steady else {}
     return {
-        "partitions": n_parts, "group_partitions": n_pairs, "active": active, "backlog_events": len(backlog),
+        "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
+        "backlog_events": len(backlog),
         "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
         "drain_after_first_batch_events_per_s": later_rows / later_s if later_s else None,
         "steady_batches": len(durations), "steady_rows_per_batch": statistics.median(p["numInputRows"] for p in steady)
@@ -241,8 +257,14 @@ def main() -> int:
                     "default interval_s)")
     ap.add_argument("--trigger-s", type=float, default=5.0, help="the job's trigger (its default trigger_s)")
     ap.add_argument("--active", type=float, default=1.0, help="share of partitions whose offsets move each cycle")
+    ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
+                    help="partition metadata as the probe sends it: on change and as a snapshot every "
+                         "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "job.json"))
     args = ap.parse_args()
+    from monitor.probe import ProbeConfig
+    snapshot_cycles = (1 if args.metadata == "every-cycle"
+                       else max(1, round(ProbeConfig(bootstrap_servers="-").metadata_snapshot_s / args.cycle_s)))
 
     from streaming.job import JobConfig, spark_session, stop_spark
     spark = spark_session(JobConfig(bootstrap_servers="-", checkpoint_dir="-", master="local[2]", shuffle_partitions=2),
@@ -256,7 +278,7 @@ def main() -> int:
                 print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
                       file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
-                                   args.trigger_s, args.active))
+                                   args.trigger_s, args.active, snapshot_cycles))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)

@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="cluster label on every event (default: the cluster id the brokers report)")
     p.add_argument("--source", help="name of this probe in events (default probe-<hostname>)")
     p.add_argument("--interval", dest="interval_s", type=float, help="seconds between observation cycles (default 10)")
+    p.add_argument("--metadata-snapshot", dest="metadata_snapshot_s", type=float,
+                   help="a partition's metadata is sent when it changes and at least every this many seconds "
+                        "(default 60; 0 = after every refresh)")
     p.add_argument("--offsets-via", choices=["list_offsets", "fetch"],
                    help="read watermarks with ListOffsets (default) or from fetch responses of a tail consumer "
                         "(needed on brokers whose ListOffsets is wrong, e.g. Tansu)")

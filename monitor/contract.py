@@ -123,6 +123,11 @@ class PartitionOffsets:
     via: str = _doc("Where the offsets came from: fetch (a fetch response) or list_offsets.")
     log_start_offset: Optional[int] = _doc("First offset still in the log, when known.", default=None)
     last_stable_offset: Optional[int] = _doc("Last stable offset (transactions), when known.", default=None)
+    metadata_at: Optional[int] = _doc(
+        "When the source's metadata last confirmed this partition's leader, replicas and ISR (epoch ms of "
+        "its last successful refresh that listed it). A source sends partition_metadata only when that view "
+        "changes (and at least every metadata_snapshot_s), so this tells the job the view it holds is current.",
+        default=None)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,16 @@ start (bootstrap), every ``metadata_max_age_s`` (periodic, default: every interv
 as the refresh backoff allows after something invalidated the metadata — a failed connection,
 a timed-out request, a partition without a leader, an error such as NOT_LEADER_OR_FOLLOWER in
 any response the probe gets, a topic it has not seen (new_topic).  Each attempt is one
-``metadata_refresh`` event with its reason and cause, and a successful one is followed by one
-``partition_metadata`` per watched partition.
+``metadata_refresh`` event with its reason and cause.  After a successful one, a watched
+partition gets a ``partition_metadata`` when its leader, leader epoch, replicas, ISR, offline
+replicas, min.insync.replicas or error differ from what the probe last sent for it, and at least
+every ``metadata_snapshot_s`` even when nothing changed (a job started on an empty checkpoint,
+or one that missed an event, has the whole view within that time).  The first snapshots are
+spread over that period, so a large cluster's partitions do not all come due in one refresh.
+Sending changes only is what keeps the job's work following change: at 100,000 partitions a
+full view every 10 s is 100,000 events that say nothing new.  Each ``partition_offsets``
+carries ``metadata_at``, the time of the refresh that last confirmed the partition's view, so
+the job knows the view it holds is current without receiving it again.
 
 Every ``interval_s``, one observation:
 1. the committed offsets of every matching consumer group (and a ``group_state`` per group);
@@ -35,6 +43,7 @@ import re
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -91,6 +100,9 @@ class ProbeConfig:
     stats_interval_s: float = 1.0
     #: how often each topic's configuration (min.insync.replicas) is read again
     config_refresh_s: float = 300.0
+    #: a partition's metadata is sent when it changes, and at least this often when it does not
+    #: (0: after every refresh)
+    metadata_snapshot_s: float = 60.0
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
     kafka: dict[str, str] = field(default_factory=dict)
     #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
@@ -107,6 +119,9 @@ class ProbeConfig:
             raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
         if not 0.05 <= self.stats_interval_s <= 60:
             raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
+        if not self.metadata_snapshot_s >= 0:
+            raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
+                              f"refresh), got {self.metadata_snapshot_s}")
         if not self.refresh_backoff_s >= 0:
             raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
         if self.offsets_via not in OFFSETS_VIA:
@@ -147,6 +162,10 @@ class Probe:
             metadata_max_age_ms=int((cfg.metadata_max_age_s or cfg.interval_s) * 1000),
             refresh_backoff_ms=int(cfg.refresh_backoff_s * 1000), clock=self._now_ms)
         self._watched_partitions: list[tuple[str, int]] = []
+        #: when the last successful refresh (the one _watched_partitions come from) ran, epoch ms
+        self._watched_at: Optional[int] = None
+        #: (topic, partition) -> (what was last sent, when it is due again)
+        self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
         self._min_isr: dict[str, Optional[int]] = {}
         self._min_isr_at: dict[str, float] = {}
         self._started_at = self._now_ms()
@@ -183,7 +202,8 @@ class Probe:
             for (topic, part), (lo, hi, lso) in offsets.items():
                 self._emitter.emit(PartitionOffsets(topic=topic, partition=part, high_watermark=hi,
                                                     log_start_offset=lo, last_stable_offset=lso,
-                                                    via=self.cfg.offsets_via), observed_at=offsets_at)
+                                                    via=self.cfg.offsets_via, metadata_at=self._watched_at),
+                                   observed_at=offsets_at)
             for group, tps in committed.items():
                 for (topic, part), off in tps.items():
                     hw = offsets.get((topic, part))
@@ -261,16 +281,37 @@ class Probe:
         topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]
         min_isr = self._topic_min_isr(topics)
         watched = []
+        sent: dict[tuple[str, int], tuple[tuple, int]] = {}
         for name in sorted(topics):
             for pv in sorted(view.topics[name].partitions, key=lambda p: p.partition):
-                self._emitter.emit(PartitionMetadata(
+                tp = (name, pv.partition)
+                watched.append(tp)
+                shown = (pv.leader, pv.leader_epoch, tuple(pv.replicas), tuple(pv.isr), tuple(pv.offline_replicas),
+                         min_isr.get(name), pv.error)
+                last = self._md_sent.get(tp)
+                if last is not None and last[0] == shown and now < last[1]:
+                    sent[tp] = last
+                    continue
+                ev = self._emitter.emit(PartitionMetadata(
                     topic=name, partition=pv.partition, leader=pv.leader, leader_epoch=pv.leader_epoch,
                     replicas=list(pv.replicas), isr=list(pv.isr), offline_replicas=list(pv.offline_replicas),
                     metadata_version=change.version, min_insync_replicas=min_isr.get(name), error=pv.error),
                     observed_at=now)
-                watched.append((name, pv.partition))
+                if ev is not None:  # not enqueued: tried again at the next refresh
+                    sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=last is None))
+        self._md_sent = sent  # partitions no longer watched are forgotten
         self._watched_partitions = watched
+        self._watched_at = now
         return True
+
+    def _snapshot_after_ms(self, tp: tuple[str, int], first: bool) -> int:
+        """How long after sending a partition's metadata it is sent again unchanged: the snapshot
+        period, except after the first send, when it is spread over (0, period] by a hash of the
+        partition, so that the snapshots of a large cluster are not all due in one refresh."""
+        period = int(self.cfg.metadata_snapshot_s * 1000)
+        if not first or period <= 0:
+            return period
+        return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
 
     def _on_stats(self, raw: str) -> None:
         """stats_cb of the admin client: keep each partition's leader epoch."""

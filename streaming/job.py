@@ -169,7 +169,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("topic", "string"), ("partition", "bigint"), ("group", "string"),
     ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
     ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
-    ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"),
+    ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
     ("committed_offset", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
     ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"),

@@ -78,7 +78,10 @@ LeaderChanged (info) — event-like: opens on the first change of leader or lead
 PreferredLeaderImbalance (info) — leader != replicas[0] (the preferred leader) continuously for
     ``imbalance_after_ms``; opens on the observation or the tick that reaches it (the tick only
     while the last partition_metadata is younger than the unobserved window: it does not claim
-    an imbalance from a leader view it has stopped receiving); resolves on the
+    an imbalance from a leader view it has stopped receiving: the view is current while the last
+    partition_metadata, or the last partition_offsets whose ``metadata_at`` says the source's
+    metadata still showed it, is younger than that window — a probe sends partition_metadata
+    only when it changes); resolves on the
     first observation with leader == replicas[0] or with no leader (an offline partition is not
     "imbalanced" — OfflinePartition covers it).
 HighWatermarkStalled (critical) — the HW did not move while writes were known to be pending:
@@ -120,7 +123,7 @@ PartitionCountChanged (info, topic entity) — opens on the first report of a ne
 
 State keys added to a partition state (created lazily, so states made by
 ``rules.new_partition`` and states from before this module work unchanged): ``observed_at``,
-``interval_ms``, ``md_at``, ``leader_seen``, ``epoch_seen``, ``epoch_regressions``,
+``interval_ms``, ``md_at``, ``md_confirmed_at``, ``leader_seen``, ``epoch_seen``, ``epoch_regressions``,
 ``leader_episode``, ``imbalanced_since``, ``hw_seen``, ``hw_changed_at``, ``hw_observed_at``,
 ``pending_writes_at``, ``pending_since``, ``due``, ``due_pw``.  ``due`` is the earliest time at
 which ``tick_partition`` has anything to do; before it the tick is two dict reads.
@@ -192,7 +195,7 @@ _HWS, _PU = Alert.HIGH_WATERMARK_STALLED, Alert.PARTITION_UNOBSERVED
 _PCC = Alert.PARTITION_COUNT_CHANGED
 
 _PARTITION_KEYS = {
-    "observed_at": None, "interval_ms": None, "md_at": None, "leader_seen": None, "epoch_seen": None,
+    "observed_at": None, "interval_ms": None, "md_at": None, "md_confirmed_at": None, "leader_seen": None, "epoch_seen": None,
     "epoch_regressions": 0, "leader_episode": None, "imbalanced_since": None, "hw_seen": None,
     "hw_changed_at": None, "hw_observed_at": None, "pending_writes_at": None, "pending_since": None,
 }
@@ -209,6 +212,16 @@ def _ensure(state: dict) -> None:
             state[k] = v
     if state["observed_at"] is None and state.get("last_seen") is not None:
         state["observed_at"] = int(state["last_seen"])  # a state from before this module
+
+
+def _view_at(state: dict) -> Optional[int]:
+    """When the partition's leader view was last known current: its last partition_metadata,
+    or a later offsets observation whose ``metadata_at`` confirms the source's view was unchanged.
+    None before the first partition_metadata."""
+    md, confirmed = state["md_at"], state.get("md_confirmed_at")
+    if md is None or confirmed is None:
+        return md
+    return max(md, confirmed)
 
 
 def _is_open(state: dict, alert: Alert) -> bool:
@@ -418,6 +431,9 @@ def on_partition_offsets_extra(state: dict, obs: dict, now: int, entity: str,
     out = on_partition_observed(state, now, entity, cfg)
     if state["hw_observed_at"] is not None and now < state["hw_observed_at"]:
         return out  # out of order
+    confirmed = _int(obs.get("metadata_at"))
+    if confirmed is not None and (state["md_confirmed_at"] is None or confirmed > state["md_confirmed_at"]):
+        state["md_confirmed_at"] = min(confirmed, now)
     hw = int(obs["high_watermark"])
     prev = state["hw_seen"]
     state["hw_observed_at"] = now
@@ -449,7 +465,7 @@ def _schedule(state: dict, cfg: PartitionRulesConfig) -> None:
         due = t if due is None else min(due, t)
     if state["imbalanced_since"] is not None and not _is_open(state, _PLI):
         t = state["imbalanced_since"] + cfg.imbalance_after_ms
-        if t < state["md_at"] + unobserved_window_ms(state, cfg):  # else only a new observation can open it
+        if t < _view_at(state) + unobserved_window_ms(state, cfg):  # else only a new observation can open it
             due = t if due is None else min(due, t)
     state["due"] = due
     state["due_pw"] = state["pending_writes_at"]
@@ -479,7 +495,8 @@ def tick_partition(state: dict, now: int, entity: str, cfg: PartitionRulesConfig
     ep = state["leader_episode"]
     if ep is not None and now - ep["last_change_at"] >= cfg.leader_quiet_ms:
         out += _resolve_leader_episode(state, now, entity, labels)
-    if state["md_at"] is not None and now - state["md_at"] < window:  # the leader view is current
+    view_at = _view_at(state)
+    if view_at is not None and now - view_at < window:  # the leader view is current
         out += _maybe_open_imbalance(state, now, entity, labels, cfg, state["leader_seen"], state.get("replicas"))
     _sync_pending(state)
     out += _maybe_open_stall(state, now, entity, cfg)

@@ -101,3 +101,58 @@ def test_injected_error_response_drives_an_invalidated_refresh_with_that_cause(m
     probe.refresh_metadata()
     r = latest_of(events(mock, probe), "metadata_refresh")
     assert (r.data.reason, r.data.cause, r.data.ok) == ("invalidated", cause, True)
+
+
+def test_partition_metadata_is_sent_on_change_and_as_a_spread_snapshot(mock):
+    """Unchanged partitions are not sent again until their snapshot is due; the first snapshots
+    are spread over the period; offsets carry the time of the refresh that confirmed the view."""
+    now = [1_900_000_000.0]
+    p = Probe(ProbeConfig(bootstrap_servers=mock.bootstrap, events_topic=EVENTS, interval_s=1, cluster="mock",
+                          source="probe-snap", topics_include="^orders$", refresh_backoff_s=0,
+                          stats_interval_s=0.2, request_timeout_s=5, metadata_snapshot_s=60),
+              clock=lambda: now[0])
+    try:
+        def sent_md(since_seq):
+            return sorted(e.data.partition for e in events(mock, p)
+                          if e.type == "partition_metadata" and e.source == "probe-snap" and e.seq > since_seq)
+
+        def last_seq():
+            return max(e.seq for e in events(mock, p) if e.source == "probe-snap")
+
+        assert p.refresh_metadata()
+        assert sent_md(-1) == [0, 1, 2]                  # the first refresh sends every partition
+        due = {tp: at for tp, (_, at) in p._md_sent.items()}
+        t0 = int(now[0] * 1000)
+        assert all(t0 < at <= t0 + 60_000 for at in due.values()) and len(set(due.values())) == 3
+
+        def due_by_now():
+            return [tp[1] for tp, at in due.items() if at <= int(now[0] * 1000)]
+
+        mark = last_seq()
+        now[0] += 5
+        assert p.refresh_metadata()
+        assert sent_md(mark) == due_by_now()              # nothing changed: only snapshots that came due
+        due = {tp: at for tp, (_, at) in p._md_sent.items()}
+
+        before = latest_of(events(mock, p), "partition_metadata", topic="orders", partition=1)
+        mock.set_leader("orders", 1, next(b for b in (1, 2, 3) if b != before.data.leader))
+        mark = last_seq()
+        now[0] += 5
+        for _ in range(50):  # the new leader epoch reaches the admin client's statistics
+            assert p.refresh_metadata()
+            if sent_md(mark):
+                break
+        assert sent_md(mark) == sorted({1, *due_by_now()})  # the partition that changed (and due snapshots)
+
+        p.observe()
+        refreshed_at = p._watched_at
+        offs = [e for e in events(mock, p) if e.type == "partition_offsets" and e.source == "probe-snap"]
+        assert {e.data.partition for e in offs} == {0, 1, 2}
+        assert {e.data.metadata_at for e in offs} == {refreshed_at}
+
+        mark = last_seq()
+        now[0] += 61                                      # past every snapshot's due time
+        assert p.refresh_metadata()
+        assert sent_md(mark) == [0, 1, 2]
+    finally:
+        p.close(flush_timeout=5)

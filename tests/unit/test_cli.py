@@ -21,6 +21,7 @@ def test_help_explains(argv, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["probe"], "probe.bootstrap_servers: required"),
     (["probe", "--bootstrap-servers", "x:1", "--interval", "0"], "probe.interval_s: must be > 0"),
+    (["probe", "--bootstrap-servers", "x:1", "--metadata-snapshot", "-1"], "probe.metadata_snapshot_s: must be >= 0"),
     (["probe", "--bootstrap-servers", "x:1", "-X", "novalue"], "expects key=value"),
     (["job", "--bootstrap-servers", "x:1"], "job.checkpoint_dir: required"),
     (["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--buckets", "0"], "job.buckets"),

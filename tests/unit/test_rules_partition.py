@@ -36,8 +36,8 @@ def md(isr=(1, 2, 3), replicas=(1, 2, 3), leader=1, epoch=None, min_isr=None):
             "min_insync_replicas": min_isr}
 
 
-def off(hw):
-    return {"high_watermark": hw, "log_start_offset": 0}
+def off(hw, metadata_at=None):
+    return {"high_watermark": hw, "log_start_offset": 0, "metadata_at": metadata_at}
 
 
 def json_round_trip(s):
@@ -275,6 +275,20 @@ IMBALANCE_CASES = [
          [(1000, "md", md(leader=2))] + [(t * 30 * S, "off", off(1)) for t in range(1, 12)]
          + [(1000 + IMB, "tick"), (1000 + IMB + 1, "tick"), (2000 + IMB, "md", md(leader=2))],
          [(2000 + IMB, PLI, "open")], IMBALANCE),
+    # a probe sends partition_metadata only when it changes; its offsets say when its metadata
+    # last showed the partition (metadata_at), which keeps the view it sent once current
+    case("sent once, then confirmed by the offsets' metadata_at: the tick opens it",
+         [(1000, "md", md(leader=2))] + [(t * 10 * S + 500, "off", off(t, metadata_at=t * 10 * S))
+                                         for t in range(1, 31)] + [(1000 + IMB, "tick")],
+         [(1000 + IMB, PLI, "open")], IMBALANCE),
+    case("metadata_at stops moving (the source's refreshes fail): the view goes stale, the tick stays quiet",
+         [(1000, "md", md(leader=2))] + [(t * 10 * S + 500, "off", off(t, metadata_at=min(t, 3) * 10 * S))
+                                         for t in range(1, 31)] + [(1000 + IMB, "tick")],
+         [], IMBALANCE),
+    case("a metadata_at from the future counts as the observation's own time, no later",
+         [(1000, "md", md(leader=2)), (2000, "off", off(1, metadata_at=1000 + 10 * IMB)),
+          (1000 + IMB, "tick")],
+         [], IMBALANCE),
 ]
 
 
