@@ -30,6 +30,11 @@ DROP_REASONS = ("duplicate", "out_of_order")
 PART = ("cluster", "topic", "partition")
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
+#: the gauges of a partition row and of a group-partition row, in the order of their values
+_PARTITION_GAUGES = ("partition_high_watermark", "partition_log_start_offset", "partition_last_stable_offset",
+                     "partition_leader", "partition_replicas", "partition_in_sync_replicas")
+_GROUP_PARTITION_GAUGES = ("group_partition_committed_offset", "group_partition_lag", "group_partition_lag_seconds",
+                           "group_partition_lag_status")
 
 #: name -> (type, help, labels); the catalogue docs/metrics.md is checked against
 CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -80,6 +85,8 @@ class Exporter:
             self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         self._group_state: dict[tuple, str] = {}
+        #: (kind, labels) -> [the gauge values of the entity's last row, its series] (_apply_entity)
+        self._entities: dict[tuple, list] = {}
         self._lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
         self._server = None
@@ -106,6 +113,46 @@ class Exporter:
             del self._series[(name, labels)]
             self.m(name).remove(*labels)
 
+    def _apply_entity(self, kind: str, labels: tuple, names: tuple, values: tuple, action: str,
+                      none_removes: bool) -> None:
+        """An entity's gauges from one row; only the values that differ from what this entity's
+        last row set are written (a partition row usually carries a new HW and five unchanged
+        values: one update instead of six), through series objects kept per entity (one dict
+        lookup per row).  ``none_removes``: a None value removes its series (else it leaves it
+        as it is).  If the cap refused a series, the entity's next row tries every value again."""
+        key = (kind, labels)
+        if action == "remove":
+            self._entities.pop(key, None)
+            for name in names:
+                self._remove(name, labels)
+            return
+        entry = self._entities.get(key)
+        if entry is None:
+            entry = self._entities[key] = [None, [None] * len(names)]
+        prev, children = entry
+        complete = True
+        for i, name in enumerate(names):
+            v = values[i]
+            if prev is not None and prev[i] == v:
+                continue
+            if v is None:
+                if none_removes:
+                    self._remove(name, labels)
+                    children[i] = None
+                continue
+            child = children[i]
+            if child is None:
+                child = self._series.get((name, labels))
+                if child is None:
+                    if len(self._series) >= self.max_series:
+                        self.m("exporter_series_refused_total").inc()
+                        complete = False
+                        continue
+                    child = self._series[(name, labels)] = self.m(name).labels(*labels)
+                children[i] = child
+            child.set(v)
+        entry[0] = values if complete else None
+
     # -- applying the job's output -------------------------------------------------------------
 
     def apply(self, rows: Iterable[dict], batch_id: Optional[int] = None) -> int:
@@ -120,23 +167,15 @@ class Exporter:
                 kind, action = r["kind"], r["action"]
                 if kind == "partition":
                     lab = (r["cluster"], r["topic"], str(r["partition"]))
-                    names = ("partition_high_watermark", "partition_log_start_offset", "partition_last_stable_offset",
-                             "partition_leader", "partition_replicas", "partition_in_sync_replicas")
                     vals = (r["high_watermark"], r["log_start_offset"], r["last_stable_offset"], r["leader"],
                             r["replicas"], r["isr"])
-                    for name, v in zip(names, vals):
-                        self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
+                    self._apply_entity("p", lab, _PARTITION_GAUGES, vals, action, none_removes=False)
                 elif kind == "group_partition":
                     lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
                     status = r.get("lag_status")
-                    for name, v in (("group_partition_committed_offset", r["committed_offset"]),
-                                    ("group_partition_lag", r["lag"]),
-                                    ("group_partition_lag_seconds", r.get("lag_seconds")),
-                                    ("group_partition_lag_status", LAG_STATUS_VALUE.get(status) if status else None)):
-                        if action == "remove" or v is None:
-                            self._remove(name, lab)
-                        else:
-                            self._set(name, lab, v)
+                    vals = (r["committed_offset"], r["lag"], r.get("lag_seconds"),
+                            LAG_STATUS_VALUE.get(status) if status else None)
+                    self._apply_entity("gp", lab, _GROUP_PARTITION_GAUGES, vals, action, none_removes=True)
                 elif kind == "source":
                     lab = (r["cluster"], r["source"])
                     for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),

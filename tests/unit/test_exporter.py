@@ -16,8 +16,8 @@ def row(**kw):
 
 
 def part(action="upsert", **kw):
-    return row(kind="partition", action=action, cluster="k", topic="t", partition=0, leader=1, replicas=3,
-               isr=2, high_watermark=100, log_start_offset=0, **kw)
+    return row(**{**dict(kind="partition", action=action, cluster="k", topic="t", partition=0, leader=1, replicas=3,
+                         isr=2, high_watermark=100, log_start_offset=0), **kw})
 
 
 def v(e, name, **labels):
@@ -117,3 +117,39 @@ def test_updates_reuse_the_series_and_the_cap_still_holds():
     e.apply([row(kind="group_partition", action="remove", cluster="k", consumer_group="g", topic="t", partition=0)],
             batch_id=3)
     assert v(e, "group_partition_lag", cluster="k", group="g", topic="t", partition="0") is None
+
+
+def test_only_changed_values_are_written_and_removed_or_refused_series_come_back():
+    e = Exporter(max_series=7)
+    lab = {"cluster": "k", "topic": "t", "partition": "0"}
+    e.apply([part()], batch_id=0)
+    # unchanged values are not written again: poke a series, then send a row where only the HW moved
+    e._series[("partition_leader", ("k", "t", "0"))].set(99)
+    e.apply([part(high_watermark=150)], batch_id=1)
+    assert v(e, "partition_high_watermark", **lab) == 150
+    assert v(e, "partition_leader", **lab) == 99          # unchanged in the row: not written again
+    e.apply([part(high_watermark=150, leader=2)], batch_id=2)
+    assert v(e, "partition_leader", **lab) == 2
+
+    # group partition: None removes the series; the value coming back re-creates it
+    g = dict(kind="group_partition", cluster="k", consumer_group="g", topic="t", partition=0)
+    glab = {"cluster": "k", "group": "g", "topic": "t", "partition": "0"}
+    e.apply([row(action="upsert", committed_offset=5, lag=4, **g)], batch_id=3)
+    e.apply([row(action="upsert", committed_offset=5, lag=None, **g)], batch_id=4)
+    assert v(e, "group_partition_lag", **glab) is None and v(e, "group_partition_committed_offset", **glab) == 5
+    e.apply([row(action="upsert", committed_offset=5, lag=3, **g)], batch_id=5)
+    assert v(e, "group_partition_lag", **glab) == 3
+    assert v(e, "exporter_series_refused_total") == 0
+
+    # the cap (7 = 5 partition series + 2 group series) refuses a third group series; once a
+    # series is freed, the same unchanged row is tried again and gets it
+    e.apply([row(action="upsert", committed_offset=5, lag=3, lag_seconds=1.5, **g)], batch_id=6)
+    assert v(e, "group_partition_lag_seconds", **glab) is None and v(e, "exporter_series_refused_total") == 1
+    e.apply([part(action="remove")], batch_id=7)
+    assert v(e, "partition_high_watermark", **lab) is None
+    e.apply([row(action="upsert", committed_offset=5, lag=3, lag_seconds=1.5, **g)], batch_id=8)
+    assert v(e, "group_partition_lag_seconds", **glab) == 1.5
+    # a removed partition sent again with the values it had gets its series back
+    e.apply([row(action="remove", **g)], batch_id=9)
+    e.apply([part(high_watermark=150, leader=2)], batch_id=10)
+    assert v(e, "partition_high_watermark", **lab) == 150 and v(e, "partition_leader", **lab) == 2
