@@ -83,8 +83,14 @@ class StateConfig:
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
 
 
+_EMPTY_ROW = dict.fromkeys(n for n, _ in OUTPUT_COLUMNS)
+
+
 def _row(**kw: Any) -> dict:
-    return {n: kw.get(n) for n, _ in OUTPUT_COLUMNS}
+    """An output row: ``kw`` over all-None (a copy and an update: C speed, no per-name loop)."""
+    r = _EMPTY_ROW.copy()
+    r.update(kw)
+    return r
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -110,13 +116,13 @@ def _opt(v: Any) -> Any:
     return v
 
 
-def _column(col: pd.Series) -> list:
+def _column(col: pd.Series, text: bool = False) -> list:
     """A column as Python values with None for missing ones (column-wise: much cheaper than
-    converting row by row)."""
+    converting row by row).  ``text``: a string column from Arrow (str or None already)."""
     if col.dtype == object:
         values = col.tolist()
         # strings (and None) pass as they are; only arrays and NaN/NA need converting
-        if all(v is None or type(v) is str for v in values):
+        if text or all(v is None or type(v) is str for v in values):
             return values
         return [_opt(v) for v in values]
     missing = col.isna().to_numpy()
@@ -190,6 +196,11 @@ def _new(kind: str, r: dict) -> dict:
     return s
 
 
+#: the string columns of the rows the state function receives (see streaming.job.FLAT_COLUMNS):
+#: from Arrow they are str or None, nothing to convert
+_TEXT_COLUMNS = frozenset({"reason", "raw", "entity", "bucket_key", "type", "event_id", "cluster", "source", "topic",
+                           "group", "group_state", "phase", "member_id", "refresh_reason", "cause", "error"})
+
 #: event ids remembered per (entity, type, source) at its latest event time
 DEDUP_IDS = 16
 
@@ -230,7 +241,7 @@ def fold(entities: dict[str, dict], rows: pd.DataFrame, cfg: StateConfig,
     touched: set[str] = set()
     rows = rows.sort_values(["observed_at", "seq"], kind="stable")
     names = list(rows.columns)
-    for values in zip(*(_column(rows[c]) for c in names)):
+    for values in zip(*(_column(rows[c], text=c in _TEXT_COLUMNS) for c in names)):
         r = dict(zip(names, values))
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]

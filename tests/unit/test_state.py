@@ -214,3 +214,7 @@ def test_the_change_signature_covers_every_exported_field():
     for s in ents.values():
         row = st._entity_row(s)
         assert st._exported(s) == tuple(row[f] for f in fields[s["kind"]]), s["kind"]
+
+
+def test_text_columns_are_the_string_columns_of_the_flat_rows():
+    assert st._TEXT_COLUMNS == {n for n, t in FLAT_COLUMNS if t == "string"}
