@@ -270,12 +270,46 @@ def gated(parsed: DataFrame) -> DataFrame:
     return parsed.withColumn("reason", reason)
 
 
+def spark_hash_int(v: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an int column (Murmur3 x86 32-bit of the 4-byte value, seed 42): what
+    its hash partitioning sends key ``v`` to shuffle partition ``pmod(hash, n)`` with."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = rotl((v & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4
+    h = (h ^ (h >> 16)) * 0x85EBCA6B & 0xFFFFFFFF
+    h = (h ^ (h >> 13)) * 0xC2B2AE35 & 0xFFFFFFFF
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def bucket_keys(buckets: int) -> list[int]:
+    """The grouping key of each bucket 0..buckets-1: for bucket b, the smallest integer whose
+    Spark hash is b modulo ``buckets``.  For every shuffle-partition count n that divides
+    ``buckets``, bucket b then lands in partition b mod n: each core gets the same number of
+    buckets.  The bucket numbers themselves split 16 buckets 9:7 over 2 partitions (one core
+    did 9/16 of the state work).  Depends on ``buckets`` only, so the keys stay the same
+    across restarts whatever Spark's shuffle partitions."""
+    keys: list[Optional[int]] = [None] * buckets
+    missing, k = buckets, 0
+    while missing:
+        b = spark_hash_int(k) % buckets
+        if keys[b] is None:
+            keys[b] = k
+            missing -= 1
+        k += 1
+    return [int(x) for x in keys if x is not None]
+
+
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
     keep = (gated(parsed).where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
             # only a quarantined row needs its raw text (it goes to the quarantine sink)
             .withColumn("raw", F.when(F.col("reason").isNotNull(), F.col("raw"))))
+    keys = F.array(*[F.lit(k) for k in bucket_keys(cfg.buckets)])
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
-        F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)).cast("int"))
+        F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
         st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex)),
         outputStructType=st.OUTPUT_SCHEMA,

@@ -218,3 +218,12 @@ def test_the_change_signature_covers_every_exported_field():
 
 def test_text_columns_are_the_string_columns_of_the_flat_rows():
     assert st._TEXT_COLUMNS == {n for n, t in FLAT_COLUMNS if t == "string"}
+
+
+def test_bucket_keys_are_distinct_stable_and_spread():
+    from streaming.job import bucket_keys, spark_hash_int
+    for buckets in (1, 2, 16, 100, 4096):
+        keys = bucket_keys(buckets)
+        assert len(set(keys)) == buckets and min(keys) >= 0  # never the quarantine bucket (-1)
+        assert [spark_hash_int(k) % buckets for k in keys] == list(range(buckets))
+    assert bucket_keys(16) == [12, 16, 5, 1, 37, 20, 2, 35, 13, 6, 49, 7, 25, 15, 4, 0]  # state is keyed by these

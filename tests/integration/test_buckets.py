@@ -1,0 +1,26 @@
+"""Bucket keys against a real Spark session: our copy of Spark's int hash is Spark's, so the keys
+streaming.job.bucket_keys picks spread the buckets evenly over the shuffle partitions."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from streaming.job import bucket_keys, spark_hash_int
+
+pytestmark = pytest.mark.integration
+
+
+def test_spark_hash_int_is_sparks_hash(spark):
+    values = [-2**31, -12345, -1, 0, 1, 2, 15, 16, 49, 1021, 33377, 2**31 - 1]
+    got = spark.createDataFrame([(v,) for v in values], "v int").select("v", F.hash("v").alias("h")).collect()
+    assert {r.v: r.h for r in got} == {v: spark_hash_int(v) for v in values}
+
+
+@pytest.mark.parametrize("buckets, partitions", [(16, 2), (16, 4), (16, 8), (64, 2)])
+def test_bucket_keys_fill_every_shuffle_partition_equally(spark, buckets, partitions):
+    keys = bucket_keys(buckets)
+    rows = (spark.createDataFrame([(b, k) for b, k in enumerate(keys)], "b int, key int")
+            .repartition(partitions, "key")  # the hash partitioning groupBy(key) uses
+            .select("b", F.spark_partition_id().alias("p")).collect())
+    assert {r.b: r.p for r in rows} == {b: b % partitions for b in range(buckets)}
