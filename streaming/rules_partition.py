@@ -195,10 +195,12 @@ _HWS, _PU = Alert.HIGH_WATERMARK_STALLED, Alert.PARTITION_UNOBSERVED
 _PCC = Alert.PARTITION_COUNT_CHANGED
 
 _PARTITION_KEYS = {
-    "observed_at": None, "interval_ms": None, "md_at": None, "md_confirmed_at": None, "leader_seen": None, "epoch_seen": None,
+    "observed_at": None, "interval_ms": None, "md_at": None, "leader_seen": None, "epoch_seen": None,
     "epoch_regressions": 0, "leader_episode": None, "imbalanced_since": None, "hw_seen": None,
     "hw_changed_at": None, "hw_observed_at": None, "pending_writes_at": None, "pending_since": None,
+    "md_confirmed_at": None,  # a new key goes last: _ensure looks for the last one first
 }
+_LAST_KEY = next(reversed(_PARTITION_KEYS))
 
 
 def _int(v: Any) -> Optional[int]:
@@ -207,9 +209,10 @@ def _int(v: Any) -> Optional[int]:
 
 
 def _ensure(state: dict) -> None:
-    for k, v in _PARTITION_KEYS.items():
-        if k not in state:
-            state[k] = v
+    if _LAST_KEY not in state:  # keys are added together and never removed: the last one says all are there
+        for k, v in _PARTITION_KEYS.items():
+            if k not in state:
+                state[k] = v
     if state["observed_at"] is None and state.get("last_seen") is not None:
         state["observed_at"] = int(state["last_seen"])  # a state from before this module
 

@@ -680,3 +680,11 @@ def test_config_is_validated(field, value):
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         CFG.hw_stall_ms = 1  # type: ignore[misc]
+
+
+def test_a_state_saved_before_md_confirmed_at_existed_gets_it():
+    s = rules.new_partition("k", "t", 0)
+    rp.on_partition_offsets_extra(s, off(1), 1000, E, CFG)
+    del s["md_confirmed_at"]  # what a checkpoint from before that key holds
+    rp.on_partition_offsets_extra(s, off(2, metadata_at=1500), 2000, E, CFG)
+    assert s["md_confirmed_at"] == 1500
