@@ -99,7 +99,9 @@ class MetadataRefresh:
 
 @dataclass(frozen=True)
 class PartitionMetadata:
-    """One partition as one metadata refresh saw it."""
+    """One partition as one metadata refresh saw it.  A probe sends it when the partition's view
+    changed since it last sent one, and at least every ``metadata_snapshot_s`` (60 s); in between,
+    its partition_offsets' ``metadata_at`` says the view still holds."""
 
     topic: str = _doc("Topic name.")
     partition: int = _doc("Partition index.")

@@ -15,6 +15,11 @@ from typing import Any
 from monitor import contract as c
 
 
+
+def _doc_text(cls: type) -> str:
+    """A class's docstring as one paragraph (its lines joined, indentation dropped)."""
+    return " ".join(line.strip() for line in (cls.__doc__ or cls.__name__).split("\n") if line.strip())
+
 def _json_type(typ: Any) -> dict[str, Any]:
     inner, optional = c._unwrap_optional(typ)
     if dataclasses.is_dataclass(inner):
@@ -36,7 +41,7 @@ def _object_schema(cls: type) -> dict[str, Any]:
         props[f.name] = s
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)
-    return {"type": "object", "description": (cls.__doc__ or cls.__name__).strip(),
+    return {"type": "object", "description": _doc_text(cls),
             "properties": props, "required": required, "additionalProperties": True}
 
 
@@ -122,7 +127,7 @@ def markdown() -> str:
         for name in nested:
             seen.setdefault(name, getattr(c, name))
     for name, cls in seen.items():
-        out += ["", f"### {name}", "", (cls.__doc__ or name).strip() if cls.__doc__ else f"{name} object.", ""]
+        out += ["", f"### {name}", "", _doc_text(cls) if cls.__doc__ else f"{name} object.", ""]
         out += _md_fields(cls)
     out += ["", "## Example", "", "```json",
             json.dumps(_example().to_dict(), indent=2), "```", ""]
