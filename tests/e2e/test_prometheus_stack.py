@@ -374,7 +374,9 @@ def run(prom: PrometheusServer, key: tuple[str, str, str], expr: str, at: Option
 
 
 def wait_for_first_data(stack) -> None:
-    """Scraped lag, committed-offset and HW series for this run's group and topic."""
+    """Scraped HW, ISR and lag series for this run's topic and group, and the group's state (the
+    rebalances dashboard lists groups from it).  The group's state is its own event, which can
+    land in a later micro-batch than its partitions' offsets: each must be waited for."""
     prom, n = stack["prom"], stack["names"]
 
     def present():
@@ -382,10 +384,11 @@ def wait_for_first_data(stack) -> None:
         part = f'cluster="{n["cluster"]}", topic="{n["topic"]}"'
         return (prom.query(f"kafka_monitor_partition_high_watermark{{{part}}}")
                 and prom.query(f"kafka_monitor_partition_in_sync_replicas{{{part}}}")
-                and prom.query(f'kafka_monitor_group_partition_lag{{{part}, group="{n["group"]}"}}'))
+                and prom.query(f'kafka_monitor_group_partition_lag{{{part}, group="{n["group"]}"}}')
+                and prom.query(f'kafka_monitor_group_state{{cluster="{n["cluster"]}", group="{n["group"]}"}}'))
 
-    wait_for(present, timeout=150, interval=1, what="the first HW, ISR and lag of this run in Prometheus "
-             f"(query status {stack['query'].status})")
+    wait_for(present, timeout=150, interval=1, what="the first HW, ISR, lag and group state of this run in "
+             f"Prometheus (query status {stack['query'].status})")
 
 
 def test_every_dashboard_panel_returns_data_from_a_real_run(stack):
