@@ -15,10 +15,10 @@ from typing import Any
 from monitor import contract as c
 
 
-
 def _doc_text(cls: type) -> str:
     """A class's docstring as one paragraph (its lines joined, indentation dropped)."""
     return " ".join(line.strip() for line in (cls.__doc__ or cls.__name__).split("\n") if line.strip())
+
 
 def _json_type(typ: Any) -> dict[str, Any]:
     inner, optional = c._unwrap_optional(typ)

@@ -96,17 +96,23 @@ class Exporter:
 
     # -- series bookkeeping ------------------------------------------------------------------
 
-    def _set(self, name: str, labels: tuple, value: Optional[float]) -> None:
-        if value is None:
-            return
-        key = (name, labels)
-        child = self._series.get(key)
+    def _series_for(self, name: str, labels: tuple) -> Any:
+        """The series' own object (created on first use; updating it needs no label lookup), or
+        None when the series cap refuses it (counted)."""
+        child = self._series.get((name, labels))
         if child is None:
             if len(self._series) >= self.max_series:
                 self.m("exporter_series_refused_total").inc()
-                return
-            child = self._series[key] = self.m(name).labels(*labels)
-        child.set(value)  # the series' own object: no label lookup per update
+                return None
+            child = self._series[(name, labels)] = self.m(name).labels(*labels)
+        return child
+
+    def _set(self, name: str, labels: tuple, value: Optional[float]) -> None:
+        if value is None:
+            return
+        child = self._series_for(name, labels)
+        if child is not None:
+            child.set(value)
 
     def _remove(self, name: str, labels: tuple) -> None:
         if (name, labels) in self._series:
@@ -140,16 +146,11 @@ class Exporter:
                     self._remove(name, labels)
                     children[i] = None
                 continue
-            child = children[i]
-            if child is None:
-                child = self._series.get((name, labels))
-                if child is None:
-                    if len(self._series) >= self.max_series:
-                        self.m("exporter_series_refused_total").inc()
-                        complete = False
-                        continue
-                    child = self._series[(name, labels)] = self.m(name).labels(*labels)
-                children[i] = child
+            child = children[i] or self._series_for(name, labels)
+            if child is None:  # refused by the cap
+                complete = False
+                continue
+            children[i] = child
             child.set(v)
         entry[0] = values if complete else None
 

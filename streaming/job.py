@@ -292,15 +292,12 @@ def bucket_keys(buckets: int) -> list[int]:
     buckets.  The bucket numbers themselves split 16 buckets 9:7 over 2 partitions (one core
     did 9/16 of the state work).  Depends on ``buckets`` only, so the keys stay the same
     across restarts whatever Spark's shuffle partitions."""
-    keys: list[Optional[int]] = [None] * buckets
-    missing, k = buckets, 0
-    while missing:
-        b = spark_hash_int(k) % buckets
-        if keys[b] is None:
-            keys[b] = k
-            missing -= 1
+    first: dict[int, int] = {}  # bucket -> the smallest key found for it
+    k = 0
+    while len(first) < buckets:
+        first.setdefault(spark_hash_int(k) % buckets, k)
         k += 1
-    return [int(x) for x in keys if x is not None]
+    return [first[b] for b in range(buckets)]
 
 
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
