@@ -31,7 +31,7 @@ from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
 from streaming.gcpause import gc_paused
-from streaming.schema import EVENT_SCHEMA
+from streaming.schema import EVENT_SCHEMA, FLAT_COLUMNS
 from streaming.source import FORMAT, KafkaEventSource
 
 log = logging.getLogger(__name__)
@@ -162,22 +162,6 @@ ENTITY_OF_TYPE = {
     "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
     "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry
 }
-#: the columns the state function receives (one flat row per observation)
-FLAT_COLUMNS: list[tuple[str, str]] = [
-    ("reason", "string"), ("raw", "string"), ("entity", "string"), ("bucket_key", "string"), ("type", "string"),
-    ("event_id", "string"), ("cluster", "string"), ("source", "string"), ("seq", "bigint"), ("observed_at", "bigint"),
-    ("topic", "string"), ("partition", "bigint"), ("group", "string"),
-    ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
-    ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
-    ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
-    ("committed_offset", "bigint"),
-    ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
-    ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"),
-    ("phase", "string"), ("member_id", "string"), ("duration_ms", "double"),
-    ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
-    ("version", "bigint"), ("metadata_max_age_ms", "bigint"),
-    ("old_count", "bigint"), ("new_count", "bigint"), ("unseen_for_at_most_ms", "bigint"),
-]
 
 
 def parse(raw: DataFrame) -> DataFrame:

@@ -44,3 +44,21 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("observed_at", T.LongType(), True),
     T.StructField("data", data_struct(), True),
 ])
+
+#: the columns the state function receives: one flat row per observation, as
+#: streaming.job.parse makes them
+FLAT_COLUMNS: list[tuple[str, str]] = [
+    ("reason", "string"), ("raw", "string"), ("entity", "string"), ("bucket_key", "string"), ("type", "string"),
+    ("event_id", "string"), ("cluster", "string"), ("source", "string"), ("seq", "bigint"), ("observed_at", "bigint"),
+    ("topic", "string"), ("partition", "bigint"), ("group", "string"),
+    ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
+    ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
+    ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
+    ("committed_offset", "bigint"),
+    ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
+    ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"),
+    ("phase", "string"), ("member_id", "string"), ("duration_ms", "double"),
+    ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
+    ("version", "bigint"), ("metadata_max_age_ms", "bigint"),
+    ("old_count", "bigint"), ("new_count", "bigint"), ("unseen_for_at_most_ms", "bigint"),
+]

@@ -32,6 +32,7 @@ import pandas as pd
 
 from streaming import rules, rules_group, rules_lag, rules_partition
 from streaming.gcpause import gc_paused
+from streaming.schema import FLAT_COLUMNS
 
 QUARANTINE_BUCKET = -1
 
@@ -196,10 +197,9 @@ def _new(kind: str, r: dict) -> dict:
     return s
 
 
-#: the string columns of the rows the state function receives (see streaming.job.FLAT_COLUMNS):
-#: from Arrow they are str or None, nothing to convert
-_TEXT_COLUMNS = frozenset({"reason", "raw", "entity", "bucket_key", "type", "event_id", "cluster", "source", "topic",
-                           "group", "group_state", "phase", "member_id", "refresh_reason", "cause", "error"})
+#: the string columns of the rows the state function receives: from Arrow they are str or
+#: None, nothing to convert
+_TEXT_COLUMNS = frozenset(n for n, t in FLAT_COLUMNS if t == "string")
 
 #: event ids remembered per (entity, type, source) at its latest event time
 DEDUP_IDS = 16
