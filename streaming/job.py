@@ -1,6 +1,6 @@
-"""The streaming job: events topic -> parse -> quality gate -> state -> sinks.
+"""The streaming job: events topic -> parse and quality gate -> state -> sinks.
 
-    source (kafka-monitor-kafka) -> from_json(EVENT_SCHEMA) -> gate (reason or null)
+    source (kafka-monitor-kafka) -> mapInArrow(streaming.parsing: decode, flatten, GX gate; reason or null)
       -> bucket = pmod(xxhash64(entity), buckets), or -1 for quarantined rows
       -> groupBy(bucket).applyInPandasWithState(streaming.state)   [update mode, processing-time timeout]
       -> foreachBatch: the exporter applies the rows
@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,14 +25,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
-from streaming import quality
+from streaming import parsing
 from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
 from streaming.exporter import Exporter
 from streaming.gcpause import gc_paused
-from streaming.schema import EVENT_SCHEMA, FLAT_COLUMNS
+from streaming.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
 from streaming.source import FORMAT, KafkaEventSource
 
 log = logging.getLogger(__name__)
@@ -164,94 +164,18 @@ ENTITY_OF_TYPE = {
 }
 
 
-def parse(raw: DataFrame) -> DataFrame:
-    """Raw records -> one flat row per observation (FLAT_COLUMNS), with ``reason`` set (and
-    the row bound for quarantine) when the event breaks the contract.
+def parse(raw: DataFrame, gate: bool = True) -> DataFrame:
+    """Raw records (a ``value`` column of JSON text) -> one flat row per observation
+    (FLAT_COLUMNS), plus one per partition-count change a good metadata refresh reports, with
+    ``reason`` set when the event breaks the contract (decoding and, with ``gate``, the
+    great-expectations suite): one Python pass over Arrow per task (``streaming.parsing``).
+    A row with a reason keeps its raw text, for the quarantine sink.
 
     ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
     into a grouping key: a group's partitions share the group's bucket key so group rules can
     see their lags; a client and a source share theirs."""
-    ev = raw.select(F.col("value").alias("raw"), F.from_json("value", EVENT_SCHEMA).alias("e"))
-    d = "e.data."
-    required_by_type = {
-        "partition_metadata": ["topic", "partition", "leader", "replicas", "isr"],
-        "partition_offsets": ["topic", "partition", "high_watermark"],
-        "group_offsets": ["group", "topic", "partition"],
-        "group_state": ["group", "state"],
-        "rebalance": ["group", "phase"],
-        "metadata_refresh": ["version", "reason", "ok"],
-        "heartbeat": ["interval_ms"],
-    }
-    missing_payload = F.lit(False)
-    for etype, fields in required_by_type.items():
-        cond = F.lit(False)
-        for f in fields:
-            cond = cond | F.col(d + f).isNull()
-        missing_payload = missing_payload | ((F.col("e.type") == etype) & cond)
-    reason = (F.when(F.col("e").isNull() | F.col("e.schema").isNull() & F.col("e.type").isNull(), "malformed_json")
-              .when(~F.col("e.schema").isin(*SUPPORTED_SCHEMAS) | F.col("e.schema").isNull(), "unknown_schema")
-              .when(~F.col("e.type").isin(*EVENT_TYPES) | F.col("e.type").isNull(), "unknown_type")
-              .when(F.col("e.event_id").isNull() | F.col("e.cluster").isNull() | F.col("e.source").isNull()
-                    | F.col("e.seq").isNull() | F.col("e.observed_at").isNull(), "missing_envelope")
-              .when(F.col("e.data").isNull() | missing_payload, "missing_field")
-              .when((F.col("e.data.partition") < 0) | (F.col("e.data.high_watermark") < 0)
-                    | (F.col("e.data.committed_offset") < 0), "out_of_range"))
-    cl = F.col("e.cluster")
-    tp = F.concat_ws("/", cl, F.col(d + "topic"), F.col(d + "partition").cast("string"))
-    grp = F.concat_ws("/", cl, F.col(d + "group"))
-    src = F.concat_ws("/", cl, F.col("e.source"))
-    etype = F.col("e.type")
-    entity = (F.when(etype.isin("partition_metadata", "partition_offsets"), F.concat(F.lit("partition|"), tp))
-              .when(etype == "group_offsets", F.concat(F.lit("group_partition|"), grp, F.lit("/"), F.col(d + "topic"),
-                                                       F.lit("/"), F.col(d + "partition").cast("string")))
-              .when(etype.isin("group_state", "rebalance"), F.concat(F.lit("group|"), grp))
-              .when(etype == "metadata_refresh", F.concat(F.lit("client|"), src))
-              .otherwise(F.concat(F.lit("source|"), src)))
-    bucket_key = (F.when(etype.isin("partition_metadata", "partition_offsets"), tp)
-                  .when(etype.isin("group_offsets", "group_state", "rebalance"), grp)
-                  .otherwise(src))
-    base = {
-        "reason": reason, "raw": F.col("raw"), "entity": entity, "bucket_key": bucket_key, "type": etype,
-        "event_id": F.col("e.event_id"), "cluster": cl, "source": F.col("e.source"), "seq": F.col("e.seq"), "observed_at": F.col("e.observed_at"),
-        "group_state": F.col(d + "state"), "members": F.size(F.col(d + "members")).cast("bigint"),
-        "refresh_reason": F.col(d + "reason"),
-    }
-    data_fields = set(EVENT_SCHEMA["data"].dataType.fieldNames())
-
-    def col(name: str) -> Any:
-        if name in base:
-            return base[name]
-        return F.col(d + name) if name in data_fields else F.lit(None)
-
-    # One row per event, plus one per partition-count change a metadata refresh reports (keyed
-    # by topic).  What is exploded is an index (0 = the event itself, k = its k-th change) and
-    # each column is then picked by it: exploding structs of all the columns cost
-    # a third more in the JVM (210k events in memory, local[2], median of 5: 3.21 vs 2.43 s).
-    changes = F.when((etype == "metadata_refresh") & reason.isNull(), F.col(d + "partition_count_changes"))
-    n = F.greatest(F.coalesce(F.size(changes), F.lit(0)), F.lit(0))  # size(null): -1 or null
-    rows = ev.select("*", F.explode(F.sequence(F.lit(0), n)).alias("_i"))
-    c = F.get(F.col(d + "partition_count_changes"), F.col("_i") - 1)  # null for the event's own row
-    derived = {"type": F.lit("partition_count_change"),
-               "entity": F.concat(F.lit("topic|"), cl, F.lit("/"), c["topic"]),
-               "bucket_key": F.concat_ws("/", cl, c["topic"]),
-               "topic": c["topic"], "old_count": c["old_count"], "new_count": c["new_count"],
-               "unseen_for_at_most_ms": c["unseen_for_at_most_ms"]}
-    shared = ("reason", "raw", "event_id", "cluster", "source", "seq", "observed_at")
-
-    def pick(name: str, typ: str) -> Any:
-        if name in shared:
-            return col(name).cast(typ).alias(name)
-        return F.when(F.col("_i") == 0, col(name)).otherwise(derived.get(name, F.lit(None))).cast(typ).alias(name)
-
-    return rows.select(*[pick(n, t) for n, t in FLAT_COLUMNS])
-
-
-def gated(parsed: DataFrame) -> DataFrame:
-    """The quality gate: the contract's great-expectations suite (streaming.quality) on every
-    micro-batch.  Only the columns the suite reads go to Python; a failing row gets the failed
-    expectation as its ``reason`` and goes to the quarantine with it."""
-    reason = F.pandas_udf(quality.reason_batches, "string")(F.struct(*quality.INPUT_COLUMNS))
-    return parsed.withColumn("reason", reason)
+    return raw.select(F.col("value").cast("string").alias("value")).mapInArrow(
+        functools.partial(parsing.parse_batches, gate=gate), parsing.FLAT_DDL)
 
 
 def spark_hash_int(v: int, seed: int = 42) -> int:
@@ -285,9 +209,7 @@ def bucket_keys(buckets: int) -> list[int]:
 
 
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
-    keep = (gated(parsed).where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
-            # only a quarantined row needs its raw text (it goes to the quarantine sink)
-            .withColumn("raw", F.when(F.col("reason").isNotNull(), F.col("raw"))))
+    keep = parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
     keys = F.array(*[F.lit(k) for k in bucket_keys(cfg.buckets)])
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))

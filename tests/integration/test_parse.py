@@ -38,7 +38,7 @@ def test_events_and_derived_partition_count_changes(spark):
     got = [(r["seq"], r["type"], r["reason"], r["entity"], r["bucket_key"], r["topic"], r["old_count"], r["new_count"],
             r["unseen_for_at_most_ms"]) for r in rows]
     assert got == [
-        (None, None, "malformed_json", "source|", "", None, None, None, None),
+        (None, None, "malformed_json", None, None, None, None, None, None),
         (1, "metadata_refresh", None, "client|c1/p1", "c1/p1", None, None, None, None),
         (1, "partition_count_change", None, "topic|c1/orders", "c1/orders", "orders", 3, 6, 10_000),
         (1, "partition_count_change", None, "topic|c1/pay", "c1/pay", "pay", 1, 2, None),
@@ -54,5 +54,6 @@ def test_events_and_derived_partition_count_changes(spark):
     assert derived["refresh_reason"] is None and derived["ok"] is None and derived["version"] is None
     assert by_seq[(1, "metadata_refresh")]["refresh_reason"] == "periodic"
     assert by_seq[(3, "partition_offsets")]["high_watermark"] == 50
-    # only refused events keep their raw text's reason; all keep raw (the job drops it later)
-    assert rows[0]["raw"] == "{not json"
+    # refused events keep their raw text (for the quarantine sink); good ones and derived rows do not
+    assert rows[0]["raw"] == "{not json" and by_seq[(4, "metadata_refresh")]["raw"] == json.dumps(bad_refresh)
+    assert by_seq[(1, "metadata_refresh")]["raw"] is None and derived["raw"] is None

@@ -1,0 +1,368 @@
+"""Raw events -> flat, checked rows, in one Python pass over Arrow (the job's ``mapInArrow``).
+
+For each Spark task: the records' JSON values are decoded by ``pyarrow.json`` into columns of
+the contract's schema (``EVENT_SCHEMA``); the envelope and payload become the flat columns the
+state function reads (``FLAT_COLUMNS``); ``reason`` is set for what the decoding can see
+(``malformed_json``, ``unknown_schema``, ``unknown_type``, ``missing_envelope``,
+``missing_field``, ``out_of_range``); a metadata refresh's partition-count changes become
+rows of their own (keyed by topic); then the great-expectations suite (``streaming.quality``)
+checks the rest of the contract.  A row with a reason keeps its raw text (for the quarantine
+sink); the others drop it.
+
+Decoding, and what a bad value becomes
+--------------------------------------
+``pyarrow.json`` decodes a whole task's values at once (newline-joined; ~4 us per event on
+one core, against ~10 us for Spark's ``from_json`` plus flattening in the JVM at 128k events).
+It refuses a whole block for one bad value, so a block that fails is split in halves until the
+bad values are alone, and those are decoded by ``json.loads`` and coerced to the schema field
+by field:
+
+* a value that is not JSON, or not a JSON object -> ``malformed_json``;
+* a field of the wrong type (a string where a number belongs, 1.5 or true for an integer, an
+  integer beyond int64) -> null, so that a required field becomes ``missing_field`` /
+  ``missing_envelope``, as Spark's ``from_json`` does; an array with one wrong-typed element is
+  null as a whole;
+* unknown fields are ignored (the contract's rule for newer producers).
+
+Only values that look like one JSON object (``{`` ... ``}``, no line break) go to
+``pyarrow.json``; the rest take the per-value path directly.  This also keeps a bare ``null``
+away from it: pyarrow 26's JSON reader crashes the process on a block that starts with
+``null`` (found while writing this; see tests/unit/test_parsing.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+from pyspark.sql import types as T
+
+from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
+from streaming import quality
+from streaming.gcpause import gc_paused
+from streaming.schema import EVENT_SCHEMA, FLAT_COLUMNS
+
+#: a task's rows are decoded and validated together, up to this many at a time
+MAX_ROWS_PER_CHUNK = 200_000
+#: a failing block of at most this many values is decoded value by value (no more splitting)
+_SPLIT_FLOOR = 32
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+#: payload fields each event type must carry (else ``missing_field``)
+REQUIRED_BY_TYPE = {
+    "partition_metadata": ("topic", "partition", "leader", "replicas", "isr"),
+    "partition_offsets": ("topic", "partition", "high_watermark"),
+    "group_offsets": ("group", "topic", "partition"),
+    "group_state": ("group", "state"),
+    "rebalance": ("group", "phase"),
+    "metadata_refresh": ("version", "reason", "ok"),
+    "heartbeat": ("interval_ms",),
+}
+_ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
+
+
+def _arrow_type(t: T.DataType) -> pa.DataType:
+    if isinstance(t, T.StructType):
+        return pa.struct([pa.field(f.name, _arrow_type(f.dataType)) for f in t.fields])
+    if isinstance(t, T.ArrayType):
+        return pa.list_(_arrow_type(t.elementType))
+    return {T.LongType: pa.int64(), T.StringType: pa.string(), T.DoubleType: pa.float64(),
+            T.BooleanType: pa.bool_()}[type(t)]
+
+
+#: the event as Arrow decodes it
+EVENT_ARROW = pa.schema(list(_arrow_type(EVENT_SCHEMA)))
+_DATA = EVENT_ARROW.field("data").type
+_FLAT_TYPES = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+               "array<bigint>": pa.list_(pa.int64())}
+#: the rows this module returns (the Spark schema of ``job.parse``'s output)
+FLAT_ARROW = pa.schema([(n, _FLAT_TYPES[t]) for n, t in FLAT_COLUMNS])
+FLAT_DDL = ", ".join(f"`{n}` {t}" for n, t in FLAT_COLUMNS)
+
+_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=EVENT_ARROW, unexpected_field_behavior="ignore")
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def _coerce(v: Any, t: pa.DataType) -> Any:
+    """``v`` (from json.loads) as a value of Arrow type ``t``, or None when it has another type."""
+    if v is None:
+        return None
+    if pa.types.is_int64(t):
+        return v if type(v) is int and _INT64[0] <= v <= _INT64[1] else None
+    if pa.types.is_string(t):
+        return v if type(v) is str else None
+    if pa.types.is_float64(t):
+        return float(v) if type(v) in (int, float) else None
+    if pa.types.is_boolean(t):
+        return v if type(v) is bool else None
+    if pa.types.is_list(t):
+        if type(v) is not list:
+            return None
+        out = []
+        for x in v:
+            y = _coerce(x, t.value_type)
+            if y is None and x is not None:
+                return None  # one wrong-typed element: the whole array is null
+            out.append(y)
+        return out
+    if pa.types.is_struct(t):
+        if type(v) is not dict:
+            return None
+        return {f.name: _coerce(v.get(f.name), f.type) for f in t}
+    raise TypeError(f"no coercion to {t}")
+
+
+def decode_one(value: Optional[str]) -> Optional[dict]:
+    """One value -> the event as a dict of the schema's fields, or None if it is not a JSON object."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    if type(obj) is not dict:
+        return None
+    return {f.name: _coerce(obj.get(f.name), f.type) for f in EVENT_ARROW}
+
+
+def _object_shaped(v: Optional[str]) -> bool:
+    if not v or "\n" in v or "\r" in v:
+        return False
+    s = v.strip()
+    return s[:1] == "{" and s[-1:] == "}"
+
+
+def _bulk(lines: list[str]) -> Optional[pa.Table]:
+    try:
+        t = pj.read_json(pa.BufferReader("\n".join(lines).encode()),
+                         read_options=pj.ReadOptions(use_threads=False, block_size=1 << 24),
+                         parse_options=_PARSE_OPTIONS)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    # a line holding two objects decodes as two rows: the block is then split like a bad one
+    return t if t.num_rows == len(lines) else None
+
+
+def _decode_run(lines: list[str], pieces: list) -> None:
+    """Decode object-shaped values, splitting a failing block until its bad values are alone."""
+    t = _bulk(lines) if len(lines) > _SPLIT_FLOOR else None
+    if t is not None:
+        pieces.append(t)
+    elif len(lines) > _SPLIT_FLOOR:
+        mid = len(lines) // 2
+        _decode_run(lines[:mid], pieces)
+        _decode_run(lines[mid:], pieces)
+    else:
+        for line in lines:
+            one = _bulk([line])
+            pieces.append(one if one is not None else [decode_one(line)])
+
+
+def decode(values: list[Optional[str]]) -> tuple[pa.Table, np.ndarray]:
+    """Values -> (events table of EVENT_ARROW, one row per value; mask of values that were a JSON
+    object).  A value that was not has all-null fields in its row."""
+    pieces: list = []  # tables, and lists of per-value dicts (None: not an object)
+    run: list[str] = []
+    for v in values:
+        if _object_shaped(v):
+            run.append(v)
+            continue
+        if run:
+            _decode_run(run, pieces)
+            run = []
+        pieces.append([decode_one(v)])
+    if run:
+        _decode_run(run, pieces)
+    tables, valid = [], []
+    pending: list = []
+
+    def flush() -> None:
+        if pending:
+            tables.append(pa.Table.from_pylist([d or {} for d in pending], schema=EVENT_ARROW))
+            valid.append(np.array([d is not None for d in pending], dtype=bool))
+            pending.clear()
+
+    for p in pieces:
+        if isinstance(p, list):
+            pending.extend(p)
+        else:
+            flush()
+            tables.append(p)
+            valid.append(np.ones(p.num_rows, dtype=bool))
+    flush()
+    if not tables:
+        return EVENT_ARROW.empty_table(), np.zeros(0, dtype=bool)
+    return pa.concat_tables(tables).combine_chunks(), np.concatenate(valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flattening
+# ---------------------------------------------------------------------------------------------
+
+
+def _join(*parts: Any) -> pa.Array:
+    """String concatenation of columns and literals; null if any part is null (Spark's
+    ``concat``).  Every part of a good row's key is present (the required-field checks above),
+    so a null key only occurs on a refused row, which is not keyed.  (``null_handling="skip"``,
+    Spark's ``concat_ws``, is not used: in pyarrow 26.0.1 it returns an array shorter than its
+    inputs when they hold nulls.)"""
+    return pc.binary_join_element_wise(*parts, "", null_handling="emit_null")
+
+
+def _is(col: pa.Array, values: Any) -> np.ndarray:
+    """Membership as a numpy bool mask (null -> False)."""
+    return pc.fill_null(pc.is_in(col, value_set=pa.array(list(values), type=col.type)), False).to_numpy(
+        zero_copy_only=False)
+
+
+def _null(col: pa.Array) -> np.ndarray:
+    return pc.is_null(col).to_numpy(zero_copy_only=False)
+
+
+def _negative(col: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.less(col, 0), False).to_numpy(zero_copy_only=False)
+
+
+def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array) -> pa.Table:
+    """The decoded events -> FLAT_ARROW rows: one per event, then one per partition-count
+    change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` kept on all."""
+    n = events.num_rows
+    env = {name: events.column(name).combine_chunks() if isinstance(events.column(name), pa.ChunkedArray)
+           else events.column(name) for name in events.column_names}
+    data = env["data"]
+    d = {f.name: pc.struct_field(data, f.name) for f in _DATA}
+    etype, schema = env["type"], env["schema"]
+
+    missing_payload = np.zeros(n, dtype=bool)
+    is_type = {t: _is(etype, [t]) for t in REQUIRED_BY_TYPE}
+    for t, fields in REQUIRED_BY_TYPE.items():
+        if is_type[t].any():
+            gap = np.zeros(n, dtype=bool)
+            for f in fields:
+                gap |= _null(d[f])
+            missing_payload |= is_type[t] & gap
+    reasons = np.full(n, None, dtype=object)
+    # the first matching condition wins: assign in reverse priority order
+    conds = [
+        ("out_of_range", _negative(d["partition"]) | _negative(d["high_watermark"]) | _negative(d["committed_offset"])),
+        ("missing_field", _null(data) | missing_payload),
+        ("missing_envelope", np.logical_or.reduce([_null(env[c]) for c in _ENVELOPE])),
+        ("unknown_type", ~_is(etype, EVENT_TYPES)),
+        ("unknown_schema", ~_is(schema, SUPPORTED_SCHEMAS)),
+        ("malformed_json", ~valid | (_null(schema) & _null(etype))),
+    ]
+    for name, cond in conds:
+        reasons[cond] = name
+
+    cl, src_name = env["cluster"], env["source"]
+    tp = _join(cl, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
+    grp = _join(cl, "/", d["group"])
+    src = _join(cl, "/", src_name)
+    part_types = _is(etype, ("partition_metadata", "partition_offsets"))
+    gp_type = is_type["group_offsets"]
+    group_types = _is(etype, ("group_state", "rebalance"))
+    client_type = is_type["metadata_refresh"]
+    entity = pc.if_else(part_types, _join("partition|", tp),
+              pc.if_else(gp_type, _join("group_partition|", grp, "/", d["topic"], "/",
+                                        pc.cast(d["partition"], pa.string())),
+              pc.if_else(group_types, _join("group|", grp),
+              pc.if_else(client_type, _join("client|", src), _join("source|", src)))))
+    bucket_key = pc.if_else(part_types, tp, pc.if_else(gp_type | group_types, grp, src))
+
+    cols: dict[str, Any] = {
+        "reason": pa.array(reasons, type=pa.string()), "raw": raw, "entity": entity, "bucket_key": bucket_key,
+        "type": etype, "event_id": env["event_id"], "cluster": cl, "source": src_name, "seq": env["seq"],
+        "observed_at": env["observed_at"], "group_state": d["state"],
+        "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
+    }
+    out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
+                    for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
+    derived = _count_changes(env, d, client_type & pd.isna(reasons), raw)
+    return pa.concat_tables([out, derived]) if derived.num_rows else out
+
+
+def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array) -> pa.Table:
+    """One row per entry of a good metadata refresh's ``partition_count_changes`` (keyed by
+    topic): the event's envelope and the change; an entry without a topic or counts is
+    ``missing_field``."""
+    idx = np.flatnonzero(refreshes)
+    if idx.size == 0:
+        return FLAT_ARROW.empty_table()
+    lists = d["partition_count_changes"].take(pa.array(idx))
+    parents = pc.list_parent_indices(lists)
+    if len(parents) == 0:
+        return FLAT_ARROW.empty_table()
+    rows = pa.array(idx).take(parents)
+    ch = pc.list_flatten(lists)
+    m = len(ch)
+    topic = pc.struct_field(ch, "topic")
+    cl = env["cluster"].take(rows)
+    bad = _null(ch) | _null(topic) | _null(pc.struct_field(ch, "old_count")) | _null(pc.struct_field(ch, "new_count"))
+    reason = pa.array(np.where(bad, "missing_field", None), type=pa.string())
+    cols = {
+        "reason": reason, "raw": pc.if_else(pa.array(bad), raw.take(rows), pa.nulls(m, pa.string())),
+        "entity": _join("topic|", cl, "/", topic), "bucket_key": _join(cl, "/", topic),
+        "type": pa.array(["partition_count_change"] * m, type=pa.string()), "topic": topic,
+        "old_count": pc.struct_field(ch, "old_count"), "new_count": pc.struct_field(ch, "new_count"),
+        "unseen_for_at_most_ms": pc.struct_field(ch, "unseen_for_at_most_ms"),
+    }
+    for name in ("event_id", "cluster", "source", "seq", "observed_at"):
+        cols[name] = env[name].take(rows)
+    return pa.table({name: cols[name] if name in cols else pa.nulls(m, typ)
+                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
+
+
+# ---------------------------------------------------------------------------------------------
+# The task function
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_values(values: pa.Array, gate: bool = True) -> pa.Table:
+    """Raw values (string or binary) -> checked FLAT_ARROW rows.  ``gate``: run the
+    great-expectations suite too (rows it fails get its rule as their reason)."""
+    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+        values = pc.cast(values, pa.string())  # invalid UTF-8 fails here: the source decodes with errors="replace"
+    raw = values.cast(pa.string())
+    events, valid = decode(raw.to_pylist())
+    flat = flatten(events, valid, raw)
+    reason = flat.column("reason").combine_chunks()
+    if gate and flat.num_rows:
+        pdf = flat.select(list(quality.INPUT_COLUMNS)).to_pandas(split_blocks=True)
+        checked = quality.validate_frame(pdf).to_numpy()
+        upstream = reason.to_numpy(zero_copy_only=False)
+        reason = pa.array(np.where(pd.isna(upstream), checked, upstream), type=pa.string())
+    keep_raw = pc.is_valid(reason)
+    flat = flat.set_column(0, "reason", reason)
+    return flat.set_column(1, "raw", pc.if_else(keep_raw, flat.column("raw"), pa.nulls(flat.num_rows, pa.string())))
+
+
+def parse_batches(batches: Iterator[pa.RecordBatch], gate: bool = True) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function over records with a ``value`` column: a task's batches are
+    decoded and validated together (GX's cost is mostly per validation), up to
+    ``MAX_ROWS_PER_CHUNK`` rows at a time."""
+    with gc_paused():
+        buf: list[pa.Array] = []
+        rows = 0
+        for b in batches:
+            buf.append(b.column(b.schema.get_field_index("value")))
+            rows += b.num_rows
+            if rows >= MAX_ROWS_PER_CHUNK:
+                yield from _out(buf, gate)
+                buf, rows = [], 0
+        if buf:
+            yield from _out(buf, gate)
+
+
+def _out(buf: list[pa.Array], gate: bool) -> Iterator[pa.RecordBatch]:
+    values = pa.concat_arrays(buf) if len(buf) > 1 else buf[0]
+    yield from parse_values(values, gate).to_batches()

@@ -1,0 +1,185 @@
+"""streaming.parsing without Spark: decoding (bulk and value by value agree), what a bad value
+becomes, the derived partition-count-change rows, and the gate's reasons merged in."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pyarrow as pa
+import pytest
+
+from monitor.contract import (Event, GroupOffsets, Heartbeat, MetadataRefresh, PartitionCountChange,
+                              PartitionMetadata, PartitionOffsets)
+from streaming import parsing
+from streaming.schema import FLAT_COLUMNS
+
+
+def ev(data, seq: int = 1, **kw) -> dict:
+    return Event.of(data, cluster="c1", source="p1", seq=seq, observed_at=1_000 + seq, **kw).to_dict()
+
+
+def offsets(seq: int = 1, **kw) -> dict:
+    return ev(PartitionOffsets(topic="t", partition=2, high_watermark=50, via="list_offsets", **kw), seq)
+
+
+def metadata(seq: int = 1, **kw) -> dict:
+    base = dict(topic="t", partition=2, leader=1, replicas=[1, 2], isr=[1, 2], metadata_version=1)
+    return ev(PartitionMetadata(**{**base, **kw}), seq)
+
+
+def with_data(d: dict, **kw) -> dict:
+    return {**d, "data": {**d["data"], **kw}}
+
+
+def rows(values: list, gate: bool = False) -> list[dict]:
+    return parsing.parse_values(pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in values],
+                                         pa.string()), gate=gate).to_pylist()
+
+
+def one(value, gate: bool = False) -> dict:
+    (r,) = rows([value], gate)
+    return r
+
+
+def test_output_columns_are_the_flat_columns():
+    out = parsing.parse_values(pa.array([json.dumps(offsets())]), gate=False)
+    assert out.schema.names == [n for n, _ in FLAT_COLUMNS]
+
+
+def test_a_good_event_becomes_a_keyed_flat_row_without_its_raw_text():
+    r = one(offsets(metadata_at=900))
+    assert (r["reason"], r["raw"], r["type"], r["entity"], r["bucket_key"]) == (
+        None, None, "partition_offsets", "partition|c1/t/2", "c1/t/2")
+    assert (r["topic"], r["partition"], r["high_watermark"], r["metadata_at"], r["seq"], r["observed_at"]) == (
+        "t", 2, 50, 900, 1, 1_001)
+    g = one(ev(GroupOffsets(group="g", topic="t", partition=2, committed_offset=7, high_watermark=9)))
+    assert (g["entity"], g["bucket_key"], g["committed_offset"]) == ("group_partition|c1/g/t/2", "c1/g", 7)
+    h = one(ev(Heartbeat(interval_ms=5_000, events_sent=3, events_dropped=0)))
+    assert (h["entity"], h["bucket_key"], h["interval_ms"]) == ("source|c1/p1", "c1/p1", 5_000)
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("{not json", "malformed_json"),
+    ("null", "malformed_json"),          # pyarrow 26's JSON reader crashes on a block starting with null
+    ("[1, 2]", "malformed_json"),
+    ("", "malformed_json"),
+    (None, "malformed_json"),
+    ('{"a": 1} {"b": 2}', "malformed_json"),  # two objects in one value
+    (json.dumps(offsets()) + " xx", "malformed_json"),
+    (json.dumps({}), "malformed_json"),      # neither schema nor type
+    ({**offsets(), "schema": "kafka-monitor/v9"}, "unknown_schema"),
+    ({k: v for k, v in offsets().items() if k != "schema"}, "unknown_schema"),
+    ({**offsets(), "type": "gossip"}, "unknown_type"),
+    ({**offsets(), "type": 5}, "unknown_type"),
+    ({k: v for k, v in offsets().items() if k != "event_id"}, "missing_envelope"),
+    ({**offsets(), "seq": "7"}, "missing_envelope"),     # wrong type -> null
+    ({**offsets(), "seq": True}, "missing_envelope"),
+    ({**offsets(), "seq": 2 ** 70}, "missing_envelope"),  # beyond int64
+    (with_data(offsets(), high_watermark=None), "missing_field"),
+    (with_data(offsets(), high_watermark=1.5), "missing_field"),
+    (with_data(offsets(), high_watermark=10.0), "missing_field"),
+    (with_data(offsets(), high_watermark="12"), "missing_field"),
+    (with_data(offsets(), topic=5), "missing_field"),
+    ({**offsets(), "data": "x"}, "missing_field"),
+    ({**offsets(), "data": None}, "missing_field"),
+    (with_data(metadata(), isr=[1, "a"]), "missing_field"),  # one wrong element: the array is null
+    (with_data(metadata(), isr="1,2"), "missing_field"),
+    (with_data(offsets(), partition=-1), "out_of_range"),
+    (with_data(offsets(), high_watermark=-5), "out_of_range"),
+])
+def test_bad_values_get_a_reason_and_keep_their_raw_text(value, reason):
+    r = one(value)
+    assert r["reason"] == reason
+    assert r["raw"] == (value if value is None or isinstance(value, str) else json.dumps(value))
+
+
+def test_tolerated_variations():
+    # unknown fields (envelope and payload, nested too) are ignored; a JSON number is a double
+    r = one({**with_data(offsets(), future={"x": [1, "y"]}, via="fetch"), "later": 1})
+    assert r["reason"] is None and r["high_watermark"] == 50
+    assert one(with_data(offsets(), high_watermark=50))["reason"] is None
+    r = one(ev(MetadataRefresh(version=3, reason="periodic", ok=True, duration_ms=1.0)))
+    assert (r["reason"], r["refresh_reason"], r["ok"], r["version"]) == (None, "periodic", True, 3)
+    r = one(json.dumps(offsets(), indent=2))  # a line break inside a value: decoded on its own
+    assert r["reason"] is None and r["high_watermark"] == 50
+    r = one(with_data(metadata(), isr=[1, None]))  # a null broker id is the gate's to refuse
+    assert r["reason"] is None and r["isr"] == [1, None]
+
+
+def _mutants(n: int, seed: int) -> list[str]:
+    good = [json.dumps(offsets(i)) for i in range(20)] + [json.dumps(metadata(i)) for i in range(20)]
+    toks = ["null", "{", "}", "[", "]", ",", ":", '"', "1", "-1", "true", "1.5", " ", "{}", '"x"']
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        v = list(rnd.choice(good))
+        for _ in range(rnd.randint(0, 2)):
+            i = rnd.randrange(len(v))
+            v[i:i + rnd.randint(0, 3)] = rnd.choice(toks)
+        out.append("".join(v))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_block_decodes_like_its_values_one_by_one(seed):
+    """A failing block is split until its bad values are alone: the rows are the same as when
+    every value is decoded by itself (and no good value is lost to a bad neighbour)."""
+    values = _mutants(300, seed)
+    together = rows(values)
+    alone = [one(v) for v in values]
+    assert len(together) == len(values)
+    assert together == alone
+    assert sum(r["reason"] is None for r in together) > 50  # the test mixes good and bad
+
+
+def test_partition_count_changes_become_rows_keyed_by_topic():
+    two = [PartitionCountChange(topic="orders", old_count=3, new_count=6, unseen_for_at_most_ms=10_000),
+           PartitionCountChange(topic="pay", old_count=1, new_count=2)]
+    refresh = ev(MetadataRefresh(version=3, reason="periodic", ok=True, duration_ms=1.0, partition_count_changes=two))
+    broken = with_data(refresh, partition_count_changes=[{"topic": None, "old_count": 1, "new_count": 2}])
+    refused = with_data(refresh, ok=None)  # a refused refresh derives nothing
+    got = rows([refresh, broken, refused])
+    assert [(r["type"], r["reason"], r["entity"], r["topic"], r["old_count"], r["new_count"], r["unseen_for_at_most_ms"])
+            for r in got] == [
+        ("metadata_refresh", None, "client|c1/p1", None, None, None, None),
+        ("metadata_refresh", None, "client|c1/p1", None, None, None, None),
+        ("metadata_refresh", "missing_field", "client|c1/p1", None, None, None, None),
+        ("partition_count_change", None, "topic|c1/orders", "orders", 3, 6, 10_000),
+        ("partition_count_change", None, "topic|c1/pay", "pay", 1, 2, None),
+        ("partition_count_change", "missing_field", None, None, 1, 2, None),
+    ]
+    assert got[4]["bucket_key"] == "c1/pay" and got[4]["seq"] == got[0]["seq"] and got[4]["raw"] is None
+    assert got[5]["raw"] == json.dumps(broken)  # the bad change keeps its event's text
+
+
+def test_the_gate_runs_on_the_decoded_rows():
+    values = [metadata(1), metadata(2, isr=[1, 4]), offsets(3), with_data(offsets(4), high_watermark=-1)]
+    got = [r["reason"] for r in rows(values, gate=True)]
+    # decoding's own reason (out_of_range) wins over the gate's (offset_sentinel)
+    assert got == [None, "isr_subset_of_replicas", None, "out_of_range"]
+    assert rows(values, gate=False)[1]["reason"] is None
+    assert rows(values, gate=True)[1]["raw"] == json.dumps(values[1])
+
+
+def test_parse_batches_validates_a_task_in_chunks():
+    values = [json.dumps(offsets(i)) for i in range(25)]
+    batches = [pa.RecordBatch.from_pydict({"value": values[i:i + 10]}) for i in range(0, 25, 10)]
+    out = list(parsing.parse_batches(iter(batches), gate=True))
+    assert sum(b.num_rows for b in out) == 25
+    assert [r["seq"] for b in out for r in b.to_pylist()] == list(range(25))
+
+
+def test_the_per_value_decoder_agrees_with_pyarrow_on_good_events():
+    """The two decoders (pyarrow.json for blocks, json.loads + coercion for values it refused)
+    give the same row for every event type."""
+    two = [PartitionCountChange(topic="orders", old_count=3, new_count=6)]
+    values = [json.dumps(v) for v in (
+        offsets(1, metadata_at=5), metadata(2, offline_replicas=[2], min_insync_replicas=2),
+        ev(GroupOffsets(group="g", topic="t", partition=2, committed_offset=7, high_watermark=9)),
+        ev(Heartbeat(interval_ms=5_000, events_sent=3, events_dropped=0)),
+        ev(MetadataRefresh(version=3, reason="periodic", ok=True, duration_ms=1.5, partition_count_changes=two)))]
+    for v in values:
+        by_arrow = parsing._bulk([v])
+        assert by_arrow is not None, v
+        assert by_arrow.to_pylist() == [parsing.decode_one(v)], v
