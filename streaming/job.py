@@ -124,7 +124,9 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
          .config("spark.driver.host", "127.0.0.1")
          .config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[cfg.state_store])
          .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
-         .config("spark.python.worker.reuse", "true"))
+         .config("spark.python.worker.reuse", "true")
+         # workers are forked with the quality gate's GX objects already built (streaming.sparkworker)
+         .config("spark.python.daemon.module", "streaming.sparkworker"))
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
