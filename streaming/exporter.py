@@ -69,6 +69,17 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+#: the columns ``Exporter.apply`` reads of the row kinds that come by the 100,000 (partitions
+#: and group partitions); the sink hands it only these for those kinds (``job.sink_rows``), and
+#: every column for the other kinds
+ROW_COLUMNS = {
+    "partition": ("kind", "action", "cluster", "topic", "partition", "high_watermark", "log_start_offset",
+                  "last_stable_offset", "leader", "replicas", "isr"),
+    "group_partition": ("kind", "action", "cluster", "consumer_group", "topic", "partition", "committed_offset",
+                        "lag", "lag_seconds", "lag_status"),
+}
+
+
 class Exporter:
     def __init__(self, registry: Optional[CollectorRegistry] = None, max_series: int = 200_000):
         self.registry = registry or CollectorRegistry()

@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
@@ -29,7 +31,7 @@ from streaming import parsing
 from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
-from streaming.exporter import Exporter
+from streaming.exporter import ROW_COLUMNS, Exporter
 from streaming.gcpause import gc_paused
 from streaming.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
 from streaming.source import FORMAT, KafkaEventSource
@@ -279,7 +281,7 @@ class ExporterSink:
     def _apply(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         # Arrow to the driver: ~10x cheaper per row than collect()'s Row objects
-        rows = df.toArrow().to_pylist()
+        rows = sink_rows(df.toArrow())
         if self.alerts is not None:
             self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
@@ -287,6 +289,24 @@ class ExporterSink:
             write_quarantine(self.quarantine_dir, batch_id, bad)
         n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
+
+
+def sink_rows(t: pa.Table) -> list[dict]:
+    """The state's output rows as dicts, grouped by kind (in their order within a kind), each
+    with only the columns the sink reads of it: building a dict of all 27 columns per row cost
+    ~0.4 s per 110k rows on the driver, between batches."""
+    if t.num_rows == 0:
+        return []
+    kinds = t.column("kind")
+    out: list[dict] = []
+    for kind in pc.unique(kinds).to_pylist():
+        sub = t.filter(pc.equal(kinds, kind)) if kind is not None else t.filter(pc.is_null(kinds))
+        if kind in ROW_COLUMNS:
+            sub = sub.select(list(ROW_COLUMNS[kind]))
+        cols = sub.to_pydict()
+        names = list(cols)
+        out += [dict(zip(names, v)) for v in zip(*cols.values())]
+    return out
 
 
 def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:

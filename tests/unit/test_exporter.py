@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from streaming.exporter import CATALOGUE, Exporter
+from streaming.exporter import CATALOGUE, ROW_COLUMNS, Exporter
 from streaming.state import OUTPUT_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -153,3 +153,37 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
     e.apply([row(action="remove", **g)], batch_id=9)
     e.apply([part(high_watermark=150, leader=2)], batch_id=10)
     assert v(e, "partition_high_watermark", **lab) == 150 and v(e, "partition_leader", **lab) == 2
+
+
+def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
+    """job.sink_rows keeps, of partition and group-partition rows, only ROW_COLUMNS: the
+    exporter must end up with the same series as from whole rows (it would raise KeyError on a
+    column it reads that is not listed)."""
+    import pyarrow as pa
+
+    from streaming.job import sink_rows
+    rows = [part(), part(partition=1, last_stable_offset=90), part(partition=2, action="remove"),
+            row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
+                committed_offset=5, high_watermark=9, lag=4, lag_seconds=1.5, lag_status="ok"),
+            row(kind="group_partition", action="remove", cluster="k", consumer_group="g", topic="t", partition=1),
+            row(kind="alert", action="open", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0),
+            row(kind="group", action="upsert", cluster="k", consumer_group="g", group_state="Stable", members=2),
+            row(kind="source", action="upsert", cluster="k", source="p", at=1000, interval_ms=5000),
+            row(kind="client", action="upsert", cluster="k", source="p", last_ok_at=2000),
+            row(kind="quarantine", action="count", alert="malformed_json", count=2),
+            row(kind="dropped", action="count", alert="duplicate", count=1)]
+    arrow = {"long": pa.int64(), "string": pa.string(), "double": pa.float64()}
+    table = pa.Table.from_pylist(rows, schema=pa.schema([(n, arrow[t]) for n, t in OUTPUT_COLUMNS]))
+    whole, narrow = Exporter(), Exporter()
+    whole.apply(rows)
+    got = sink_rows(table)
+    assert len(got) == len(rows)
+    assert len(got[0]) == len(ROW_COLUMNS["partition"]) < len(rows[0])
+    narrow.apply(got)
+
+    def samples(e):
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for m in e.registry.collect() for s in m.samples if "created" not in s.name)
+
+    assert samples(narrow) == samples(whole)
+    assert v(narrow, "partition_high_watermark", cluster="k", topic="t", partition="1") == 100
