@@ -22,15 +22,12 @@ API
 ``warm_up()``             build the per-process GX objects now; returns import/build seconds.
 ``QualityGateError``      GX could not evaluate a rule (a code defect, never a bad event).
 
-Wiring (between ``parse()`` and ``stateful()``; rows with a reason then go to the quarantine
-bucket, keep their raw text and are counted)::
-
-    parsed = parse(read_events(spark, cfg))
-    gated = parsed.mapInPandas(quality.gate_batches, parsed.schema)
-    # or, lighter: only INPUT_COLUMNS go to Python and back comes one string column
-    reason = F.pandas_udf(quality.reason_batches, "string")
-    gated = parsed.withColumn("reason", reason(F.struct(*quality.INPUT_COLUMNS)))
-    out = stateful(gated, cfg)
+Wiring: ``streaming.parsing.parse_values`` decodes a Spark task's events into the flat rows and
+calls ``validate_frame`` on them, in the same Python pass (``job.parse`` is one ``mapInArrow``);
+rows with a reason then go to the quarantine bucket, keep their raw text and are counted.
+``gate_batches`` / ``reason_batches`` wire the suite into Spark on their own (``mapInPandas`` or an
+iterator pandas UDF over ``INPUT_COLUMNS``), as the job did before parsing moved to Python; the
+benchmark (bench/quality_bench.py) still measures them that way.
 
 How GX is used
 --------------
