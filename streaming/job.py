@@ -394,13 +394,13 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
          .foreachBatch(sink)
          .start())
     listener.query_id = str(q.id)
-    _LISTENERS[listener.query_id] = (spark, listener)
+    _QUERIES[listener.query_id] = (spark, listener, sink)
     exporter.set_up(True)
     return q
 
 
-#: query id -> (session, its progress listener), removed when the query is stopped
-_LISTENERS: dict[str, tuple[SparkSession, ProgressListener]] = {}
+#: query id -> (session, its progress listener, its sink), removed when the query is stopped
+_QUERIES: dict[str, tuple[SparkSession, ProgressListener, ExporterSink]] = {}
 
 
 def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
@@ -416,9 +416,12 @@ def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
             break  # a batch just completed
         time.sleep(0.05)
     q.stop()
-    registered = _LISTENERS.pop(str(q.id), None)
+    registered = _QUERIES.pop(str(q.id), None)
     if registered is not None:
-        registered[0].streams.removeListener(registered[1])
+        session, listener, sink = registered
+        session.streams.removeListener(listener)
+        if sink.alerts is not None:
+            sink.alerts.close()  # its producer would otherwise live on, reconnecting to the cluster
 
 
 def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:

@@ -18,6 +18,7 @@ from kafka_monitor.broker import create_topics
 from monitor.contract import Event, PartitionMetadata
 from monitor.probe import Probe, ProbeConfig
 from streaming.exporter import Exporter
+from streaming import job
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 
@@ -73,6 +74,7 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
     cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp_path / "ckpt"), events_topic=events,
                     trigger_s=1, buckets=4, metrics_port=port, alerts_topic=alerts)
     q = start(spark, cfg, exporter, query_name=unique("e2e"))
+    alerts_sink = job._QUERIES[str(q.id)][2].alerts
     try:
         P = lambda p: (("cluster", "e2e"), ("partition", str(p)), ("topic", orders))
         G = lambda p: (("cluster", "e2e"), ("group", group), ("partition", str(p)), ("topic", orders))
@@ -123,3 +125,5 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
         probe.close(flush_timeout=2)
         stop_query(q)
         exporter.shutdown()
+    assert str(q.id) not in job._QUERIES
+    assert alerts_sink is not None and alerts_sink._producer is None  # stop_query released its producer
