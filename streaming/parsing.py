@@ -22,7 +22,8 @@ by field:
   integer beyond int64) -> null, so that a required field becomes ``missing_field`` /
   ``missing_envelope``, as Spark's ``from_json`` does; an array with one wrong-typed element is
   null as a whole;
-* unknown fields are ignored (the contract's rule for newer producers).
+* unknown fields are ignored (the contract's rule for newer producers);
+* bytes that are not UTF-8 become U+FFFD before decoding (``_texts``).
 
 Only values that look like one JSON object (``{`` ... ``}``, no line break) go to
 ``pyarrow.json``; the rest take the per-value path directly.  This also keeps a bare ``null``
@@ -327,13 +328,24 @@ def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array) -> 
 # ---------------------------------------------------------------------------------------------
 
 
+def _texts(values: pa.Array) -> tuple[list[Optional[str]], pa.Array]:
+    """Values (string or binary) as Python strings and as an Arrow string array.  Bytes that are
+    not UTF-8 become U+FFFD, as our source decodes them; Spark's ``cast(value as string)`` (the
+    ``spark-kafka`` source) passes them through unchecked, and converting them would raise."""
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        try:
+            return values.to_pylist(), values.cast(pa.string())
+        except UnicodeDecodeError:
+            values = values.cast(pa.binary())  # a view of the same bytes: no check
+    texts = [None if b is None else b.decode("utf-8", "replace") for b in values.to_pylist()]
+    return texts, pa.array(texts, pa.string())
+
+
 def parse_values(values: pa.Array, gate: bool = True) -> pa.Table:
     """Raw values (string or binary) -> checked FLAT_ARROW rows.  ``gate``: run the
     great-expectations suite too (rows it fails get its rule as their reason)."""
-    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
-        values = pc.cast(values, pa.string())  # invalid UTF-8 fails here: the source decodes with errors="replace"
-    raw = values.cast(pa.string())
-    events, valid = decode(raw.to_pylist())
+    texts, raw = _texts(values)
+    events, valid = decode(texts)
     flat = flatten(events, valid, raw)
     reason = flat.column("reason").combine_chunks()
     if gate and flat.num_rows:

@@ -183,3 +183,18 @@ def test_the_per_value_decoder_agrees_with_pyarrow_on_good_events():
         by_arrow = parsing._bulk([v])
         assert by_arrow is not None, v
         assert by_arrow.to_pylist() == [parsing.decode_one(v)], v
+
+
+def test_bytes_that_are_not_utf8_are_replaced_not_fatal():
+    """Spark's cast of a binary Kafka value to string passes invalid UTF-8 through; converting
+    such a string to Python raises.  The bad bytes become U+FFFD (as in our source), the event
+    is still decoded, and its raw text is valid for the quarantine sink."""
+    good = json.dumps(offsets()).encode()
+    bad = b'{"not": "\xff\xfe utf-8"'
+    as_binary = pa.array([good, bad], pa.binary())
+    unchecked = pa.Array.from_buffers(pa.string(), 2, as_binary.buffers())  # what Spark hands over
+    for values in (unchecked, as_binary):
+        got = parsing.parse_values(values, gate=False).to_pylist()
+        assert [r["reason"] for r in got] == [None, "malformed_json"]
+        assert got[0]["high_watermark"] == 50
+        assert got[1]["raw"] == '{"not": "\ufffd\ufffd utf-8"'
