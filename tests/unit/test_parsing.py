@@ -68,6 +68,7 @@ def test_a_good_event_becomes_a_keyed_flat_row_without_its_raw_text():
     ('{"a": 1} {"b": 2}', "malformed_json"),  # two objects in one value
     (json.dumps(offsets()) + " xx", "malformed_json"),
     (json.dumps({}), "malformed_json"),      # neither schema nor type
+    ('{"data":' + "[" * 100_000 + "]" * 100_000 + "}", "malformed_json"),  # deeper than json.loads goes
     ({**offsets(), "schema": "kafka-monitor/v9"}, "unknown_schema"),
     ({k: v for k, v in offsets().items() if k != "schema"}, "unknown_schema"),
     ({**offsets(), "type": "gossip"}, "unknown_type"),
