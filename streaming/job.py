@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -168,18 +167,18 @@ ENTITY_OF_TYPE = {
 }
 
 
-def parse(raw: DataFrame, gate: bool = True) -> DataFrame:
+def parse(raw: DataFrame) -> DataFrame:
     """Raw records (a ``value`` column of JSON text) -> one flat row per observation
     (FLAT_COLUMNS), plus one per partition-count change a good metadata refresh reports, with
-    ``reason`` set when the event breaks the contract (decoding and, with ``gate``, the
-    great-expectations suite): one Python pass over Arrow per task (``streaming.parsing``).
+    ``reason`` set when the event breaks the contract (decoding, then the great-expectations
+    suite): one Python pass over Arrow per task (``streaming.parsing``).
     A row with a reason keeps its raw text, for the quarantine sink.
 
     ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
     into a grouping key: a group's partitions share the group's bucket key so group rules can
     see their lags; a client and a source share theirs."""
-    return raw.select(F.col("value").cast("string").alias("value")).mapInArrow(
-        functools.partial(parsing.parse_batches, gate=gate), parsing.FLAT_DDL)
+    return raw.select(F.col("value").cast("string").alias("value")).mapInArrow(parsing.parse_batches,
+                                                                                parsing.FLAT_DDL)
 
 
 def spark_hash_int(v: int, seed: int = 42) -> int:

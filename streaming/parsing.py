@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
-from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
 from streaming import quality
@@ -68,17 +68,8 @@ REQUIRED_BY_TYPE = {
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
 
-def _arrow_type(t: T.DataType) -> pa.DataType:
-    if isinstance(t, T.StructType):
-        return pa.struct([pa.field(f.name, _arrow_type(f.dataType)) for f in t.fields])
-    if isinstance(t, T.ArrayType):
-        return pa.list_(_arrow_type(t.elementType))
-    return {T.LongType: pa.int64(), T.StringType: pa.string(), T.DoubleType: pa.float64(),
-            T.BooleanType: pa.bool_()}[type(t)]
-
-
 #: the event as Arrow decodes it
-EVENT_ARROW = pa.schema(list(_arrow_type(EVENT_SCHEMA)))
+EVENT_ARROW = to_arrow_schema(EVENT_SCHEMA)
 _DATA = EVENT_ARROW.field("data").type
 _FLAT_TYPES = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
                "array<bigint>": pa.list_(pa.int64())}
@@ -87,6 +78,7 @@ FLAT_ARROW = pa.schema([(n, _FLAT_TYPES[t]) for n, t in FLAT_COLUMNS])
 FLAT_DDL = ", ".join(f"`{n}` {t}" for n, t in FLAT_COLUMNS)
 
 _PARSE_OPTIONS = pj.ParseOptions(explicit_schema=EVENT_ARROW, unexpected_field_behavior="ignore")
+_READ_OPTIONS = pj.ReadOptions(use_threads=False, block_size=1 << 24)  # one thread: Spark runs a task per core
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +137,7 @@ def _object_shaped(v: Optional[str]) -> bool:
 
 def _bulk(lines: list[str]) -> Optional[pa.Table]:
     try:
-        t = pj.read_json(pa.BufferReader("\n".join(lines).encode()),
-                         read_options=pj.ReadOptions(use_threads=False, block_size=1 << 24),
+        t = pj.read_json(pa.BufferReader("\n".join(lines).encode()), read_options=_READ_OPTIONS,
                          parse_options=_PARSE_OPTIONS)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
@@ -238,8 +229,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array) -> pa.Table:
     """The decoded events -> FLAT_ARROW rows: one per event, then one per partition-count
     change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` kept on all."""
     n = events.num_rows
-    env = {name: events.column(name).combine_chunks() if isinstance(events.column(name), pa.ChunkedArray)
-           else events.column(name) for name in events.column_names}
+    env = {name: events.column(name).combine_chunks() for name in events.column_names}
     data = env["data"]
     d = {f.name: pc.struct_field(data, f.name) for f in _DATA}
     etype, schema = env["type"], env["schema"]
@@ -358,7 +348,7 @@ def parse_values(values: pa.Array, gate: bool = True) -> pa.Table:
     return flat.set_column(1, "raw", pc.if_else(keep_raw, flat.column("raw"), pa.nulls(flat.num_rows, pa.string())))
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch], gate: bool = True) -> Iterator[pa.RecordBatch]:
+def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function over records with a ``value`` column: a task's batches are
     decoded and validated together (GX's cost is mostly per validation), up to
     ``MAX_ROWS_PER_CHUNK`` rows at a time."""
@@ -366,15 +356,15 @@ def parse_batches(batches: Iterator[pa.RecordBatch], gate: bool = True) -> Itera
         buf: list[pa.Array] = []
         rows = 0
         for b in batches:
-            buf.append(b.column(b.schema.get_field_index("value")))
+            buf.append(b.column("value"))
             rows += b.num_rows
             if rows >= MAX_ROWS_PER_CHUNK:
-                yield from _out(buf, gate)
+                yield from _out(buf)
                 buf, rows = [], 0
         if buf:
-            yield from _out(buf, gate)
+            yield from _out(buf)
 
 
-def _out(buf: list[pa.Array], gate: bool) -> Iterator[pa.RecordBatch]:
+def _out(buf: list[pa.Array]) -> Iterator[pa.RecordBatch]:
     values = pa.concat_arrays(buf) if len(buf) > 1 else buf[0]
-    yield from parse_values(values, gate).to_batches()
+    yield from parse_values(values).to_batches()

@@ -166,7 +166,7 @@ def test_the_gate_runs_on_the_decoded_rows():
 def test_parse_batches_validates_a_task_in_chunks():
     values = [json.dumps(offsets(i)) for i in range(25)]
     batches = [pa.RecordBatch.from_pydict({"value": values[i:i + 10]}) for i in range(0, 25, 10)]
-    out = list(parsing.parse_batches(iter(batches), gate=True))
+    out = list(parsing.parse_batches(iter(batches)))
     assert sum(b.num_rows for b in out) == 25
     assert [r["seq"] for b in out for r in b.to_pylist()] == list(range(25))
 
