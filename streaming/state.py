@@ -34,6 +34,7 @@ import pandas as pd
 
 from streaming import rules, rules_group, rules_lag, rules_partition
 from streaming.gcpause import gc_paused
+from streaming.partition_table import NULL, PartitionTable
 from streaming.schema import FLAT_COLUMNS
 
 QUARANTINE_BUCKET = -1
@@ -96,22 +97,48 @@ def _row(**kw: Any) -> dict:
     return r
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
-    """The output rows as a frame built column by column.  The string columns then share one
-    object block: PySpark's output path ``pd.concat``s the frame, and pandas checks an object
-    block that is all null element by element in Python (a column per block, as
-    ``df[c] = df[c].astype(object)`` leaves them, cost ~0.2 s per 7k-row bucket)."""
+def _frame(*parts: Any) -> pd.DataFrame:
+    """Output rows as a frame built column by column, from ``parts`` in order: lists of row
+    dicts, or dicts of output columns (numpy arrays, ints ``NULL`` for missing; a column that
+    is absent is all null), as ``PartitionTable.gauge_columns`` makes them.  The string columns
+    then share one object block: PySpark's output path ``pd.concat``s the frame, and pandas
+    checks an object block that is all null element by element in Python (a column per block,
+    as ``df[c] = df[c].astype(object)`` leaves them, cost ~0.2 s per 7k-row bucket)."""
+    sizes = [len(p) if isinstance(p, list) else len(p["kind"]) for p in parts]
+    n = sum(sizes)
     cols: dict[str, Any] = {}
-    for n, t in OUTPUT_COLUMNS:
-        values = [r[n] for r in rows]
+    for name, t in OUTPUT_COLUMNS:
         if t == "long":
-            cols[n] = pd.array(values, dtype="Int64")
+            values = np.empty(n, np.int64)
+            missing = np.ones(n, bool)
         elif t == "double":
-            cols[n] = np.array(values, dtype=np.float64)  # None -> NaN
+            values = np.full(n, np.nan)
         else:
-            a = np.empty(len(values), dtype=object)
-            a[:] = values
-            cols[n] = a
+            values = np.full(n, None, dtype=object)
+        at = 0
+        for p, size in zip(parts, sizes):
+            if isinstance(p, list):
+                got = [r[name] for r in p]
+                if t == "long":
+                    mask = np.fromiter((v is None for v in got), bool, size)
+                    values[at:at + size] = [0 if v is None else v for v in got]
+                    missing[at:at + size] = mask
+                elif t == "double":
+                    values[at:at + size] = np.array(got, dtype=np.float64)  # None -> NaN
+                else:
+                    values[at:at + size] = got
+            elif name in p:
+                if t == "long":
+                    values[at:at + size] = p[name]
+                    missing[at:at + size] = p[name] == NULL
+                else:
+                    values[at:at + size] = p[name]
+            at += size
+        if t == "long":
+            values[missing] = 0
+            cols[name] = pd.arrays.IntegerArray(values, missing)
+        else:
+            cols[name] = values
     return pd.DataFrame(cols)
 
 
@@ -258,11 +285,52 @@ def _columns(frames: list[pd.DataFrame], names: list[str]) -> dict[str, list]:
     return out
 
 
+def _ints(col: pd.Series) -> np.ndarray:
+    """An integer column as int64 with ``NULL`` for missing values (Spark hands nullable longs
+    over as float64 with NaN; hand-made frames may hold objects)."""
+    kind = col.dtype.kind
+    if kind in "iu":
+        return col.to_numpy(np.int64)
+    missing = col.isna().to_numpy()
+    if kind == "f":
+        out = np.where(missing, 0, col.to_numpy()).astype(np.int64)
+    else:
+        out = np.zeros(len(col), np.int64)
+        out[~missing] = [int(v) for v in col.to_numpy(dtype=object)[~missing]]
+    out[missing] = NULL
+    return out
+
+
+_QUIET_TEXT = ("entity", "type", "source", "event_id")
+_QUIET_INTS = ("observed_at", "seq", "high_watermark", "log_start_offset", "last_stable_offset", "metadata_at")
+
+
+def fold_quiet(table: PartitionTable, frames: list[pd.DataFrame]) -> tuple[list[pd.DataFrame], np.ndarray]:
+    """Apply the quiet partitions' offsets rows to ``table`` (``PartitionTable.fold_quiet``);
+    return (the frames without them, for ``fold``; the table positions whose gauges changed)."""
+    if not len(table) or not frames:
+        return frames, np.empty(0, np.int64)
+    cols = {c: np.concatenate([f[c].to_numpy(dtype=object) for f in frames]) for c in _QUIET_TEXT}
+    cols.update({c: np.concatenate([_ints(f[c]) for f in frames]) for c in _QUIET_INTS})
+    done, gauges = table.fold_quiet(cols)
+    if not done.any():
+        return frames, gauges
+    rest, at = [], 0
+    for f in frames:
+        keep = ~done[at:at + len(f)]
+        at += len(f)
+        if keep.any():
+            rest.append(f[keep])
+    return rest, gauges
+
+
 def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
-         dropped: Optional[dict[str, int]] = None) -> tuple[list[rules.Transition], set[str]]:
+         dropped: Optional[dict[str, int]] = None,
+         take: Optional[Callable[[str], Optional[dict]]] = None) -> tuple[list[rules.Transition], set[str]]:
     """Apply the batch's rows (a frame, or a list of frames; in event order) to the entities;
     return (transitions, touched keys).  Rows ``admit`` refuses are counted in ``dropped`` by
-    reason."""
+    reason.  ``take(key)``: an entity kept outside ``entities`` (``PartitionTable.take``), or
+    None."""
     out: list[rules.Transition] = []
     touched: set[str] = set()
     frames = [rows] if isinstance(rows, pd.DataFrame) else [f for f in rows if len(f)]
@@ -284,7 +352,11 @@ def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
         kind = key.split("|", 1)[0]
         s = entities.get(key)
         if s is None:
-            s = _new(kind, r)
+            s = take(key) if take is not None else None
+            if s is None:
+                s = _new(kind, r)
+            else:
+                entities[key] = s
         why = admit(s, etype, r["source"], t, r.get("event_id"))
         if why is not None:
             if dropped is not None:
@@ -400,20 +472,45 @@ def quarantine_rows(rows: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _load(state: Any) -> dict[str, dict]:
-    return pickle.loads(state.get[0]) if state.exists else {}
+#: the stored layout of a bucket: {"format": 2, "entities": {key: dict}, "partitions": table};
+#: a state without "format" is the layout before the partition table (a dict of entities)
+_FORMAT = 2
 
 
-def _store(state: Any, entities: dict, cfg: StateConfig) -> None:
-    if entities:
-        state.update((pickle.dumps(entities, protocol=pickle.HIGHEST_PROTOCOL),))
+def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
+    if not state.exists:
+        return {}, PartitionTable(run_id=run_id)
+    v = pickle.loads(state.get[0])
+    if v.get("format") != _FORMAT:
+        return v, PartitionTable(run_id=run_id)
+    return v["entities"], PartitionTable(v["partitions"], run_id=run_id)
+
+
+def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True) -> None:
+    """Write the bucket back; ``compact``: quiet dict partitions go into the table."""
+    partitions = table.state(entities if compact else {}, cfg.partition)
+    if entities or partitions["keys"]:
+        v = {"format": _FORMAT, "entities": entities, "partitions": partitions}
+        state.update((pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL),))
         state.setTimeoutDuration(cfg.tick_ms)
     else:
         state.remove()
 
 
-def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame]]:
-    """The function handed to ``applyInPandasWithState`` (a closure over its settings)."""
+def stored_entities(value: bytes, run_id: str = "") -> dict[str, dict]:
+    """Every entity of a stored bucket state as a dict, the table's partitions included (for
+    tests and debugging)."""
+    class _S:
+        exists, get = True, (value,)
+    entities, table = _load(_S, run_id)
+    return {**entities, **{k: table.peek(k) for k in table.live_keys()}}
+
+
+def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Callable[..., Iterator[pd.DataFrame]]:
+    """The function handed to ``applyInPandasWithState`` (a closure over its settings).
+    ``compact_partitions=False`` keeps every partition a dict and folds every row through the
+    dict rules: the reference ``tests/unit/test_partition_table.py`` checks the partition
+    table against."""
 
     def update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         with gc_paused():
@@ -422,11 +519,12 @@ def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame
     def _update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
         if state.hasTimedOut:
-            entities = _load(state)
+            entities, table = _load(state, cfg.run_id)
             now = int(state.getCurrentProcessingTimeMs())
+            entities.update(table.take_due(now, cfg.entity_ttl_ms))
             out = [_transition_row(x) for x in tick(entities, now, cfg)]
             out += evict_stale(entities, now, cfg.entity_ttl_ms)
-            _store(state, entities, cfg)
+            _store(state, entities, table, cfg, compact_partitions)
             if out:
                 yield _frame(out)
             return
@@ -434,16 +532,18 @@ def make_state_function(cfg: StateConfig) -> Callable[..., Iterator[pd.DataFrame
         if bucket == QUARANTINE_BUCKET:
             yield _frame(quarantine_rows(pd.concat(frames, ignore_index=True)))
             return
-        entities = _load(state)
+        entities, table = _load(state, cfg.run_id)
         now = int(max(f["observed_at"].max() for f in frames))
         dropped: dict[str, int] = {}
-        transitions, touched = fold(entities, frames, cfg, dropped)
+        frames, quiet = fold_quiet(table, frames)  # the table is empty unless compact_partitions
+        transitions, touched = fold(entities, frames, cfg, dropped, take=table.take)
+        entities.update(table.take_due(now, cfg.entity_ttl_ms))
         transitions += tick(entities, now, cfg)
         out = [_transition_row(x) for x in transitions]
         out += changed_entity_rows(entities, touched, cfg.run_id)
-        out += dropped_rows(dropped, now)
-        out += evict_stale(entities, now, cfg.entity_ttl_ms)
-        _store(state, entities, cfg)
-        yield _frame(out)
+        gauges = table.gauge_columns(quiet)
+        after = dropped_rows(dropped, now) + evict_stale(entities, now, cfg.entity_ttl_ms)
+        _store(state, entities, table, cfg, compact_partitions)
+        yield _frame(out, gauges, after)
 
     return update_bucket

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 
 import pandas as pd
 import pytest
@@ -81,7 +80,7 @@ def test_batch_folds_in_event_order_and_emits_gauges_and_transitions():
     gp = out[out.kind == "group_partition"].iloc[0]
     assert (gp.committed_offset, gp.lag, gp.consumer_group) == (450, 50, "g")
     assert s.timeout == st.StateConfig().tick_ms
-    assert set(pickle.loads(s.value[0])) == {"partition|k/t/0", "group_partition|k/g/t/0"}
+    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0", "group_partition|k/g/t/0"}
     assert list(out.columns) == [n for n, _ in st.OUTPUT_COLUMNS]
 
 
@@ -103,7 +102,7 @@ def test_entities_not_seen_for_the_ttl_are_removed_with_their_alerts_resolved():
     assert list(removed.partition) == [1]
     resolved = out[(out.kind == "alert") & (out.action == "resolve")]
     assert set(resolved.alert) == {"IsrShrink", "UnderReplicated"}
-    assert set(pickle.loads(s.value[0])) == {"partition|k/t/0"}
+    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0"}
 
 
 def test_timeout_evicts_by_the_clock_and_drops_empty_state():
@@ -186,7 +185,7 @@ def test_a_replayed_event_changes_nothing_and_is_counted():
     # counts as out of order, the replay of the latest (e2) as a duplicate
     assert {r.alert: r["count"] for _, r in out[out.kind == "dropped"].iterrows()} == {
         "duplicate": 1, "out_of_order": 2}
-    assert pickle.loads(s.value[0])["partition|k/t/0"]["isr"] == [1, 3]
+    assert st.stored_entities(s.value[0])["partition|k/t/0"]["isr"] == [1, 3]
 
 
 # -- gauges are sent when they change ----------------------------------------------------------

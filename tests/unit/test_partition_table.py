@@ -1,0 +1,211 @@
+"""The partition table (quiet partitions in columns) against the dict rules it stands in for.
+
+The state function with ``compact_partitions=False`` folds every row through the dict rules;
+with the table (the default) quiet partitions' offsets rows are applied with numpy.  Random
+batches of offsets and metadata — several sources, replays, out-of-order and same-time
+events, ISR and leader changes, gaps long enough for PartitionUnobserved and eviction, state
+timeouts, a new run — must give the same output rows and the same entity states both ways.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from streaming import partition_table as pt
+from streaming import state as st
+from tests.unit.test_state import FakeState, call, rows
+
+
+def _offsets(rng: random.Random, part: int, seq: int, t: int, hw: int, source: str) -> dict:
+    return {"type": "partition_offsets", "entity": f"partition|k/t/{part}", "cluster": "k", "source": source,
+            "seq": seq, "observed_at": t, "topic": "t", "partition": part, "high_watermark": hw,
+            "log_start_offset": rng.choice([0, 0, 5, None]), "last_stable_offset": rng.choice([None, None, hw]),
+            "metadata_at": rng.choice([None, t - 500, t + 500]), "event_id": f"o{seq}"}
+
+
+def _metadata(rng: random.Random, part: int, seq: int, t: int, source: str) -> dict:
+    isr = rng.choice([[1, 2, 3], [1, 2, 3], [1, 2], [1]])
+    return {"type": "partition_metadata", "entity": f"partition|k/t/{part}", "cluster": "k", "source": source,
+            "seq": seq, "observed_at": t, "topic": "t", "partition": part, "leader": rng.choice([1, 1, 1, 2, -1]),
+            "leader_epoch": rng.choice([3, 3, 4, 2]), "replicas": [1, 2, 3], "isr": isr,
+            "min_insync_replicas": rng.choice([2, None]), "event_id": f"m{seq}"}
+
+
+def _scenario(seed: int, parts: int = 8, batches: int = 40):
+    """(kind, payload) steps: ("batch", rows), ("timeout", now) or ("run", run_id)."""
+    rng = random.Random(seed)
+    t, seq = 1_000_000, 0
+    hws = dict.fromkeys(range(parts), 100)
+    replay: list[dict] = []
+    steps = []
+    for _ in range(batches):
+        r = rng.random()
+        if r < 0.08:
+            steps.append(("timeout", t + rng.choice([1_000, 40_000, 2_000_000])))
+            continue
+        if r < 0.11:
+            steps.append(("run", f"run-{rng.randrange(3)}"))
+            continue
+        t += rng.choice([10_000, 10_000, 10_000, 70_000, 1_000_000])
+        calm = rng.random() < 0.5  # a quiet cycle: offsets from the usual source only
+        batch = []
+        for p in range(parts):
+            if rng.random() < 0.1:
+                continue  # not observed this cycle
+            for k in range(rng.choice([1, 1, 1, 2, 3])):  # several cycles in one batch (a backlog)
+                seq += 1
+                hws[p] += rng.choice([0, 0, 10, 25])
+                at = t + k * rng.choice([0, 1, 1000])
+                source = "p" if calm or rng.random() < 0.9 else "q"
+                batch.append(_offsets(rng, p, seq, at, hws[p], source))
+                if not calm and rng.random() < 0.15:
+                    seq += 1
+                    batch.append(_metadata(rng, p, seq, at + rng.choice([-1, 0, 1]), source))
+        if replay and not calm and rng.random() < 0.3:
+            batch += rng.sample(replay, min(3, len(replay)))  # replays and stale events
+        if not calm and rng.random() < 0.2 and batch:
+            late = dict(rng.choice(batch))
+            late.update(observed_at=late["observed_at"] - 20_000, seq=late["seq"] - 1, event_id="late")
+            batch.append(late)
+        replay = batch[-5:]
+        rng.shuffle(batch)
+        steps.append(("batch", batch))
+    return steps
+
+
+def _canon(v):
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, (np.integer, np.floating)):
+        v = v.item()
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _rows(out: pd.DataFrame) -> list[tuple]:
+    return sorted(tuple(_canon(v) for v in r) for r in out.itertuples(index=False, name=None))
+
+
+def _norm(x):
+    if isinstance(x, dict):
+        return {k: _norm(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_norm(v) for v in x)
+    return _canon(x)
+
+
+def _state(s: FakeState, run: str) -> dict:
+    """The stored entities; a ``sent`` mark of another run is dropped (it means "not sent in
+    this run" exactly as no mark does: the table forgets it, the dicts keep it)."""
+    if s.value is None:
+        return {}
+    out = _norm(st.stored_entities(s.value[0], run))
+    for e in out.values():
+        if e.get("sent") is not None and e["sent"][0] != run:
+            del e["sent"]
+    return out
+
+
+def _run(steps, compact: bool):
+    s = FakeState()
+    run = "run-0"
+    outs, states = [], []
+    for kind, payload in steps:
+        if kind == "run":
+            run = payload
+            continue
+        fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id=run), compact_partitions=compact)
+        if kind == "timeout":
+            if s.value is None:
+                continue
+            s.hasTimedOut, s.processing_time_ms = True, payload
+            out = call(fn, 0, rows(), s)
+            s.hasTimedOut = False
+        else:
+            out = call(fn, 0, rows(*payload), s)
+        outs.append(out)
+        states.append(_state(s, run))
+    return outs, states
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_table_gives_the_rows_and_states_the_dict_rules_give(seed):
+    steps = _scenario(seed)
+    got_out, got_states = _run(steps, compact=True)
+    want_out, want_states = _run(steps, compact=False)
+    assert len(got_out) == len(want_out)
+    for i, (g, w) in enumerate(zip(got_out, want_out)):
+        assert _rows(g) == _rows(w), f"step {i}"
+        assert got_states[i] == want_states[i], f"step {i}"
+
+
+def test_the_scenarios_exercise_both_paths_and_the_alerts():
+    """The comparison above means something only if the table took rows, handed partitions
+    back to the dict rules, and alerts opened and resolved on the way."""
+    seen = {"quiet_rows": 0, "taken": 0, "alerts": set()}
+    real_fold, real_take = pt.PartitionTable.fold_quiet, pt.PartitionTable.take
+
+    def fold_quiet(self, cols):
+        done, gauges = real_fold(self, cols)
+        seen["quiet_rows"] += int(done.sum())
+        return done, gauges
+
+    def take(self, key):
+        got = real_take(self, key)
+        seen["taken"] += got is not None
+        return got
+
+    pt.PartitionTable.fold_quiet, pt.PartitionTable.take = fold_quiet, take
+    try:
+        for seed in range(12):
+            outs, _ = _run(_scenario(seed), compact=True)
+            for o in outs:
+                a = o[o.kind == "alert"]
+                seen["alerts"] |= set(zip(a.alert, a.action))
+    finally:
+        pt.PartitionTable.fold_quiet, pt.PartitionTable.take = real_fold, real_take
+    assert seen["quiet_rows"] > 500 and seen["taken"] > 100
+    for alert in ("PartitionUnobserved", "UnderReplicated", "LeaderChanged", "OfflinePartition"):
+        assert (alert, "open") in seen["alerts"] and (alert, "resolve") in seen["alerts"], alert
+
+
+def test_an_upsert_comes_before_the_removal_of_the_same_partition():
+    """The sink applies rows in order: a quiet partition's gauge row sent in the batch that
+    also evicts it must not come after its removal (it would bring the series back)."""
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000, run_id="r"))
+    s = FakeState()
+    base = {"type": "partition_offsets", "cluster": "k", "source": "p", "topic": "t", "log_start_offset": 0}
+    call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 1, "observed_at": 1000,
+                      "high_watermark": 5, "event_id": "a"}), s)
+    call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 2, "observed_at": 2000,
+                      "high_watermark": 6, "event_id": "b"}), s)
+    assert "partition|k/t/0" in pt.PartitionTable(st._load(s, "r")[1].state({}, st.StateConfig().partition), "r")
+    # partition 0 moves once more, long before another partition's observation ends the batch
+    out = call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 3, "observed_at": 3000,
+                            "high_watermark": 7, "event_id": "c"},
+                           {**base, "entity": "partition|k/t/1", "partition": 1, "seq": 4, "observed_at": 100_000,
+                            "high_watermark": 1, "event_id": "d"}), s)
+    p0 = [(r.kind, r.action) for r in out.itertuples() if r.kind == "partition" and r.partition == 0]
+    assert p0 == [("partition", "upsert"), ("partition", "remove")]
+
+
+def test_a_state_stored_before_the_table_is_read():
+    """Checkpoints written before the table hold a pickled dict of entities."""
+    import pickle
+    old = FakeState()
+    fn = st.make_state_function(st.StateConfig(run_id="r"), compact_partitions=False)
+    call(fn, 0, rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
+                      "seq": 1, "observed_at": 1000, "topic": "t", "partition": 0, "high_watermark": 5}), old)
+    entities = st.stored_entities(old.value[0])
+    old.value = (pickle.dumps(entities),)  # the layout before the table
+    out = call(st.make_state_function(st.StateConfig(run_id="r")), 0,
+               rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
+                     "seq": 2, "observed_at": 2000, "topic": "t", "partition": 0, "high_watermark": 9}), old)
+    assert list(out[out.kind == "partition"].high_watermark) == [9]
+    assert st.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
