@@ -41,16 +41,22 @@ import numpy as np
 from streaming import rules_partition
 
 NULL = np.iinfo(np.int64).min  # a missing int in the columns (None in the dicts)
-_OFFSETS = "partition_offsets"
+_OFFSETS, _METADATA = "partition_offsets", "partition_metadata"
 
-#: fields of the partition dict held as columns (ints or None); quiet offsets rows change them
+#: fields of the partition dict held as columns (ints or None); quiet rows change them
 HOT = ("hw", "log_start", "lso", "last_seen", "observed_at", "hw_seen", "hw_changed_at", "hw_observed_at",
-       "md_confirmed_at")
+       "md_confirmed_at", "md_at")
+#: the last admitted offsets / metadata event's time (``admit``'s state; NULL: none held here)
+_APPLIED = ("off_t", "md_t")
 #: columns derived from the cold part when a partition goes in (read-only while it is here)
-_FIXED = ("partition", "leader", "n_replicas", "n_isr", "window", "layout")
+_FIXED = ("partition", "leader", "n_replicas", "n_isr", "min_isr", "window", "layout")
 #: the gauges last sent for the partition (valid where ``sent_ok``)
 _SENT = ("sent_hw", "sent_ls", "sent_lso")
-_INT_COLUMNS = HOT + ("off_t",) + _FIXED + _SENT
+_INT_COLUMNS = HOT + _APPLIED + _FIXED + _SENT
+#: per-row Python objects: the sources and event ids ``admit`` last let through, the metadata
+#: a snapshot must repeat to be quiet (``sig``; None: metadata rows go to the dict rules),
+#: labels, and the pickled cold part
+_OBJECTS = ("off_src", "off_id", "md_src", "md_id", "sig", "cluster", "topic", "cold")
 #: dict keys rebuilt from the columns (so not kept in the cold part)
 _DERIVED = frozenset(HOT) | {"due", "due_pw", "sent"}
 
@@ -67,42 +73,66 @@ def _count(v: Optional[list]) -> Optional[int]:
     return None if v is None else len(v)
 
 
+def _one(applied: dict, etype: str) -> Any:
+    """``admit``'s entry for ``etype`` as (source, t, event id); None when there is none;
+    False when it cannot be held in columns (several sources, several ids)."""
+    keys = [k for k in applied if k[0] == etype]
+    if not keys:
+        return None
+    t, ids = applied[keys[0]]
+    if len(keys) > 1 or len(ids) != 1:
+        return False
+    return keys[0][1], t, ids[0]
+
+
+def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
+    """What a partition_metadata observation must repeat to change nothing."""
+    return (int(leader), None if epoch is None else int(epoch), tuple(int(r) for r in replicas),
+            tuple(int(r) for r in isr))
+
+
 def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
             layouts: dict[tuple, int]) -> Optional[tuple]:
-    """The row for partition state ``s`` if it is quiet (see the module docstring), else None.
-    The cold part is stored as the tuple of its values, pickled; its keys are a *layout*
-    shared by the table's rows (``layouts``: key tuple -> number, extended here), which keeps
-    a row's cold part at ~140 bytes instead of ~380."""
+    """The row for partition state ``s`` if it is quiet (see the module docstring), else None:
+    (ints in ``_INT_COLUMNS`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
+    stored as the tuple of its values, pickled; its keys are a *layout* shared by the table's
+    rows (``layouts``: key tuple -> number, extended here), which keeps a row's cold part at
+    ~140 bytes instead of ~380."""
     if (s.get("kind") != "partition" or s["open"] or rules_partition._LAST_KEY not in s or "due" not in s
             or s["pending_writes_at"] is not None or s["pending_since"] is not None
             or s["leader_episode"] is not None or s["imbalanced_since"] is not None
             or s["observed_at"] is None or s["last_seen"] is None or s["hw"] is None):
         return None
     applied = s.get("applied") or {}
-    offsets = [k for k in applied if k[0] == _OFFSETS]
-    if len(offsets) != 1:
-        return None
-    t, ids = applied[offsets[0]]
-    if len(ids) != 1:
+    off, md = _one(applied, _OFFSETS), _one(applied, _METADATA)
+    if not off or md is False:
         return None
     window = rules_partition.unobserved_window_ms(s, cfg)
     if s["due"] != s["observed_at"] + window or s.get("due_pw") is not None:
         return None
     if any(v is not None and not isinstance(v, (int, float)) for v in (s[k] for k in HOT)):
         return None
+    sig = None
+    if (md is not None and s["epoch_regressions"] == 0 and s["md_at"] is not None and s["leader"] is not None
+            and s["leader"] >= 0 and s["leader"] == s["leader_seen"] and s["leader_epoch"] == s["epoch_seen"]
+            and s["replicas"] is not None and s["isr"] is not None):
+        sig = signature(s["leader_seen"], s["epoch_seen"], s["replicas"], s["isr"])
     shown = (s["leader"], _count(s["replicas"]), _count(s["isr"]))
     sent = s.get("sent")
     sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
     cold = {k: v for k, v in s.items() if k not in _DERIVED}
-    cold["applied"] = {k: v for k, v in applied.items() if k != offsets[0]}
+    cold["applied"] = {k: v for k, v in applied.items() if k[0] not in (_OFFSETS, _METADATA)}
+    if md is None:
+        md = (None, None, None)
     if not sent_ok and sent is not None:
         cold["sent"] = sent
     layout = layouts.setdefault(tuple(cold), len(layouts))
-    ints = [_i(s[k]) for k in HOT] + [int(t), _i(s["partition"]), _i(shown[0]), _i(shown[1]), _i(shown[2]), window,
-                                      layout]
+    ints = [_i(s[k]) for k in HOT] + [int(off[1]), _i(md[1]), _i(s["partition"]), _i(shown[0]), _i(shown[1]),
+                                      _i(shown[2]), _i(s["min_isr"]), window, layout]
     ints += [_i(v) for v in sent[1][3:]] if sent_ok else [NULL, NULL, NULL]
-    return (ints, sent_ok, offsets[0][1], ids[0], s["cluster"], s["topic"],
-            pickle.dumps(tuple(cold.values()), protocol=pickle.HIGHEST_PROTOCOL))
+    objects = (off[0], off[2], md[0], md[2], sig, s["cluster"], s["topic"],
+               pickle.dumps(tuple(cold.values()), protocol=pickle.HIGHEST_PROTOCOL))
+    return ints, sent_ok, objects
 
 
 class PartitionTable:
@@ -114,15 +144,11 @@ class PartitionTable:
         self.keys: list[str] = st.get("keys", [])
         n = len(self.keys)
         self.ints: dict[str, np.ndarray] = {c: st["ints"][c] if st else np.empty(0, np.int64) for c in _INT_COLUMNS}
+        self.objs: dict[str, list] = {c: st["objs"][c] if st else [] for c in _OBJECTS}
         self.sent_ok: np.ndarray = st.get("sent_ok", np.zeros(0, bool))
         if st.get("run_id") != run_id:  # a new run: its exporter has not seen any gauge yet
             self.sent_ok = np.zeros(n, bool)
         self.run_id = run_id
-        self.off_src: list = st.get("off_src", [])
-        self.off_id: list = st.get("off_id", [])
-        self.cluster: list = st.get("cluster", [])
-        self.topic: list = st.get("topic", [])
-        self.cold: list[bytes] = st.get("cold", [])
         self.layouts: list[tuple] = st.get("layouts", [])
         self.alive = np.ones(n, bool)
         self.index = {k: i for i, k in enumerate(self.keys)}
@@ -151,11 +177,13 @@ class PartitionTable:
         return self._dict(self.index[key])
 
     def _dict(self, i: int) -> dict:
-        c = self.ints
-        s = dict(zip(self.layouts[c["layout"][i]], pickle.loads(self.cold[i])))
+        c, o = self.ints, self.objs
+        s = dict(zip(self.layouts[c["layout"][i]], pickle.loads(o["cold"][i])))
         for k in HOT:
             s[k] = _o(c[k][i])
-        s["applied"][(_OFFSETS, self.off_src[i])] = (int(c["off_t"][i]), [self.off_id[i]])
+        s["applied"][(_OFFSETS, o["off_src"][i])] = (int(c["off_t"][i]), [o["off_id"][i]])
+        if c["md_t"][i] != NULL:
+            s["applied"][(_METADATA, o["md_src"][i])] = (int(c["md_t"][i]), [o["md_id"][i]])
         s["due"] = s["observed_at"] + int(c["window"][i])
         s["due_pw"] = None
         if self.sent_ok[i]:
@@ -182,92 +210,143 @@ class PartitionTable:
                 del entities[key]
         live = np.flatnonzero(self.alive)
         keep = live.tolist()
-        out: dict[str, Any] = {"run_id": self.run_id, "keys": [self.keys[i] for i in keep] + [k for k, _ in rows],
-                               "layouts": sorted(layouts, key=layouts.__getitem__)}
-        ints = {}
         new = np.array([r[0] for _, r in rows], np.int64).reshape(len(rows), len(_INT_COLUMNS))
-        for j, name in enumerate(_INT_COLUMNS):
-            ints[name] = np.concatenate([self.ints[name][live], new[:, j]])
-        out["ints"] = ints
-        out["sent_ok"] = np.concatenate([self.sent_ok[live], np.array([r[1] for _, r in rows], bool)])
-        for j, name in enumerate(("off_src", "off_id", "cluster", "topic", "cold"), start=2):
-            mine = getattr(self, name)
-            out[name] = [mine[i] for i in keep] + [r[j] for _, r in rows]
-        return out
+        return {
+            "run_id": self.run_id, "layouts": sorted(layouts, key=layouts.__getitem__),
+            "keys": [self.keys[i] for i in keep] + [k for k, _ in rows],
+            "ints": {name: np.concatenate([self.ints[name][live], new[:, j]]) for j, name in enumerate(_INT_COLUMNS)},
+            "sent_ok": np.concatenate([self.sent_ok[live], np.array([r[1] for _, r in rows], bool)]),
+            "objs": {name: [self.objs[name][i] for i in keep] + [r[2][j] for _, r in rows]
+                     for j, name in enumerate(_OBJECTS)},
+        }
 
     # -----------------------------------------------------------------------------------------
 
     def fold_quiet(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Apply the batch's quiet offsets rows (see the module docstring).  ``rows``: the
-        batch's columns ``entity``, ``type``, ``source``, ``event_id`` (object arrays),
-        ``observed_at``, ``seq``, ``high_watermark``, ``log_start_offset``, ``last_stable_offset``,
-        ``metadata_at`` (int64, ``NULL`` for missing).  Returns (a mask of the rows it applied,
-        the table positions of the partitions whose gauges must be sent)."""
+        """Apply the batch's quiet rows (see the module docstring).  ``rows``: the batch's
+        columns ``entity``, ``type``, ``source``, ``event_id``, ``replicas``, ``isr`` (object
+        arrays), ``observed_at``, ``seq``, ``high_watermark``, ``log_start_offset``,
+        ``last_stable_offset``, ``metadata_at``, ``leader``, ``leader_epoch``,
+        ``min_insync_replicas`` (int64, ``NULL`` for missing).  Returns (a mask of the rows it
+        applied, the table positions of the partitions whose gauges must be sent)."""
         ent = rows["entity"]
         n = len(ent)
         none = (np.zeros(n, bool), np.empty(0, np.int64))
         if n == 0 or not self.alive.any():
             return none
-        index = self.index
+        index, c, o = self.index, self.ints, self.objs
         pos = np.fromiter((index.get(k, -1) for k in ent), np.int64, n)
-        t, hw = rows["observed_at"], rows["high_watermark"]
-        ok = (pos >= 0) & (rows["type"] == _OFFSETS) & (hw != NULL) & (t != NULL)
+        t, typ, src = rows["observed_at"], rows["type"], rows["source"]
+        is_off, is_md = typ == _OFFSETS, typ == _METADATA
+        ok = (pos >= 0) & (is_off | is_md) & (t != NULL)
         cand = np.flatnonzero(ok)
-        if len(cand):
-            ok[cand] = self.alive[pos[cand]]
-            cand = np.flatnonzero(ok)
-            src = self.off_src
-            same = np.fromiter((s == src[p] for s, p in zip(rows["source"][cand], pos[cand])), bool, len(cand))
-            ok[cand] = same
+        ok[cand] = self.alive[pos[cand]]
+        # offsets: from the source whose offsets were admitted last, with a high watermark
+        j = np.flatnonzero(ok & is_off)
+        off_src = o["off_src"]
+        ok[j] = (rows["high_watermark"][j] != NULL) & np.fromiter(
+            (s == off_src[p] for s, p in zip(src[j].tolist(), pos[j].tolist())), bool, len(j))
+        # metadata: from the source whose metadata was admitted last, repeating what it said
+        j = np.flatnonzero(ok & is_md)
+        if len(j):
+            ok[j] = [self._repeats(rows, q, p) for q, p in zip(j.tolist(), pos[j].tolist())]
         # every row of a partition must qualify: one row that does not sends them all to the dicts
-        bad = np.unique(pos[(pos >= 0) & ~ok])
-        ok &= ~np.isin(pos, bad)
+        ok &= ~np.isin(pos, np.unique(pos[(pos >= 0) & ~ok]))
+        # per type, event times strictly increasing and newer than what the partition has seen
+        late = [self._late(rows, pos, ok & is_off, ("off_t", "hw_observed_at")),
+                self._late(rows, pos, ok & is_md, ("md_t", "md_at"))]
+        ok &= ~np.isin(pos, np.concatenate(late))
+        if not ok.any():
+            return ok, np.empty(0, np.int64)
+        self._apply_offsets(rows, pos, ok & is_off)
+        self._apply_metadata(rows, pos, ok & is_md)
+        # every observation moves observed_at forward; last_seen is the last one's time
         sel = np.flatnonzero(ok)
-        if not len(sel):
-            return none
-        order = sel[np.lexsort((rows["seq"][sel], t[sel], pos[sel]))]
-        p, tt = pos[order], t[order]
-        first = np.ones(len(order), bool)
-        first[1:] = p[1:] != p[:-1]
-        c = self.ints
-        newest = np.maximum(np.maximum(c["off_t"][p], c["observed_at"][p]), c["hw_observed_at"][p])
-        prev_t = np.where(first, newest, np.roll(tt, 1))
-        late = np.unique(p[tt <= prev_t])  # not strictly newer than what came before
-        if len(late):
-            keep = ~np.isin(p, late)
-            ok[order[~keep]] = False
-            order, p, tt, first = order[keep], p[keep], tt[keep], first[keep]
-            if not len(order):
-                return ok, np.empty(0, np.int64)
-        starts = np.flatnonzero(first)
-        last = np.append(starts[1:] - 1, len(order) - 1)
+        order = sel[np.lexsort((t[sel], pos[sel]))]
+        p = pos[order]
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
         ent_pos = p[starts]
-        h = hw[order]
-        prev_h = np.where(first, c["hw_seen"][p], np.roll(h, 1))
-        changed_t = np.where(h != prev_h, tt, NULL)  # a NULL hw_seen differs from any hw
-        hw_changed = np.maximum.reduceat(changed_t, starts)
-        conf = rows["metadata_at"][order]
-        conf_t = np.where(conf == NULL, NULL, np.minimum(conf, tt))
-        confirmed = np.maximum.reduceat(conf_t, starts)
-        lr = order[last]
-        t_last = t[lr]
-        c["hw"][ent_pos] = hw[lr]
-        c["hw_seen"][ent_pos] = hw[lr]
-        c["log_start"][ent_pos] = rows["log_start_offset"][lr]
-        c["lso"][ent_pos] = rows["last_stable_offset"][lr]
-        for k in ("last_seen", "observed_at", "hw_observed_at", "off_t"):
-            c[k][ent_pos] = t_last
-        c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
-        c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
-        ids = rows["event_id"][lr]
-        for q, e in zip(ent_pos.tolist(), ids.tolist()):
-            self.off_id[q] = e
+        newest = np.maximum.reduceat(t[order], starts)
+        c["last_seen"][ent_pos] = newest
+        c["observed_at"][ent_pos] = np.maximum(c["observed_at"][ent_pos], newest)
         send = ~self.sent_ok[ent_pos] | (c["sent_hw"][ent_pos] != c["hw"][ent_pos]) \
             | (c["sent_ls"][ent_pos] != c["log_start"][ent_pos]) | (c["sent_lso"][ent_pos] != c["lso"][ent_pos])
         gone = ent_pos[send]
         self.sent_ok[gone] = True
         c["sent_hw"][gone], c["sent_ls"][gone], c["sent_lso"][gone] = c["hw"][gone], c["log_start"][gone], c["lso"][gone]
         return ok, gone
+
+    def _repeats(self, rows: dict[str, np.ndarray], q: int, p: int) -> bool:
+        """Row ``q`` is a partition_metadata that changes nothing on partition ``p``."""
+        o, c = self.objs, self.ints
+        sig = o["sig"][p]
+        if sig is None or rows["source"][q] != o["md_src"][p]:
+            return False
+        mi = rows["min_insync_replicas"][q]
+        if mi != NULL and mi != c["min_isr"][p]:
+            return False
+        leader, replicas, isr = rows["leader"][q], rows["replicas"][q], rows["isr"][q]
+        if leader == NULL or replicas is None or isr is None:
+            return False
+        epoch = rows["leader_epoch"][q]
+        return signature(leader, None if epoch == NULL else epoch, replicas, isr) == sig
+
+    def _late(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray,
+              stored: tuple[str, str]) -> np.ndarray:
+        """Table positions among ``mask``'s rows whose event times are not strictly increasing,
+        or not newer than the stored times ``stored``."""
+        if not mask.any():
+            return np.empty(0, np.int64)
+        order, p, first, _, _ = self._groups(rows, pos, mask)
+        tt = rows["observed_at"][order]
+        c = self.ints
+        prev = np.where(first, np.maximum(c[stored[0]][p], c[stored[1]][p]), np.roll(tt, 1))
+        return np.unique(p[tt <= prev])
+
+    def _groups(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray):
+        """``mask``'s rows in (partition, event time) order: (row numbers, their partitions,
+        whether each starts its partition's group, group starts, group ends)."""
+        sel = np.flatnonzero(mask)
+        order = sel[np.lexsort((rows["seq"][sel], rows["observed_at"][sel], pos[sel]))]
+        p = pos[order]
+        first = np.r_[True, p[1:] != p[:-1]]
+        starts = np.flatnonzero(first)
+        return order, p, first, starts, np.append(starts[1:] - 1, len(order) - 1)
+
+    def _apply_offsets(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
+        if not mask.any():
+            return
+        c = self.ints
+        order, p, first, starts, last = self._groups(rows, pos, mask)
+        t, hw = rows["observed_at"], rows["high_watermark"]
+        tt, h = t[order], hw[order]
+        ent_pos = p[starts]
+        prev_h = np.where(first, c["hw_seen"][p], np.roll(h, 1))
+        hw_changed = np.maximum.reduceat(np.where(h != prev_h, tt, NULL), starts)  # a NULL hw_seen differs
+        conf = rows["metadata_at"][order]
+        confirmed = np.maximum.reduceat(np.where(conf == NULL, NULL, np.minimum(conf, tt)), starts)
+        lr = order[last]
+        c["hw"][ent_pos] = c["hw_seen"][ent_pos] = hw[lr]
+        c["log_start"][ent_pos] = rows["log_start_offset"][lr]
+        c["lso"][ent_pos] = rows["last_stable_offset"][lr]
+        c["hw_observed_at"][ent_pos] = c["off_t"][ent_pos] = t[lr]
+        c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
+        c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
+        ids = self.objs["off_id"]
+        for q, e in zip(ent_pos.tolist(), rows["event_id"][lr].tolist()):
+            ids[q] = e
+
+    def _apply_metadata(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
+        if not mask.any():
+            return
+        c = self.ints
+        order, p, first, starts, last = self._groups(rows, pos, mask)
+        lr = order[last]
+        ent_pos = p[starts]
+        c["md_at"][ent_pos] = c["md_t"][ent_pos] = rows["observed_at"][lr]
+        ids = self.objs["md_id"]
+        for q, e in zip(ent_pos.tolist(), rows["event_id"][lr].tolist()):
+            ids[q] = e
 
     def gauge_columns(self, where: np.ndarray) -> dict[str, Any]:
         """The ``partition`` upsert rows of the partitions at ``where``, as output columns
@@ -276,8 +355,8 @@ class PartitionTable:
         w = where
         n = len(w)
         return {"kind": np.full(n, "partition", object), "action": np.full(n, "upsert", object),
-                "cluster": np.array([self.cluster[i] for i in w.tolist()], object),
-                "topic": np.array([self.topic[i] for i in w.tolist()], object),
+                "cluster": np.array([self.objs["cluster"][i] for i in w.tolist()], object),
+                "topic": np.array([self.objs["topic"][i] for i in w.tolist()], object),
                 "partition": c["partition"][w], "leader": c["leader"][w], "replicas": c["n_replicas"][w],
                 "isr": c["n_isr"][w], "high_watermark": c["hw"][w], "log_start_offset": c["log_start"][w],
                 "last_stable_offset": c["lso"][w], "at": c["last_seen"][w]}

@@ -301,16 +301,17 @@ def _ints(col: pd.Series) -> np.ndarray:
     return out
 
 
-_QUIET_TEXT = ("entity", "type", "source", "event_id")
-_QUIET_INTS = ("observed_at", "seq", "high_watermark", "log_start_offset", "last_stable_offset", "metadata_at")
+_QUIET_OBJECTS = ("entity", "type", "source", "event_id", "replicas", "isr")
+_QUIET_INTS = ("observed_at", "seq", "high_watermark", "log_start_offset", "last_stable_offset", "metadata_at",
+               "leader", "leader_epoch", "min_insync_replicas")
 
 
 def fold_quiet(table: PartitionTable, frames: list[pd.DataFrame]) -> tuple[list[pd.DataFrame], np.ndarray]:
-    """Apply the quiet partitions' offsets rows to ``table`` (``PartitionTable.fold_quiet``);
+    """Apply the quiet partitions' rows to ``table`` (``PartitionTable.fold_quiet``);
     return (the frames without them, for ``fold``; the table positions whose gauges changed)."""
     if not len(table) or not frames:
         return frames, np.empty(0, np.int64)
-    cols = {c: np.concatenate([f[c].to_numpy(dtype=object) for f in frames]) for c in _QUIET_TEXT}
+    cols = {c: np.concatenate([f[c].to_numpy(dtype=object) for f in frames]) for c in _QUIET_OBJECTS}
     cols.update({c: np.concatenate([_ints(f[c]) for f in frames]) for c in _QUIET_INTS})
     done, gauges = table.fold_quiet(cols)
     if not done.any():

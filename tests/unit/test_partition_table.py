@@ -29,10 +29,10 @@ def _offsets(rng: random.Random, part: int, seq: int, t: int, hw: int, source: s
 
 
 def _metadata(rng: random.Random, part: int, seq: int, t: int, source: str) -> dict:
-    isr = rng.choice([[1, 2, 3], [1, 2, 3], [1, 2], [1]])
+    isr = rng.choice([[1, 2, 3]] * 4 + [[1, 2], [1]])
     return {"type": "partition_metadata", "entity": f"partition|k/t/{part}", "cluster": "k", "source": source,
-            "seq": seq, "observed_at": t, "topic": "t", "partition": part, "leader": rng.choice([1, 1, 1, 2, -1]),
-            "leader_epoch": rng.choice([3, 3, 4, 2]), "replicas": [1, 2, 3], "isr": isr,
+            "seq": seq, "observed_at": t, "topic": "t", "partition": part, "leader": rng.choice([1] * 6 + [2, -1]),
+            "leader_epoch": rng.choice([3] * 8 + [4, 2]), "replicas": [1, 2, 3], "isr": isr,
             "min_insync_replicas": rng.choice([2, None]), "event_id": f"m{seq}"}
 
 
@@ -41,6 +41,7 @@ def _scenario(seed: int, parts: int = 8, batches: int = 40):
     rng = random.Random(seed)
     t, seq = 1_000_000, 0
     hws = dict.fromkeys(range(parts), 100)
+    last_md: dict[int, dict] = {}
     replay: list[dict] = []
     steps = []
     for _ in range(batches):
@@ -65,7 +66,16 @@ def _scenario(seed: int, parts: int = 8, batches: int = 40):
                 batch.append(_offsets(rng, p, seq, at, hws[p], source))
                 if not calm and rng.random() < 0.15:
                     seq += 1
-                    batch.append(_metadata(rng, p, seq, at + rng.choice([-1, 0, 1]), source))
+                    last_md[p] = _metadata(rng, p, seq, at + rng.choice([-1, 0, 1]), source)
+                    batch.append(last_md[p])
+                elif p in last_md and rng.random() < 0.3:  # a snapshot: the same metadata again
+                    seq += 1
+                    snap = {**last_md[p], "seq": seq, "observed_at": at + rng.choice([-1, 0, 1]), "event_id": f"m{seq}"}
+                    if rng.random() < 0.3:
+                        snap["min_insync_replicas"] = rng.choice([None, 2, 3])
+                    if rng.random() < 0.1:
+                        snap["leader_epoch"] = snap["leader_epoch"] + 1
+                    batch.append(snap)
         if replay and not calm and rng.random() < 0.3:
             batch += rng.sample(replay, min(3, len(replay)))  # replays and stale events
         if not calm and rng.random() < 0.2 and batch:
@@ -148,12 +158,13 @@ def test_the_table_gives_the_rows_and_states_the_dict_rules_give(seed):
 def test_the_scenarios_exercise_both_paths_and_the_alerts():
     """The comparison above means something only if the table took rows, handed partitions
     back to the dict rules, and alerts opened and resolved on the way."""
-    seen = {"quiet_rows": 0, "taken": 0, "alerts": set()}
+    seen = {"quiet_rows": 0, "quiet_metadata": 0, "taken": 0, "alerts": set()}
     real_fold, real_take = pt.PartitionTable.fold_quiet, pt.PartitionTable.take
 
     def fold_quiet(self, cols):
         done, gauges = real_fold(self, cols)
         seen["quiet_rows"] += int(done.sum())
+        seen["quiet_metadata"] += int((done & (cols["type"] == "partition_metadata")).sum())
         return done, gauges
 
     def take(self, key):
@@ -170,7 +181,7 @@ def test_the_scenarios_exercise_both_paths_and_the_alerts():
                 seen["alerts"] |= set(zip(a.alert, a.action))
     finally:
         pt.PartitionTable.fold_quiet, pt.PartitionTable.take = real_fold, real_take
-    assert seen["quiet_rows"] > 500 and seen["taken"] > 100
+    assert seen["quiet_rows"] > 500 and seen["quiet_metadata"] > 50 and seen["taken"] > 100
     for alert in ("PartitionUnobserved", "UnderReplicated", "LeaderChanged", "OfflinePartition"):
         assert (alert, "open") in seen["alerts"] and (alert, "resolve") in seen["alerts"], alert
 
