@@ -165,6 +165,30 @@ class Exporter:
             child.set(v)
         entry[0] = values if complete else None
 
+    def _apply_partition_block(self, cols: dict[str, list]) -> None:
+        """Partition upserts given as columns (``job.sink_rows``): the same as a ``partition``
+        row each, with the common case — only the HW moved since the partition's last row —
+        written straight to its series (~100,000 rows a batch at 100,000 partitions; a dict
+        and ``_apply_entity`` per row cost ~1 s of the driver's time per batch)."""
+        entities = self._entities
+        for c, tp, p, hw, ls, lso, leader, rep, isr in zip(
+                cols["cluster"], cols["topic"], cols["partition"], cols["high_watermark"], cols["log_start_offset"],
+                cols["last_stable_offset"], cols["leader"], cols["replicas"], cols["isr"]):
+            lab = (c, tp, str(p))
+            vals = (hw, ls, lso, leader, rep, isr)
+            entry = entities.get(("p", lab))
+            if entry is not None:
+                prev = entry[0]
+                if prev is not None and prev[1:] == vals[1:]:
+                    if prev[0] == hw:
+                        continue
+                    child = entry[1][0]
+                    if child is not None and hw is not None:
+                        child.set(hw)
+                        entry[0] = vals
+                        continue
+            self._apply_entity("p", lab, _PARTITION_GAUGES, vals, "upsert", none_removes=False)
+
     # -- applying the job's output -------------------------------------------------------------
 
     def apply(self, rows: Iterable[dict], batch_id: Optional[int] = None) -> int:
@@ -177,7 +201,10 @@ class Exporter:
             for r in rows:
                 n += 1
                 kind, action = r["kind"], r["action"]
-                if kind == "partition":
+                if kind == "partition_block":
+                    n += r["rows"] - 1
+                    self._apply_partition_block(r["columns"])
+                elif kind == "partition":
                     lab = (r["cluster"], r["topic"], str(r["partition"]))
                     vals = (r["high_watermark"], r["log_start_offset"], r["last_stable_offset"], r["leader"],
                             r["replicas"], r["isr"])

@@ -2,7 +2,8 @@
 
 Grouping keys are *buckets*, not entities: every entity (a partition, a topic, a group, a
 group's partition, a client's metadata, a source) is hashed into one of ``buckets`` keys, and
-one key's state holds the states of all its entities (pickled dicts in one binary column).
+one key's state holds the states of all its entities (one pickled binary column: the entities'
+dicts, and the bucket's quiet partitions in columns, ``streaming.partition_table``).
 Spark pays a fixed cost per grouping key and micro-batch (a pandas frame and a Python call
 each, about 1.5-2.5 ms on 2 cores), so with one key per partition 10,000 partitions cost
 15-25 s per batch; with buckets that cost is fixed and the work inside follows the number of
@@ -14,9 +15,10 @@ Each entity drops observations it already applied (same ``event_id``) or that ar
 the last one of their type from their source (``admit``), counted by reason; the gauges of
 partitions and group partitions leave the function only when they change (``changed_entity_rows``).
 
-The function stays thin: handle the timeout first, unpack the state, call the pure rules
-(``streaming.rules*``) in event order, run the time-driven checks, write the state back, set
-the timeout.  ``now`` for the rules is the observation's event time; for the time-driven checks
+The function stays thin: handle the timeout first, unpack the state, apply the quiet
+partitions' rows in columns (``fold_quiet``: what the rules would do to them, without calling
+them), call the pure rules (``streaming.rules*``) on the other rows in event order, run the
+time-driven checks, write the state back, set the timeout.  ``now`` for the rules is the observation's event time; for the time-driven checks
 it is the batch's latest event time, or on a timeout Spark's batch timestamp — both are the same
 when Spark replays a batch, so a replay produces the same transitions.
 """

@@ -155,6 +155,47 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
     assert v(e, "partition_high_watermark", **lab) == 150 and v(e, "partition_leader", **lab) == 2
 
 
+def samples(e):
+    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                  for m in e.registry.collect() for s in m.samples if "created" not in s.name)
+
+
+def _table(rows):
+    import pyarrow as pa
+    arrow = {"long": pa.int64(), "string": pa.string(), "double": pa.float64()}
+    return pa.Table.from_pylist(rows, schema=pa.schema([(n, arrow[t]) for n, t in OUTPUT_COLUMNS]))
+
+
+def test_partition_upserts_as_a_block_give_the_series_rows_give():
+    """Random batches of partition rows (HW moves, other values change or become unknown,
+    removals, a series cap that refuses some): the exporter fed ``sink_rows``' blocks ends each
+    batch with the same series as one fed the rows one by one."""
+    import random
+
+    from streaming.job import sink_rows
+    rng = random.Random(7)
+    by_rows, by_block = Exporter(max_series=40), Exporter(max_series=40)
+    hw = dict.fromkeys(range(12), 100)
+    kinds = set()
+    for batch in range(60):
+        rows = []
+        for p in rng.sample(range(12), rng.randrange(1, 12)):
+            if rng.random() < 0.08:
+                rows.append(part(action="remove", partition=p))
+                continue
+            hw[p] += rng.choice([0, 5, 5, 5])
+            rows.append(part(partition=p, high_watermark=hw[p] if rng.random() > 0.05 else None,
+                             leader=rng.choice([1, 1, 1, 2, None]), isr=rng.choice([3, 3, 3, 2]),
+                             last_stable_offset=rng.choice([None, None, hw[p]])))
+        rows.sort(key=lambda r: r["action"] == "remove")  # as the state emits them: evictions last
+        got = sink_rows(_table(rows))
+        kinds |= {r["kind"] for r in got}
+        assert by_block.apply(got, batch_id=batch) == by_rows.apply(rows, batch_id=batch) == len(rows)
+        assert samples(by_block) == samples(by_rows), batch
+    assert kinds == {"partition_block", "partition"}
+    assert by_rows.registry.get_sample_value("kafka_monitor_exporter_series_refused_total") > 0
+
+
 def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
     """job.sink_rows keeps, of partition and group-partition rows, only ROW_COLUMNS: the
     exporter must end up with the same series as from whole rows (it would raise KeyError on a
@@ -172,18 +213,14 @@ def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
             row(kind="client", action="upsert", cluster="k", source="p", last_ok_at=2000),
             row(kind="quarantine", action="count", alert="malformed_json", count=2),
             row(kind="dropped", action="count", alert="duplicate", count=1)]
-    arrow = {"long": pa.int64(), "string": pa.string(), "double": pa.float64()}
-    table = pa.Table.from_pylist(rows, schema=pa.schema([(n, arrow[t]) for n, t in OUTPUT_COLUMNS]))
+    table = _table(rows)
     whole, narrow = Exporter(), Exporter()
     whole.apply(rows)
     got = sink_rows(table)
-    assert len(got) == len(rows)
-    assert len(got[0]) == len(ROW_COLUMNS["partition"]) < len(rows[0])
-    narrow.apply(got)
-
-    def samples(e):
-        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
-                      for m in e.registry.collect() for s in m.samples if "created" not in s.name)
-
+    assert got[0]["kind"] == "partition_block" and got[0]["rows"] == 2  # the upserts, as columns
+    assert tuple(got[0]["columns"]) == ROW_COLUMNS["partition"]
+    assert got[1]["kind"] == "partition" and got[1]["action"] == "remove"  # after the block
+    assert len(got[1]) == len(ROW_COLUMNS["partition"]) < len(rows[0])
+    assert narrow.apply(got) == whole.apply([]) + len(rows)
     assert samples(narrow) == samples(whole)
     assert v(narrow, "partition_high_watermark", cluster="k", topic="t", partition="1") == 100
