@@ -123,11 +123,8 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
     e = Exporter(max_series=7)
     lab = {"cluster": "k", "topic": "t", "partition": "0"}
     e.apply([part()], batch_id=0)
-    # unchanged values are not written again: poke a series, then send a row where only the HW moved
-    e._series[("partition_leader", ("k", "t", "0"))].set(99)
-    e.apply([part(high_watermark=150)], batch_id=1)
+    e.apply([part(high_watermark=150, last_stable_offset=None)], batch_id=1)
     assert v(e, "partition_high_watermark", **lab) == 150
-    assert v(e, "partition_leader", **lab) == 99          # unchanged in the row: not written again
     e.apply([part(high_watermark=150, leader=2)], batch_id=2)
     assert v(e, "partition_leader", **lab) == 2
 
@@ -135,7 +132,12 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
     g = dict(kind="group_partition", cluster="k", consumer_group="g", topic="t", partition=0)
     glab = {"cluster": "k", "group": "g", "topic": "t", "partition": "0"}
     e.apply([row(action="upsert", committed_offset=5, lag=4, **g)], batch_id=3)
+    # unchanged values are not written again: poke a series, then send a row where only the lag changed
+    e._series[("group_partition_committed_offset", ("k", "g", "t", "0"))].set(99)
     e.apply([row(action="upsert", committed_offset=5, lag=None, **g)], batch_id=4)
+    assert v(e, "group_partition_committed_offset", **glab) == 99  # unchanged in the row: not written again
+    e.apply([row(action="upsert", committed_offset=6, lag=None, **g)], batch_id=40)
+    e.apply([row(action="upsert", committed_offset=5, lag=None, **g)], batch_id=41)
     assert v(e, "group_partition_lag", **glab) is None and v(e, "group_partition_committed_offset", **glab) == 5
     e.apply([row(action="upsert", committed_offset=5, lag=3, **g)], batch_id=5)
     assert v(e, "group_partition_lag", **glab) == 3
