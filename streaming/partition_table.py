@@ -1,34 +1,40 @@
 """Quiet partitions of a bucket, in columns.
 
 Most partitions of a healthy cluster are *quiet*: nothing is open on them, no leader episode
-or imbalance is running, and each cycle brings one ``partition_offsets`` observation that only
-moves the offsets and the observation times.  Folding such an observation through the dict
-rules costs ~25 µs of Python per row (the row as a dict, ``admit``, the rules, the gauge row,
-pickling the whole state dict back); at 100,000 partitions per batch that was most of the
-state stage.
+or imbalance is running, and a cycle brings one ``partition_offsets`` observation that only
+moves the offsets and the observation times, and now and then a ``partition_metadata``
+snapshot that repeats what the partition already holds.  Folding such an observation through
+the dict rules costs ~25 µs of Python per row (the row as a dict, ``admit``, the rules, the
+gauge row, pickling the whole state dict back); at 100,000 partitions per batch that was most
+of the state stage.
 
-A bucket therefore keeps its quiet partitions here, as numpy columns of the fields such an
-observation changes (``hw``, ``log_start``, ``lso``, the observation times, the last admitted
-offsets event) plus the few it shows (leader, replica and ISR counts), and the rest of each
-partition's dict pickled once (``cold``).  ``fold_quiet`` applies a batch's offsets rows to those
-columns with numpy and says which partitions' gauges changed.  It takes a row only when the
-dict rules would do nothing but what it does:
+A bucket therefore keeps its quiet partitions here, as numpy columns of the fields such rows
+change (``hw``, ``log_start``, ``lso``, the observation times, ``md_at``, the last admitted
+offsets and metadata events) plus the few it shows (leader, replica and ISR counts), and the
+rest of each partition's dict pickled once (``cold``).  ``fold_quiet`` applies a batch's rows
+to those columns with numpy and says which partitions' gauges changed.  It takes a partition's
+rows only when the dict rules would do nothing but what it does:
 
 - the partition is in the table (it is quiet: ``compact`` checked it when it went in);
-- every row of that partition in the batch is a ``partition_offsets`` from the source whose
-  offsets it last admitted, with a high watermark, and their event times are strictly
-  increasing and newer than everything the partition has seen.
+- every row of that partition in the batch is either a ``partition_offsets`` from the source
+  whose offsets it last admitted, with a high watermark, or a ``partition_metadata`` from the
+  source whose metadata it last admitted that repeats its leader, leader epoch, replicas and
+  ISR (and its min.insync.replicas, or none);
+- per type, their event times are strictly increasing and newer than what the partition has
+  seen of that type.
 
-Then, in order, ``admit`` lets each one through, ``rules.on_partition_offsets`` records its
-offsets, ``on_partition_observed`` moves ``observed_at`` (PartitionUnobserved is not open),
+Then ``admit`` lets each one through; ``rules.on_partition_offsets`` records the offsets;
+``on_partition_observed`` moves ``observed_at`` forward (PartitionUnobserved is not open);
 ``on_partition_offsets_extra`` moves ``hw_observed_at`` / ``hw_changed_at`` /
-``md_confirmed_at`` (HighWatermarkStalled cannot open: no writes are pending) and
-``_schedule`` sets ``due`` to ``observed_at`` + the unobserved window (no episode, no
-imbalance).  Any other row of the partition, a time-driven check that is due, or an eviction
-takes the partition out (``take``: its dict, exactly as the rules left it) and the dict rules
-handle it; at the end of the batch ``compact`` puts back every dict partition that is quiet
-again.  ``tests/unit/test_partition_table.py`` runs random batches through both paths and
-checks they give the same rows and the same states.
+``md_confirmed_at`` (HighWatermarkStalled cannot open: no writes are pending); a repeated
+snapshot moves ``md_at`` and opens or resolves nothing (the same inputs gave "nothing open"
+when they were first applied); ``last_seen`` is the last row's time; and ``_schedule`` sets
+``due`` to ``observed_at`` + the unobserved window (no episode, no imbalance).  Any other row
+of the partition, a time-driven check that is due, or an eviction takes the partition out
+(``take``: its dict, exactly as the rules left it) and the dict rules handle it; at the end of
+the batch ``compact`` puts back every dict partition that is quiet again.
+``tests/unit/test_partition_table.py`` runs random batches through both paths and checks they
+give the same rows and the same states.
 """
 
 from __future__ import annotations

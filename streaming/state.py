@@ -73,7 +73,6 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
 STATE_SCHEMA = "entities binary"
-_INT_COLS = [n for n, t in OUTPUT_COLUMNS if t == "long"]
 
 
 @dataclass(frozen=True)
