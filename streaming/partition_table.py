@@ -19,7 +19,8 @@ rows only when the dict rules would do nothing but what it does:
 - every row of that partition in the batch is either a ``partition_offsets`` from the source
   whose offsets it last admitted, with a high watermark, or a ``partition_metadata`` from the
   source whose metadata it last admitted that repeats its leader, leader epoch, replicas and
-  ISR (and its min.insync.replicas, or none);
+  ISR (and its min.insync.replicas, or none) — a source that stopped reporting (a restarted
+  probe's old name) keeps its ``admit`` entry in the cold part and changes nothing;
 - per type, their event times are strictly increasing and newer than what the partition has
   seen of that type.
 
@@ -80,15 +81,19 @@ def _count(v: Optional[list]) -> Optional[int]:
 
 
 def _one(applied: dict, etype: str) -> Any:
-    """``admit``'s entry for ``etype`` as (source, t, event id); None when there is none;
-    False when it cannot be held in columns (several sources, several ids)."""
+    """``admit``'s entry for ``etype`` of the source that reported it last, as (source, t,
+    event id): the one the columns hold (the other sources' entries stay in the cold part, as
+    they are: a row from another source goes to the dict rules).  A probe restarted under a new
+    name (``probe-<hostname>``: a new pod) thus takes over after one batch.  None when there is
+    no entry; False when it cannot be held in columns (several ids at its time)."""
     keys = [k for k in applied if k[0] == etype]
     if not keys:
         return None
-    t, ids = applied[keys[0]]
-    if len(keys) > 1 or len(ids) != 1:
+    key = max(keys, key=lambda k: (applied[k][0], str(k[1])))
+    t, ids = applied[key]
+    if len(ids) != 1:
         return False
-    return keys[0][1], t, ids[0]
+    return key[1], t, ids[0]
 
 
 def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
@@ -127,7 +132,8 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
     sent = s.get("sent")
     sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
     cold = {k: v for k, v in s.items() if k not in _DERIVED}
-    cold["applied"] = {k: v for k, v in applied.items() if k[0] not in (_OFFSETS, _METADATA)}
+    hot = {(_OFFSETS, off[0])} | ({(_METADATA, md[0])} if md else set())
+    cold["applied"] = {k: v for k, v in applied.items() if k not in hot}
     if md is None:
         md = (None, None, None)
     if not sent_ok and sent is not None:

@@ -50,7 +50,7 @@ def _scenario(seed: int, parts: int = 8, batches: int = 40):
             steps.append(("timeout", t + rng.choice([1_000, 40_000, 2_000_000])))
             continue
         if r < 0.11:
-            steps.append(("run", f"run-{rng.randrange(3)}"))
+            steps.append(("run", f"run-{len(steps)}"))  # every run of the job has its own id
             continue
         t += rng.choice([10_000, 10_000, 10_000, 70_000, 1_000_000])
         calm = rng.random() < 0.5  # a quiet cycle: offsets from the usual source only
@@ -220,3 +220,43 @@ def test_a_state_stored_before_the_table_is_read():
                      "seq": 2, "observed_at": 2000, "topic": "t", "partition": 0, "high_watermark": 9}), old)
     assert list(out[out.kind == "partition"].high_watermark) == [9]
     assert st.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
+
+
+def test_a_probe_restarted_under_a_new_name_takes_over_the_columns():
+    """A probe's source is ``probe-<hostname>``: a restarted pod reports under a new name, and
+    the old name's admit entry stays on every partition.  After one batch on the dict rules the
+    partitions are back in the columns, taking the new source's rows (and the same as the dict
+    rules all along)."""
+    rng = random.Random(3)
+    steps, t, seq = [], 1_000_000, 0
+    for cycle in range(8):
+        t += 10_000
+        batch = []
+        for p in range(4):
+            seq += 1
+            batch.append(_offsets(rng, p, seq, t, 100 + cycle, "probe-a" if cycle < 4 else "probe-b"))
+            if cycle in (0, 2, 6):
+                seq += 1
+                batch.append({**_metadata(rng, p, seq, t, "probe-a" if cycle < 4 else "probe-b"),
+                              "leader": 1, "leader_epoch": 3, "isr": [1, 2, 3], "min_insync_replicas": 2})
+        steps.append(("batch", batch))
+    taken = []
+    real = pt.PartitionTable.fold_quiet
+
+    def fold_quiet(self, cols):
+        done, gauges = real(self, cols)
+        taken.append(int(done.sum()))
+        return done, gauges
+
+    pt.PartitionTable.fold_quiet = fold_quiet
+    try:
+        got_out, got_states = _run(steps, compact=True)
+    finally:
+        pt.PartitionTable.fold_quiet = real
+    want_out, want_states = _run(steps, compact=False)
+    assert [_rows(o) for o in got_out] == [_rows(o) for o in want_out] and got_states == want_states
+    # cycles 1-3 in the columns (cycle 0 creates the partitions; cycle 2 with its metadata
+    # snapshots); cycle 4, the new name's first offsets, on the dict rules; 5 in the columns
+    # again; 6 on the dict rules, the new name's first metadata; 7 in the columns
+    assert taken == [4, 8, 4, 0, 4, 0, 4], taken
+    assert {k[1] for k in got_states[-1]["partition|k/t/0"]["applied"]} == {"probe-a", "probe-b"}
