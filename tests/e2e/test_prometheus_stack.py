@@ -38,7 +38,7 @@ from ruamel.yaml import YAML
 from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
 from streaming.exporter import Exporter
-from streaming.job import JobConfig, report_progress, start, stop_query
+from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.support.prometheus import PrometheusServer, QueryError, prometheus_binary
 
@@ -275,16 +275,9 @@ def stack(tansu, spark, tmp_path_factory):
         cleanup.callback(exporter.shutdown)
         cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp / "ckpt"), events_topic=events,
                         trigger_s=1, buckets=4, metrics_port=port, alerts_topic=alerts)
+        # start() registers the query's progress listener: Spark's progress -> the job's gauges
+        # (events behind, state rows, trigger duration), as in streaming.job.run()
         query = start(spark, cfg, exporter, query_name=unique("e2e-stack"))
-        # what streaming.job.run() does besides start(): Spark's progress -> the job's gauges
-        # (events behind, state rows, trigger duration), every second
-        stop_progress = threading.Event()
-
-        def progress_loop():
-            while not stop_progress.wait(1):
-                report_progress(query, exporter)
-        progress_thread = threading.Thread(target=progress_loop, name="e2e-progress", daemon=True)
-        progress_thread.start()
 
         def stop_the_query():
             # Workload and probe first: stop_query waits for a gap between micro-batches, and
@@ -293,8 +286,6 @@ def stack(tansu, spark, tmp_path_factory):
             producer.stop()
             stop_members()
             stop_the_probe()
-            stop_progress.set()
-            progress_thread.join(10)
             stop_query(query)
         cleanup.callback(stop_the_query)
 
