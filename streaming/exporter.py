@@ -115,8 +115,8 @@ class Exporter:
             self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         self._group_state: dict[tuple, str] = {}
-        #: (kind, labels) -> [the gauge values of the entity's last row, its series] (_apply_entity)
-        self._entities: dict[tuple, list] = {}
+        #: group partition labels -> [the gauge values of its last row, its series] (_apply_group_partition)
+        self._group_parts: dict[tuple, list] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
         self._parts: dict[tuple, list] = {}
         self._part_series = 0
@@ -130,12 +130,16 @@ class Exporter:
 
     # -- series bookkeeping ------------------------------------------------------------------
 
+    def _full(self) -> bool:
+        """The series cap is reached (prometheus-client series and the partitions' values)."""
+        return len(self._series) + self._part_series >= self.max_series
+
     def _series_for(self, name: str, labels: tuple) -> Any:
         """The series' own object (created on first use; updating it needs no label lookup), or
         None when the series cap refuses it (counted)."""
         child = self._series.get((name, labels))
         if child is None:
-            if len(self._series) + self._part_series >= self.max_series:
+            if self._full():
                 self.m("exporter_series_refused_total").inc()
                 return None
             child = self._series[(name, labels)] = self.m(name).labels(*labels)
@@ -153,22 +157,21 @@ class Exporter:
             del self._series[(name, labels)]
             self.m(name).remove(*labels)
 
-    def _apply_entity(self, kind: str, labels: tuple, names: tuple, values: tuple, action: str,
-                      none_removes: bool) -> None:
-        """An entity's gauges from one row; only the values that differ from what this entity's
-        last row set are written (group partitions: a row often moves the committed offset and
-        the lag and leaves the rest), through series objects kept per entity (one dict lookup per
-        row).  Partitions have their own store (``_apply_partition``).  ``none_removes``: a None value removes its series (else it leaves it
-        as it is).  If the cap refused a series, the entity's next row tries every value again."""
-        key = (kind, labels)
+    def _apply_group_partition(self, labels: tuple, values: tuple, action: str) -> None:
+        """A group partition's gauges from one row; only the values that differ from what its
+        last row set are written (a row often moves the committed offset and the lag and leaves
+        the rest), through series objects kept per group partition (one dict lookup per row).
+        A None value removes its series.  If the cap refused a series, the next row tries every
+        value again.  (Partitions have their own store: ``_apply_partition``.)"""
+        names = _GROUP_PARTITION_GAUGES
         if action == "remove":
-            self._entities.pop(key, None)
+            self._group_parts.pop(labels, None)
             for name in names:
                 self._remove(name, labels)
             return
-        entry = self._entities.get(key)
+        entry = self._group_parts.get(labels)
         if entry is None:
-            entry = self._entities[key] = [None, [None] * len(names)]
+            entry = self._group_parts[labels] = [None, [None] * len(names)]
         prev, children = entry
         complete = True
         for i, name in enumerate(names):
@@ -176,9 +179,8 @@ class Exporter:
             if prev is not None and prev[i] == v:
                 continue
             if v is None:
-                if none_removes:
-                    self._remove(name, labels)
-                    children[i] = None
+                self._remove(name, labels)
+                children[i] = None
                 continue
             child = children[i] or self._series_for(name, labels)
             if child is None:  # refused by the cap
@@ -203,7 +205,7 @@ class Exporter:
             if v is None or cur[i] == v:
                 continue
             if cur[i] is None:
-                if len(self._series) + self._part_series >= self.max_series:
+                if self._full():
                     self.m("exporter_series_refused_total").inc()
                     continue
                 self._part_series += 1
@@ -262,7 +264,7 @@ class Exporter:
                     status = r.get("lag_status")
                     vals = (r["committed_offset"], r["lag"], r.get("lag_seconds"),
                             LAG_STATUS_VALUE.get(status) if status else None)
-                    self._apply_entity("gp", lab, _GROUP_PARTITION_GAUGES, vals, action, none_removes=True)
+                    self._apply_group_partition(lab, vals, action)
                 elif kind == "source":
                     lab = (r["cluster"], r["source"])
                     for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),

@@ -273,12 +273,9 @@ class PartitionTable:
         self._apply_offsets(rows, pos, ok & is_off)
         self._apply_metadata(rows, pos, ok & is_md)
         # every observation moves observed_at forward; last_seen is the last one's time
-        sel = np.flatnonzero(ok)
-        order = sel[np.lexsort((t[sel], pos[sel]))]
-        p = pos[order]
-        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        order, p, _, starts, last = self._groups(rows, pos, ok)
         ent_pos = p[starts]
-        newest = np.maximum.reduceat(t[order], starts)
+        newest = t[order[last]]
         c["last_seen"][ent_pos] = newest
         c["observed_at"][ent_pos] = np.maximum(c["observed_at"][ent_pos], newest)
         send = ~self.sent_ok[ent_pos] | (c["sent_hw"][ent_pos] != c["hw"][ent_pos]) \

@@ -18,9 +18,10 @@ partitions and group partitions leave the function only when they change (``chan
 The function stays thin: handle the timeout first, unpack the state, apply the quiet
 partitions' rows in columns (``fold_quiet``: what the rules would do to them, without calling
 them), call the pure rules (``streaming.rules*``) on the other rows in event order, run the
-time-driven checks, write the state back, set the timeout.  ``now`` for the rules is the observation's event time; for the time-driven checks
-it is the batch's latest event time, or on a timeout Spark's batch timestamp — both are the same
-when Spark replays a batch, so a replay produces the same transitions.
+time-driven checks, write the state back, set the timeout.  ``now`` for the rules is the
+observation's event time; for the time-driven checks it is the batch's latest event time, or
+on a timeout Spark's batch timestamp — both are the same when Spark replays a batch, so a
+replay produces the same transitions.
 """
 
 from __future__ import annotations
@@ -479,13 +480,15 @@ def quarantine_rows(rows: pd.DataFrame) -> list[dict]:
 _FORMAT = 2
 
 
-def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
-    if not state.exists:
-        return {}, PartitionTable(run_id=run_id)
-    v = pickle.loads(state.get[0])
+def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
+    v = pickle.loads(value)
     if v.get("format") != _FORMAT:
         return v, PartitionTable(run_id=run_id)
     return v["entities"], PartitionTable(v["partitions"], run_id=run_id)
+
+
+def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
+    return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id))
 
 
 def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True) -> None:
@@ -502,9 +505,7 @@ def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, 
 def stored_entities(value: bytes, run_id: str = "") -> dict[str, dict]:
     """Every entity of a stored bucket state as a dict, the table's partitions included (for
     tests and debugging)."""
-    class _S:
-        exists, get = True, (value,)
-    entities, table = _load(_S, run_id)
+    entities, table = _unpack(value, run_id)
     return {**entities, **{k: table.peek(k) for k in table.live_keys()}}
 
 
