@@ -41,6 +41,7 @@ give the same rows and the same states.
 from __future__ import annotations
 
 import pickle
+from operator import itemgetter
 from typing import Any, Optional
 
 import numpy as np
@@ -86,20 +87,39 @@ def _one(applied: dict, etype: str) -> Any:
     they are: a row from another source goes to the dict rules).  A probe restarted under a new
     name (``probe-<hostname>``: a new pod) thus takes over after one batch.  None when there is
     no entry; False when it cannot be held in columns (several ids at its time)."""
-    keys = [k for k in applied if k[0] == etype]
-    if not keys:
+    best = None
+    for k, v in applied.items():
+        if k[0] == etype and (best is None or (v[0], str(k[1])) > (applied[best][0], str(best[1]))):
+            best = k
+    if best is None:
         return None
-    key = max(keys, key=lambda k: (applied[k][0], str(k[1])))
-    t, ids = applied[key]
+    t, ids = applied[best]
     if len(ids) != 1:
         return False
-    return key[1], t, ids[0]
+    return best[1], t, ids[0]
 
 
 def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
     """What a partition_metadata observation must repeat to change nothing."""
     return (int(leader), None if epoch is None else int(epoch), tuple(int(r) for r in replicas),
             tuple(int(r) for r in isr))
+
+
+#: a partition dict's key order -> (its cold keys, the position of "applied" among them): the
+#: dicts of a bucket share a handful of key orders, so compact() works this out once per order
+_COLD_KEYS: dict[tuple, tuple[tuple, int]] = {}
+_HOT_OF = itemgetter(*HOT)
+
+
+def _cold_keys(s: dict) -> tuple[tuple, int]:
+    order = tuple(s)
+    got = _COLD_KEYS.get(order)
+    if got is None:
+        if len(_COLD_KEYS) >= 256:  # bounded: key orders come from the rules' code, not from data
+            _COLD_KEYS.clear()
+        keys = tuple(k for k in order if k not in _DERIVED)
+        got = _COLD_KEYS[order] = (keys, keys.index("applied"))
+    return got
 
 
 def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
@@ -110,19 +130,22 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
     rows (``layouts``: key tuple -> number, extended here), which keeps a row's cold part at
     ~140 bytes instead of ~380."""
     if (s.get("kind") != "partition" or s["open"] or rules_partition._LAST_KEY not in s or "due" not in s
+            or "applied" not in s
             or s["pending_writes_at"] is not None or s["pending_since"] is not None
             or s["leader_episode"] is not None or s["imbalanced_since"] is not None
             or s["observed_at"] is None or s["last_seen"] is None or s["hw"] is None):
         return None
-    applied = s.get("applied") or {}
+    applied = s["applied"] or {}
     off, md = _one(applied, _OFFSETS), _one(applied, _METADATA)
     if not off or md is False:
         return None
     window = rules_partition.unobserved_window_ms(s, cfg)
     if s["due"] != s["observed_at"] + window or s.get("due_pw") is not None:
         return None
-    if any(v is not None and not isinstance(v, (int, float)) for v in (s[k] for k in HOT)):
-        return None
+    hot = _HOT_OF(s)
+    for v in hot:
+        if v is not None and type(v) is not int and not isinstance(v, (int, float)):
+            return None
     sig = None
     if (md is not None and s["epoch_regressions"] == 0 and s["md_at"] is not None and s["leader"] is not None
             and s["leader"] >= 0 and s["leader"] == s["leader_seen"] and s["leader_epoch"] == s["epoch_seen"]
@@ -131,19 +154,22 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
     shown = (s["leader"], _count(s["replicas"]), _count(s["isr"]))
     sent = s.get("sent")
     sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
-    cold = {k: v for k, v in s.items() if k not in _DERIVED}
-    hot = {(_OFFSETS, off[0])} | ({(_METADATA, md[0])} if md else set())
-    cold["applied"] = {k: v for k, v in applied.items() if k not in hot}
+    keys, at_applied = _cold_keys(s)
+    values = list(itemgetter(*keys)(s))
+    values[at_applied] = {k: v for k, v in applied.items()
+                          if not (k == (_OFFSETS, off[0]) or (md and k == (_METADATA, md[0])))}
+    if not sent_ok and sent is not None:
+        keys += ("sent",)
+        values.append(sent)
     if md is None:
         md = (None, None, None)
-    if not sent_ok and sent is not None:
-        cold["sent"] = sent
-    layout = layouts.setdefault(tuple(cold), len(layouts))
-    ints = [_i(s[k]) for k in HOT] + [int(off[1]), _i(md[1]), _i(s["partition"]), _i(shown[0]), _i(shown[1]),
-                                      _i(shown[2]), _i(s["min_isr"]), window, layout]
+    layout = layouts.setdefault(keys, len(layouts))
+    ints = [NULL if v is None else int(v) for v in hot]
+    ints += [int(off[1]), _i(md[1]), _i(s["partition"]), _i(shown[0]), _i(shown[1]), _i(shown[2]),
+             _i(s["min_isr"]), window, layout]
     ints += [_i(v) for v in sent[1][3:]] if sent_ok else [NULL, NULL, NULL]
     objects = (off[0], off[2], md[0], md[2], sig, s["cluster"], s["topic"],
-               pickle.dumps(tuple(cold.values()), protocol=pickle.HIGHEST_PROTOCOL))
+               pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
 
 
