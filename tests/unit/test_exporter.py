@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 import pathlib
 import re
 
@@ -164,7 +166,7 @@ def samples(e):
 
 def _table(rows):
     import pyarrow as pa
-    arrow = {"long": pa.int64(), "string": pa.string(), "double": pa.float64()}
+    arrow = {"long": pa.int64(), "string": pa.string(), "double": pa.float64(), "binary": pa.binary()}
     return pa.Table.from_pylist(rows, schema=pa.schema([(n, arrow[t]) for n, t in OUTPUT_COLUMNS]))
 
 
@@ -196,6 +198,51 @@ def test_partition_upserts_as_a_block_give_the_series_rows_give():
         assert samples(by_block) == samples(by_rows), batch
     assert kinds == {"partition_block", "partition"}
     assert by_rows.registry.get_sample_value("kafka_monitor_exporter_series_refused_total") > 0
+
+
+def test_packed_partition_blocks_give_the_series_their_rows_give():
+    """The state packs its quiet partitions' upserts into ``partition_block`` rows
+    (``state.pack_block``); the sink unpacks them next to the ordinary partition rows: the
+    exporter ends with the series the same rows give one by one, unknown values included."""
+    import numpy as np
+
+    from streaming import state as st
+    from streaming.job import sink_rows
+    from streaming.partition_table import NULL
+
+    def gauges(parts, hw, lso):
+        n = len(parts)
+        return {"kind": np.full(n, "partition", object), "action": np.full(n, "upsert", object),
+                "cluster": np.full(n, "k", object), "topic": np.array([f"t{p % 3}" for p in parts], object),
+                "partition": np.array(parts, np.int64), "leader": np.full(n, 1, np.int64),
+                "replicas": np.full(n, 3, np.int64), "isr": np.array([2 + p % 2 for p in parts], np.int64),
+                "high_watermark": np.array([hw + p for p in parts], np.int64), "log_start_offset": np.zeros(n, np.int64),
+                "last_stable_offset": np.array([NULL if p % 2 else lso for p in parts], np.int64),
+                "at": np.full(n, 1000, np.int64)}
+
+    def as_rows(g):
+        return [part(topic=t, partition=int(p), high_watermark=int(h), log_start_offset=0, leader=1, replicas=3,
+                     isr=int(i), last_stable_offset=None if lso == NULL else int(lso), at=1000)
+                for t, p, h, i, lso in zip(g["topic"], g["partition"], g["high_watermark"], g["isr"],
+                                           g["last_stable_offset"])]
+
+    b1, b2 = gauges([0, 1, 2, 3], 100, 50), gauges([4, 5], 200, 70)
+    alert = row(kind="alert", action="open", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0)
+    packed = [part(partition=9), st.pack_block(b1), alert, part(partition=8, action="remove"), st.pack_block(b2)]
+    by_rows = [part(partition=9)] + as_rows(b1) + [alert, part(partition=8, action="remove")] + as_rows(b2)
+    expanded = st.expand_blocks(st._frame(packed))  # where each block stood, as the state emitted them before
+    assert list(expanded["kind"]) == [r["kind"] for r in by_rows]
+    for c in ("partition", "high_watermark", "last_stable_offset", "isr"):
+        assert [None if pd.isna(x) else x for x in expanded[c]] == [r[c] for r in by_rows], c
+    got = sink_rows(_table(packed))
+    assert got[0]["kind"] == "partition_block" and got[0]["rows"] == 7
+    assert sorted(r["kind"] for r in got[1:]) == ["alert", "partition"]
+    block, one_by_one = Exporter(), Exporter()
+    assert block.apply(got) == one_by_one.apply(by_rows) == 9
+    assert samples(block) == samples(one_by_one)
+    assert v(block, "partition_last_stable_offset", cluster="k", topic="t1", partition="1") is None
+    assert v(block, "partition_last_stable_offset", cluster="k", topic="t2", partition="2") == 50
+    assert v(block, "partition_high_watermark", cluster="k", topic="t2", partition="5") == 205
 
 
 def test_the_sink_hands_over_only_the_columns_the_exporter_reads():

@@ -63,8 +63,10 @@ def goff(seq, t, committed, hw, part=0):
 
 
 def call(fn, bucket, df, state):
+    """The function's output, its packed partition blocks expanded into rows."""
     out = list(fn((bucket,), iter([df]), state))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=[n for n, _ in st.OUTPUT_COLUMNS])
+    return st.expand_blocks(pd.concat(out, ignore_index=True)) if out else pd.DataFrame(
+        columns=[n for n, _ in st.OUTPUT_COLUMNS])
 
 
 def test_batch_folds_in_event_order_and_emits_gauges_and_transitions():
