@@ -27,3 +27,20 @@ def test_cap(begin, end, limit, expected):
 def test_plan_tasks(ranges, max_tasks, per_task, expected):
     from streaming.source import plan_tasks
     assert plan_tasks(ranges, max_tasks, per_task) == expected
+
+
+def test_record_values_become_text_and_bytes_that_are_not_utf8_are_replaced():
+    """read_range hands keys and values to Arrow as bytes: a batch of UTF-8 gives the same text
+    as decoding each value; one bad value sends the batch through Python's decoder, which
+    replaces the bad bytes (U+FFFD) and keeps the good values and the missing ones as they are."""
+    from streaming.source import _record_batch
+
+    good = ['{"a": "é"}'.encode(), None, b"plain"]
+    b = _record_batch({"key": [b"k", None, b"k3"], "value": good, "partition": [0, 1, 2], "offset": [5, 6, 7],
+                       "timestamp": [1, 2, 3]}, "events")
+    assert b.column("value").to_pylist() == ['{"a": "é"}', None, "plain"]
+    assert b.column("key").to_pylist() == ["k", None, "k3"]
+    assert b.column("topic").to_pylist() == ["events"] * 3 and b.column("offset").to_pylist() == [5, 6, 7]
+    bad = _record_batch({"key": [None, None], "value": [b'{"x": "\xff"}', b"ok"], "partition": [0, 0],
+                         "offset": [1, 2], "timestamp": [0, 0]}, "events")
+    assert bad.column("value").to_pylist() == ['{"x": "\ufffd"}', "ok"]
