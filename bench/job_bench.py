@@ -20,7 +20,11 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
   partition every ``metadata_snapshot_s``, 60 s = 6 cycles: at 100,000 partitions a cycle is
   about 100k offsets + 17k metadata + the group offsets) or ``every-cycle`` (every partition's
   metadata in every cycle, as the probe sent it before);
-- memory: peak RSS (VmHWM) of the JVM and of the Python worker processes.
+- memory: peak RSS (VmHWM) of the JVM and of the Python worker processes;
+- ``--state noop``: the framework's floor.  The same query (source, parse + quality gate, the
+  shuffle into buckets, ``applyInPandasWithState``, the sink) with a state function that takes
+  its input as pandas frames, as the real one does, then emits nothing and stores nothing: what
+  the job could reach at best on this machine if its rules and its sink cost nothing.
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
     python bench/job_bench.py --sizes 1000:1000 --runs 1
@@ -181,6 +185,16 @@ def batch_rows(q, seen: set) -> list[dict]:
     return out
 
 
+def noop_state_function(cfg, compact_partitions=True):
+    """``--state noop``: a state function that consumes its input frames (Spark's Arrow ->
+    pandas conversion happens as they are taken) and emits and stores nothing."""
+    def update_bucket(key, pdfs, state):
+        for _ in pdfs:
+            pass
+        return iter(())
+    return update_bucket
+
+
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int) -> dict:
     from streaming.exporter import Exporter
@@ -260,8 +274,16 @@ def main() -> int:
     ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
                     help="partition metadata as the probe sends it: on change and as a snapshot every "
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "job.json"))
+    ap.add_argument("--state", choices=["rules", "noop"], default="rules",
+                    help="the job's state function (default), or one that does nothing: the framework's floor")
+    ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
+                                                 "job-noop-state.json with --state noop)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else "job-noop-state.json"))
+    if args.state == "noop":
+        from streaming import state
+        state.make_state_function = noop_state_function
     from monitor.probe import ProbeConfig
     snapshot_cycles = (1 if args.metadata == "every-cycle"
                        else max(1, round(ProbeConfig(bootstrap_servers="-").metadata_snapshot_s / args.cycle_s)))
