@@ -475,24 +475,29 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     lag = state["lag"]
     out: list[Transition] = []
 
+    # the evidence is built only for a transition (an alert opens or resolves): most
+    # observations change nothing, and the status evidence copies the whole window
     tripped = _lag_high(lag, est, cfg)
-    high_ev = {"lag": lag, "lag_seconds": est.seconds, "lag_seconds_basis": est.basis,
-               "lag_seconds_is_lower_bound": est.lower_bound,
-               "lag_high_offsets": cfg.lag_high_offsets, "lag_high_seconds": cfg.lag_high_seconds,
-               "tripped": tripped, "committed": committed, "hw": hw}
-    if tripped:
-        out += rules._open(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
-    else:
-        out += rules._resolve(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
+    if bool(tripped) != (Alert.CONSUMER_LAG_HIGH.value in state["open"]):
+        high_ev = {"lag": lag, "lag_seconds": est.seconds, "lag_seconds_basis": est.basis,
+                   "lag_seconds_is_lower_bound": est.lower_bound,
+                   "lag_high_offsets": cfg.lag_high_offsets, "lag_high_seconds": cfg.lag_high_seconds,
+                   "tripped": tripped, "committed": committed, "hw": hw}
+        if tripped:
+            out += rules._open(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
+        else:
+            out += rules._resolve(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
 
     status = verdict.status
-    status_ev = {"status": status.name, "rule": verdict.rule, "points": _with_lag(verdict.view),
-                 "set_aside": _with_lag(verdict.set_aside), "lag": lag, "lag_seconds": est.seconds,
-                 "lag_seconds_basis": est.basis, **verdict.detail}
     was = state["open"].get(Alert.CONSUMER_LAG_STATUS.value)
-    if was is not None and was["evidence"]["status"] != status.name:
-        out += _resolve_status(state, entity, labels, now, status_ev)
-    if status is not LagStatus.OK:
-        out += _with_severity(rules._open(state, Alert.CONSUMER_LAG_STATUS, entity, labels, now, status_ev),
-                              STATUS_SEVERITY[status])
+    changed = was is not None and was["evidence"]["status"] != status.name
+    if changed or (status is not LagStatus.OK and was is None):
+        status_ev = {"status": status.name, "rule": verdict.rule, "points": _with_lag(verdict.view),
+                     "set_aside": _with_lag(verdict.set_aside), "lag": lag, "lag_seconds": est.seconds,
+                     "lag_seconds_basis": est.basis, **verdict.detail}
+        if changed:
+            out += _resolve_status(state, entity, labels, now, status_ev)
+        if status is not LagStatus.OK:
+            out += _with_severity(rules._open(state, Alert.CONSUMER_LAG_STATUS, entity, labels, now, status_ev),
+                                  STATUS_SEVERITY[status])
     return out
