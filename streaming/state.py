@@ -294,6 +294,9 @@ _TEXT_COLUMNS = frozenset(n for n, t in FLAT_COLUMNS if t == "string")
 
 #: event ids remembered per (entity, type, source) at its latest event time
 DEDUP_IDS = 16
+#: sources remembered per (entity, type): a probe's source is ``probe-<hostname>``, so every
+#: restart of a probe pod adds one; past this many the one that reported longest ago is forgotten
+MAX_SOURCES = 8
 
 
 def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional[str]) -> Optional[str]:
@@ -305,10 +308,16 @@ def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional
     decided per entity, type and source with O(1) memory: the latest event time and the ids
     seen at exactly that time, so a replay of an older event counts as ``out_of_order``.  This
     is stricter than a watermark: the entity's own latest observation is the watermark.
-    (Different sources are independent: their clocks may differ.)"""
+    (Different sources are independent: their clocks may differ.)  At most ``MAX_SOURCES``
+    sources are remembered per type; a forgotten one (the one whose last event is the oldest,
+    in practice a probe replaced long ago) is a new source again if it ever reports."""
     applied = s.setdefault("applied", {})
     k = (etype, source)
     last = applied.get(k)
+    if last is None and len(applied) >= MAX_SOURCES:
+        same = [x for x in applied if x[0] == etype]
+        if len(same) >= MAX_SOURCES:
+            del applied[min(same, key=lambda x: (applied[x][0], str(x[1])))]
     if last is not None:
         lt, ids = last
         seen = event_id is not None and event_id in ids

@@ -170,6 +170,21 @@ def test_memory_of_ids_per_entity_is_bounded():
     assert s["applied"][("partition_offsets", "p")] == (2000, ["x"])
 
 
+def test_sources_remembered_per_entity_are_bounded():
+    """Every restarted probe pod is a new source (probe-<hostname>): an entity remembers at most
+    MAX_SOURCES per type, forgetting the one that reported longest ago; the others keep their
+    clocks, and another type's sources are not touched."""
+    s: dict = {}
+    assert st.admit(s, "partition_metadata", "old", 500, "m") is None
+    for i in range(st.MAX_SOURCES + 3):
+        assert st.admit(s, "partition_offsets", f"probe-{i}", 1000 + i, f"e{i}") is None
+    offsets = sorted(src for typ, src in s["applied"] if typ == "partition_offsets")
+    assert offsets == sorted(f"probe-{i}" for i in range(3, st.MAX_SOURCES + 3))
+    assert ("partition_metadata", "old") in s["applied"]
+    assert st.admit(s, "partition_offsets", "probe-5", 1004, "x") == "out_of_order"  # still remembered
+    assert st.admit(s, "partition_offsets", "probe-0", 900, "y") is None  # forgotten: a new source again
+
+
 def test_a_replayed_event_changes_nothing_and_is_counted():
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000))
     s = FakeState()
