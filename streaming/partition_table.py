@@ -144,7 +144,7 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
         return None
     hot = _HOT_OF(s)
     for v in hot:
-        if v is not None and type(v) is not int and not isinstance(v, (int, float)):
+        if v is not None and not isinstance(v, (int, float)):
             return None
     sig = None
     if (md is not None and s["epoch_regressions"] == 0 and s["md_at"] is not None and s["leader"] is not None
