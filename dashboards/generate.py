@@ -62,7 +62,6 @@ GROUP_STATE = "kafka_monitor_group_state"
 GROUP_MEMBERS = "kafka_monitor_group_members"
 METADATA_REFRESH = "kafka_monitor_client_last_metadata_refresh_timestamp_seconds"
 HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
-HEARTBEAT_INTERVAL = "kafka_monitor_source_heartbeat_interval_seconds"
 ALERT_ACTIVE = "kafka_monitor_alert_active"
 
 #: the threshold of KafkaConsumerLagHigh in deploy/prometheus/rules (offsets); colours only
@@ -272,8 +271,8 @@ def job_scraped() -> dict:
 
 
 def job_query_up() -> dict:
-    return stat("Streaming query", "kafka_monitor_job_up: UP while the Spark streaming query runs, DOWN after it "
-                "failed (alert KafkaMonitorJobDown, reason query_failed).",
+    return stat("Streaming query", "kafka_monitor_job_up: UP while the job runs (its Spark streaming query starting or "
+                "running), DOWN after the query failed (alert KafkaMonitorJobDown, reason query_failed).",
                 [target("min(kafka_monitor_job_up)")], mappings=UP_DOWN, th=thresholds((None, "red"), (1, "green")))
 
 
@@ -284,19 +283,22 @@ def last_batch_age() -> dict:
                 th=thresholds((None, "green"), (30, "orange"), (120, "red")))
 
 
-def heartbeats_missed_expr() -> str:
-    """Per source: heartbeat age / the interval it announced (what KafkaMonitorSourceSilent
-    compares with 3)."""
-    return (f"(time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}}))\n"
-            f"/ max by (cluster, source) ({HEARTBEAT_INTERVAL}{{{CLUSTER}}})")
+def silent_sources() -> dict:
+    return stat("Silent sources", "Probes and instrumented clients the job calls silent (SourceSilent: no "
+                "heartbeat for 3 of the intervals each announced, judged without the pipeline's delay): the "
+                "monitor is blind to their clusters meanwhile (KafkaMonitorSourceSilent).",
+                [target(open_count("SourceSilent", "cluster, source", CLUSTER, f"{HEARTBEAT}{{{CLUSTER}}}"))],
+                decimals=0, th=GREEN_RED_AT_1)
 
 
-def heartbeats_missed() -> dict:
-    return stat("Heartbeats missed", "Heartbeat intervals since the quietest probe or instrumented client last "
-                "sent a heartbeat (its age / the interval it announced): the monitor is blind to that source's "
-                "cluster meanwhile. KafkaMonitorSourceSilent fires above 3.",
-                [target(f"max(\n{heartbeats_missed_expr()}\n)")], decimals=1,
-                th=thresholds((None, "green"), (1.5, "orange"), (3, "red")))
+def pipeline_delay() -> dict:
+    q = "sum by (le, instance) (rate(kafka_monitor_source_heartbeat_delay_seconds_bucket[$__rate_interval]))"
+    return timeseries("Pipeline delay", "From a heartbeat's event time at its source to the moment the job serves "
+                      "it (source -> events topic -> micro-batch -> sink): how late every gauge here is. A scrape "
+                      "adds up to its interval.",
+                      [target(f"histogram_quantile(0.5, {q})", legend="p50 {{instance}}"),
+                       target(f"histogram_quantile(0.95, {q})", legend="p95 {{instance}}", ref="B")],
+                      unit="s", min_=0)
 
 
 def groups_now(description: str) -> dict:
@@ -336,7 +338,7 @@ def overview() -> dict:
                 "replica set (KafkaUnderReplicatedPartition).", [target(under_replicated())], th=GREEN_RED_AT_1), 5),
           (stat("Offline partitions", "Partitions without a leader: nobody can produce to or consume from them "
                 "(KafkaOfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 5))
-    g.row(4, (job_scraped(), 6), (job_query_up(), 6), (last_batch_age(), 6), (heartbeats_missed(), 6))
+    g.row(4, (job_scraped(), 6), (job_query_up(), 6), (last_batch_age(), 6), (silent_sources(), 6))
     g.row(8,
           (table("Open alerts raised by the job", "One row per alert the job has open now "
                  "(kafka_monitor_alert_active); labels that do not apply to the entity are empty.",
@@ -503,7 +505,7 @@ def monitor_health() -> dict:
                 "micro-batch; growing = the job cannot keep up with what the probes send.",
                 [target("max(kafka_monitor_job_events_behind)")], decimals=0,
                 th=thresholds((None, "green"), (10000, "orange"))), 4),
-          (heartbeats_missed(), 4),
+          (silent_sources(), 4),
           (stat("Series refused", "Entity series the exporter did not create because its series cap was reached "
                 "(since the job started); above 0 = some partitions or groups are not shown at all.",
                 [target("sum(kafka_monitor_exporter_series_refused_total)")], th=GREEN_RED_AT_1), 4))
@@ -549,10 +551,7 @@ def monitor_health() -> dict:
           (timeseries("Source heartbeat age", "Seconds since each probe or instrumented client last sent a "
                       "heartbeat.", [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
                                             legend="{{source}} ({{cluster}})")], unit="s", min_=0), 6),
-          (timeseries("Heartbeats missed per source", "Heartbeat age / the interval the source announced; "
-                      "KafkaMonitorSourceSilent fires above 3.",
-                      [target(heartbeats_missed_expr(), legend="{{source}} ({{cluster}})")], min_=0,
-                      th=thresholds((None, "green"), (3, "red"))), 6),
+          (pipeline_delay(), 6),
           (timeseries("Metadata age per client", "Seconds since each probe or instrumented client last refreshed "
                       "its cluster metadata successfully (the job's MetadataStale opens after 2 x the client's "
                       "metadata.max.age.ms).",

@@ -21,6 +21,19 @@ from kafka_monitor.broker import TansuBroker, create_topics
 
 log = logging.getLogger(__name__)
 
+#: how the demo runs the probe and the job (tests/e2e/test_quiet_when_healthy.py runs the same)
+PROBE_INTERVAL_S = 2.0
+TRIGGER_S = 2.0
+#: the alerts the demo's workload raises on purpose -> why; any other alert is unexpected
+#: (tests/e2e/test_quiet_when_healthy.py allows exactly these)
+ON_PURPOSE = {
+    "ConsumerLagStatus": (f"the job's WARN on the partitions of {workload.GROUP}: its consumer pauses "
+                          f"{workload.PAUSE_S:g} s every {workload.PAUSE_EVERY_S:g} s, so its lag rises; "
+                          "resolved when it catches up"),
+    "KafkaConsumerLagGrowing": ("pending in Prometheus during those pauses; it fires only after 15 minutes of "
+                                "WARN, so never on the demo"),
+}
+
 
 def _wait_first_metric(url: str, stop: threading.Event, t_start: float) -> None:
     """Tell the person when the first partition metric is on /metrics."""
@@ -36,8 +49,8 @@ def _wait_first_metric(url: str, stop: threading.Event, t_start: float) -> None:
         stop.wait(1.0)
 
 
-def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: float = 2.0,
-             trigger_s: float = 2.0) -> int:
+def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: float = PROBE_INTERVAL_S,
+             trigger_s: float = TRIGGER_S) -> int:
     from monitor.probe import Probe, ProbeConfig
     from streaming.job import JobConfig, run
 
@@ -56,6 +69,7 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
     print(f"[demo] Tansu broker on {broker.bootstrap} (pid {broker.proc.pid})", flush=True)
     threads: list[threading.Thread] = []
     probe = None
+    timer = None
     try:
         create_topics(broker.bootstrap, {"kafka-monitor.events": 3, "kafka-monitor.alerts": 1, workload.TOPIC: 3})
         for target in (workload.produce_loop, workload.consume_loop):
@@ -69,8 +83,13 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
         threads.append(t)
         print(f"[demo] workload: producer -> {workload.TOPIC}, consumer group {workload.GROUP}; "
               f"probe every {probe_interval_s:g}s; starting the Spark job (about 30 s to the first metrics)...", flush=True)
+        print("[demo] alerts on purpose (anything else is unexpected):", flush=True)
+        for name, why in ON_PURPOSE.items():
+            print(f"[demo]   {name}: {why}", flush=True)
         if duration_s:
-            threading.Timer(duration_s, stop.set).start()
+            timer = threading.Timer(duration_s, stop.set)
+            timer.daemon = True
+            timer.start()
 
         def on_started(port: int) -> None:
             url = f"http://127.0.0.1:{port}/metrics"
@@ -82,6 +101,8 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
         return 0
     finally:
         stop.set()
+        if timer is not None:
+            timer.cancel()  # Ctrl-C before the duration: nothing may keep the process alive
         for t in threads:
             t.join(10)
         if probe is not None:

@@ -14,9 +14,12 @@ log = logging.getLogger(__name__)
 
 TOPIC = "demo.orders"
 GROUP = "demo-app"
+#: the consumer stops consuming for PAUSE_S seconds every PAUSE_EVERY_S seconds
+PAUSE_EVERY_S = 30.0
+PAUSE_S = 8.0
 
 
-def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.0) -> None:
+def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.0, topic: str = TOPIC) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "log_level": 3})
     n = 0
     try:
@@ -24,7 +27,7 @@ def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.
             t0 = time.monotonic()
             for _ in range(int(rate_per_s / 10)):
                 try:
-                    p.produce(TOPIC, key=str(n % 97).encode(), value=b'{"order":%d}' % n)
+                    p.produce(topic, key=str(n % 97).encode(), value=b'{"order":%d}' % n)
                     n += 1
                 except BufferError:
                     p.poll(0.1)
@@ -34,13 +37,14 @@ def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.
         p.flush(5)
 
 
-def consume_loop(bootstrap: str, stop: threading.Event, pause_every_s: float = 30.0, pause_s: float = 8.0) -> None:
+def consume_loop(bootstrap: str, stop: threading.Event, pause_every_s: float = PAUSE_EVERY_S,
+                 pause_s: float = PAUSE_S, topic: str = TOPIC, group: str = GROUP) -> None:
     c = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest",
+        "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
         "log_level": 3,
     })
-    c.subscribe([TOPIC])
+    c.subscribe([topic])
     last_commit = time.monotonic()
     started = time.monotonic()
     try:

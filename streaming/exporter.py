@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Iterable, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from streaming import quality
@@ -29,6 +30,8 @@ QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missi
 #: why the state drops a valid event (streaming.state.admit)
 DROP_REASONS = ("duplicate", "out_of_order")
 PART = ("cluster", "topic", "partition")
+#: buckets of the delay histogram (seconds): a healthy pipeline is a trigger or two
+DELAY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
 #: the gauges of a partition row and of a group-partition row, in the order of their values
@@ -54,12 +57,14 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
+    P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
     P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied) or out_of_order (older than the last observation of its type from its source).", ("reason",)),
     P + "exporter_series_refused_total": ("counter", "Entity series not created because the exporter's series cap was reached.", ()),
-    P + "job_up": ("gauge", "1 while the streaming query runs, 0 after it failed.", ()),
+    P + "job_up": ("gauge", "1 while the job runs (its streaming query starting or running), 0 after the query failed.", ()),
+    P + "job_start_timestamp_seconds": ("gauge", "When the job process started serving metrics (Unix time); start-up allowances of the alert rules count from it.", ()),
     P + "job_events_behind": ("gauge", "Records in the events topic the job has not processed yet (at its last batch).", ()),
     P + "job_state_rows": ("gauge", "Rows in the job's state store (grouping keys with state).", ()),
     P + "job_last_trigger_duration_seconds": ("gauge", "Wall time of the last micro-batch, read to write.", ()),
@@ -105,10 +110,14 @@ class Exporter:
         for name, (typ, help_, labels) in CATALOGUE.items():
             if name[len(P):] in _PARTITION_GAUGES:
                 continue  # served from self._parts (PartitionGauges)
-            cls = Counter if typ == "counter" else Gauge
             # prometheus_client appends _total to counters itself
-            base = name[: -len("_total")] if typ == "counter" else name
-            self._m[name] = cls(base, help_, labels, registry=self.registry)
+            if typ == "counter":
+                self._m[name] = Counter(name[: -len("_total")], help_, labels, registry=self.registry)
+            elif typ == "histogram":
+                self._m[name] = Histogram(name, help_, labels, buckets=DELAY_BUCKETS, registry=self.registry)
+            else:
+                self._m[name] = Gauge(name, help_, labels, registry=self.registry)
+        self.m("job_start_timestamp_seconds").set(time.time())
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
             self.m("events_quarantined_total").labels(reason)
         for reason in DROP_REASONS:
@@ -267,6 +276,8 @@ class Exporter:
                     self._apply_group_partition(lab, vals, action)
                 elif kind == "source":
                     lab = (r["cluster"], r["source"])
+                    if action != "remove" and r["at"] is not None:
+                        self.m("source_heartbeat_delay_seconds").observe(max(0.0, time.time() - r["at"] / 1000.0))
                     for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),
                                     ("source_heartbeat_interval_seconds",
                                      None if r["interval_ms"] is None else r["interval_ms"] / 1000.0)):

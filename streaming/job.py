@@ -448,6 +448,7 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
     cfg.validate()
     exporter = Exporter(max_series=cfg.max_series)
     port = exporter.serve(cfg.metrics_port, cfg.metrics_host)
+    exporter.set_up(True)  # starting counts as up: a start-up that never ends is KafkaMonitorJobFallingBehind's
     log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
     handlers = {}
     if threading.current_thread() is threading.main_thread():

@@ -193,7 +193,7 @@ def test_threshold_in_the_description_matches_the_expression(name: str):
 
 #: the job's alerts (streaming.rules.Alert) and the Prometheus alert that pages on each; the
 #: gauge-based rules cover the rest (ConsumerLagHigh: offsets and seconds; ConsumerLagStatus:
-#: one alert per status; SourceSilent: heartbeat gauges)
+#: one alert per status)
 JOB_ALERTS = {
     "IsrShrink": "KafkaIsrShrink", "UnderReplicated": "KafkaUnderReplicatedPartition",
     "OfflinePartition": "KafkaOfflinePartition", "UnderMinIsr": "KafkaUnderMinIsr", "AtMinIsr": "KafkaAtMinIsr",
@@ -202,11 +202,11 @@ JOB_ALERTS = {
     "PartitionCountChanged": "KafkaPartitionCountChanged", "RebalanceStorm": "KafkaRebalanceStorm",
     "RebalanceStuck": "KafkaRebalanceStuck", "GroupEmptyWithLag": "KafkaGroupEmptyWithLag",
     "MetadataStale": "KafkaMetadataStale", "MetadataRefreshStorm": "KafkaMetadataRefreshStorm",
+    "SourceSilent": "KafkaMonitorSourceSilent",
 }
 GAUGE_COVERED = {"ConsumerLagHigh": ["KafkaConsumerLagHigh", "KafkaConsumerLagSecondsHigh"],
                  "ConsumerLagStatus": ["KafkaConsumerLagGrowing", "KafkaConsumerStalled", "KafkaConsumerStopped",
-                                       "KafkaConsumerRewound"],
-                 "SourceSilent": ["KafkaMonitorSourceSilent"]}
+                                       "KafkaConsumerRewound"]}
 
 
 def test_every_alert_of_the_catalogue_has_a_prometheus_rule():

@@ -6,6 +6,7 @@ import pandas as pd
 
 import pathlib
 import re
+import time
 
 from streaming.exporter import CATALOGUE, ROW_COLUMNS, Exporter
 from streaming.state import OUTPUT_COLUMNS
@@ -95,6 +96,26 @@ def test_source_heartbeat_and_interval_and_quarantine_reasons_start_at_zero():
     assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") is None
 
 
+def test_the_heartbeat_delay_is_the_age_of_a_heartbeat_when_the_exporter_gets_it():
+    e = Exporter()
+    now_ms = int(time.time() * 1000)
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=now_ms - 4000, interval_ms=2000),
+             row(kind="source", action="upsert", cluster="k", source="q", at=now_ms - 40_000, interval_ms=2000)],
+            batch_id=0)
+    e.apply([row(kind="source", action="remove", cluster="k", source="q", at=now_ms - 40_000)], batch_id=1)
+    assert v(e, "source_heartbeat_delay_seconds_count") == 2  # a removal is no heartbeat
+    assert v(e, "source_heartbeat_delay_seconds_bucket", le="3.0") == 0
+    assert v(e, "source_heartbeat_delay_seconds_bucket", le="5.0") == 1
+    assert v(e, "source_heartbeat_delay_seconds_bucket", le="45.0") == 2
+    assert 44 <= v(e, "source_heartbeat_delay_seconds_sum") < 50
+
+
+def test_the_exporter_says_when_the_job_started():
+    before = time.time()
+    e = Exporter()
+    assert before <= v(e, "job_start_timestamp_seconds") <= time.time()
+
+
 def test_dropped_events_are_counted_by_reason_from_zero():
     e = Exporter()
     assert v(e, "events_dropped_total", reason="duplicate") == 0
@@ -160,8 +181,10 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
 
 
 def samples(e):
+    """The exporter's series, less what depends on the wall clock (creation and start times)."""
     return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
-                  for m in e.registry.collect() for s in m.samples if "created" not in s.name)
+                  for m in e.registry.collect() for s in m.samples
+                  if not any(w in s.name for w in ("created", "start_timestamp", "delay_seconds_sum")))
 
 
 def _table(rows):
