@@ -85,7 +85,9 @@ class MetadataRefresh:
     cause: Optional[str] = _doc("For invalidated refreshes: what invalidated the metadata.", default=None)
     error: Optional[str] = _doc("Error text when ok is false.", default=None)
     node_id: Optional[int] = _doc("Broker that answered, when known.", default=None)
-    controller_id: Optional[int] = _doc("Controller id from the response.", default=None)
+    controller_id: Optional[int] = _doc("Active controller's id; null: a KRaft cluster's metadata names a random "
+                                        "broker instead, so the probe reports none rather than a wrong one.",
+                                        default=None)
     brokers: list[Broker] = _doc("Brokers in the response.", default_factory=list)
     topic_count: int = _doc("Topics in the response.", default=0)
     partition_count: int = _doc("Partitions in the response.", default=0)
@@ -160,8 +162,10 @@ class GroupState:
     """A consumer group as its coordinator describes it."""
 
     group: str = _doc("Consumer group id.")
-    state: str = _doc("Empty, PreparingRebalance, CompletingRebalance, Stable, Dead or Unknown.")
-    protocol: Optional[str] = _doc("Protocol type (consumer, ...).", default=None)
+    state: str = _doc("Empty, PreparingRebalance, CompletingRebalance, Stable, Dead (classic protocol), "
+                      "Assigning, Reconciling (consumer protocol, KIP-848) or Unknown.")
+    protocol: Optional[str] = _doc("Group protocol: classic, consumer (KIP-848) or simple (offsets only, "
+                                   "no members).", default=None)
     assignor: Optional[str] = _doc("Partition assignor chosen for the generation.", default=None)
     coordinator: Optional[int] = _doc("Coordinator broker id.", default=None)
     generation: Optional[int] = _doc("Generation id, where the broker reports it.", default=None)

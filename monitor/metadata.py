@@ -236,11 +236,24 @@ class ClusterView:
 
         librdkafka's metadata objects carry no leader epoch, rack, offline replicas or
         ``is_internal``: they become ``None`` (or the epoch from ``leader_epochs``, which the
-        probe reads from the client's statistics), ``None``, ``()`` and "name is a known internal
-        topic".  Errors keep their name."""
+        probe reads from the client's statistics), ``None``, the replicas on brokers the response
+        does not list (Kafka lists only live, unfenced brokers, and its offline replicas are
+        those on brokers that are not alive, or on an offline log dir, which this cannot see)
+        and "name is a known internal topic".  Errors keep their name.
+
+        The controller: a KRaft cluster's MetadataResponse names a random live broker, not its
+        active controller (which is not a broker at all where controllers run apart), so
+        ``controller_id`` is ``None``: no answer rather than a wrong one."""
         epochs = leader_epochs or {}
         brokers = tuple(BrokerView(int(b.id), str(b.host), int(b.port), getattr(b, "rack", None))
                         for b in md.brokers.values())
+        live = {b.node_id for b in brokers}
+
+        def offline(pmd: Any) -> tuple[int, ...]:
+            reported = getattr(pmd, "offline_replicas", None)
+            if reported is not None:
+                return _ints(reported)
+            return tuple(r for r in _ints(pmd.replicas) if r not in live)
         topics = []
         for name, tmd in md.topics.items():
             name = getattr(tmd, "topic", None) or name
@@ -249,15 +262,12 @@ class ClusterView:
                                         if getattr(pmd, "leader_epoch", None) is not None
                                         else epochs.get((name, int(pmd.id))),
                                         replicas=_ints(pmd.replicas), isr=_ints(pmd.isrs),
-                                        offline_replicas=_ints(getattr(pmd, "offline_replicas", ()) or ()),
+                                        offline_replicas=offline(pmd),
                                         error=_error_name(pmd.error))
                           for pmd in tmd.partitions.values())
             topics.append(TopicView(name=name, partitions=parts, error=_error_name(tmd.error),
                                     is_internal=bool(getattr(tmd, "is_internal", name in INTERNAL_TOPICS))))
-        controller = md.controller_id
-        return cls(cluster_id=md.cluster_id,
-                   controller_id=int(controller) if controller is not None and controller >= 0 else None,
-                   brokers=brokers, topics=topics)
+        return cls(cluster_id=md.cluster_id, controller_id=None, brokers=brokers, topics=topics)
 
     @property
     def broker_ids(self) -> frozenset[int]:
@@ -421,6 +431,10 @@ class MetadataCache:
         self._pending_cause: Optional[str] = None
         self._partition_counts: Mapping[str, PartitionCount] = types.MappingProxyType({})
         self._last_error: Optional[str] = None
+        #: consecutive updates with a leaderless partition, and whether that is the only reason
+        #: the metadata is stale (then the backoff doubles with each: see update())
+        self._leaderless_streak = 0
+        self._only_leaderless = False
 
     # -- read-only state -------------------------------------------------------------------
 
@@ -484,8 +498,16 @@ class MetadataCache:
                 to_expire = 0
             else:
                 to_expire = max(self._last_successful_refresh_ms + self.metadata_max_age_ms - now, 0)
-            to_allow = max(self._last_refresh_ms + self.refresh_backoff_ms - now, 0)
+            to_allow = max(self._last_refresh_ms + self._backoff_ms() - now, 0)
             return max(to_expire, to_allow)
+
+    def _backoff_ms(self) -> int:
+        """The refresh backoff; while a leaderless partition is all that makes the metadata stale,
+        it doubles with each update that still finds one, up to ``metadata_max_age_ms``."""
+        if not (self._need_update and self._only_leaderless) or self._leaderless_streak <= 1:
+            return self.refresh_backoff_ms
+        grown = self.refresh_backoff_ms * 2 ** min(self._leaderless_streak - 1, 30)
+        return max(self.refresh_backoff_ms, min(grown, self.metadata_max_age_ms))
 
     def should_refresh(self, now: Optional[int] = None) -> bool:
         """Java ``NetworkClient.maybeUpdate``'s test: is it time to send a MetadataRequest?"""
@@ -508,6 +530,7 @@ class MetadataCache:
     # -- requests --------------------------------------------------------------------------
 
     def _mark_stale(self, cause: str) -> None:
+        self._only_leaderless = cause == Cause.UNKNOWN_LEADER and (self._only_leaderless or not self._need_update)
         self._need_update = True
         if cause == Cause.NEW_TOPIC:
             self._pending_reason = Reason.NEW_TOPIC
@@ -548,7 +571,10 @@ class MetadataCache:
         wakes :meth:`await_update` waiters.  A view without brokers is an empty response, which
         Java counts as a failed update: it goes to :meth:`failed_update` and the returned change
         has ``ok=False``.  If a partition has no known leader, requests an update (``unknown_leader``)
-        right after, as the Java producer does for a partition without a leader."""
+        right after, as the Java producer does for a partition without a leader; the probe queues
+        no records there, so while that is the only reason each further update that still finds
+        one doubles the backoff (up to ``metadata_max_age_ms``): an offline partition costs a few
+        refreshes, not one per backoff, which would be a MetadataRefreshStorm of its own."""
         now = self._now(now)
         with self._cond:
             if not cluster.brokers:
@@ -571,6 +597,8 @@ class MetadataCache:
             self._partition_counts = types.MappingProxyType(counts)
             self._cluster = cluster
             requested = None
+            self._only_leaderless = False
+            self._leaderless_streak = self._leaderless_streak + 1 if no_leader else 0
             if no_leader:
                 self._mark_stale(Cause.UNKNOWN_LEADER)
                 requested = Cause.UNKNOWN_LEADER

@@ -74,6 +74,30 @@ def group_state_name(state: Any) -> str:
     return _GROUP_STATES.get(name, name.title())
 
 
+def group_protocol(d: Any) -> str:
+    """classic, consumer (KIP-848) or simple, from a ConsumerGroupDescription."""
+    if d.is_simple_consumer_group:
+        return "simple"
+    return "consumer" if getattr(getattr(d, "type", None), "name", "") == "CONSUMER" else "classic"
+
+
+def describe_group_state(d: Any) -> str:
+    """The group's state as Kafka names it.  librdkafka has no names for the consumer protocol's
+    Assigning and Reconciling and reports both as UNKNOWN; a consumer-protocol group reported so
+    is Reconciling when a member's assignment differs from its target, else Assigning (the new
+    target assignment is being computed)."""
+    name = group_state_name(d.state)
+    if name != "Unknown" or group_protocol(d) != "consumer":
+        return name
+
+    def parts(a: Any) -> set:
+        return {(tp.topic, tp.partition) for tp in (a.topic_partitions if a else [])}
+
+    reconciling = any(parts(m.assignment) != parts(getattr(m, "target_assignment", None))
+                      for m in d.members if getattr(m, "target_assignment", None) is not None)
+    return "Reconciling" if reconciling else "Assigning"
+
+
 class ConfigError(ValueError):
     """A setting with a value that cannot work; the message names the setting."""
 
@@ -450,8 +474,7 @@ class Probe:
                                    assignment=[f"{tp.topic}/{tp.partition}" for tp in
                                                (m.assignment.topic_partitions if m.assignment else [])])
                        for m in d.members]
-            self._emitter.emit(GroupState(group=gid, state=group_state_name(d.state),
-                                          protocol="consumer" if not d.is_simple_consumer_group else "simple",
+            self._emitter.emit(GroupState(group=gid, state=describe_group_state(d), protocol=group_protocol(d),
                                           assignor=d.partition_assignor or None,
                                           coordinator=d.coordinator.id if d.coordinator is not None else None,
                                           members=members), observed_at=at)

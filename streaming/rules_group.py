@@ -25,7 +25,8 @@ Group (cluster/group) -- ``group_state`` and ``rebalance`` events
     - the coordinator (``group_state``) *starts* a rebalance when the group enters
       PreparingRebalance from another known state (Stable, Empty, Dead, or CompletingRebalance:
       a new round, which makes a new generation) or enters CompletingRebalance from outside the
-      rebalancing states (the poll missed PreparingRebalance), or goes Empty -> Stable or
+      rebalancing states (the poll missed PreparingRebalance); for the consumer protocol
+      (KIP-848) Assigning (a new group epoch) and Reconciling the same way, or goes Empty -> Stable or
       Stable -> Empty (the polls missed the whole rebalance: the coordinator changes membership
       only through one).  PreparingRebalance -> CompletingRebalance is the same rebalance;
       transitions between Dead and Empty/Stable are not counted (Dead is also what a coordinator
@@ -47,7 +48,7 @@ Group (cluster/group) -- ``group_state`` and ``rebalance`` events
     Assumes the probe's and the members' clocks agree to better than a rebalance's duration.
 
     RebalanceStuck (critical): every ``group_state`` observation since the group entered
-    PreparingRebalance/CompletingRebalance (either, continuously) said so, for more than
+    PreparingRebalance/CompletingRebalance (or Assigning/Reconciling; any of them, continuously) said so, for more than
     ``stuck_after_ms``.  Opened on an observation (never by a tick: a claim needs a report);
     resolves when the coordinator reports any other known state.  An Unknown report breaks the
     continuity (the timer restarts at the next rebalancing report) but does not resolve.  The
@@ -204,8 +205,12 @@ DEFAULT_CONFIG = GroupRulesConfig()
 # Small helpers
 # ---------------------------------------------------------------------------------------------
 
-KNOWN_GROUP_STATES = frozenset({"Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"})
-REBALANCING = frozenset({"PreparingRebalance", "CompletingRebalance"})
+#: the classic protocol's states, and the consumer protocol's (KIP-848) Assigning and Reconciling
+KNOWN_GROUP_STATES = frozenset({"Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead",
+                                "Assigning", "Reconciling"})
+REBALANCING = frozenset({"PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"})
+#: where a round of rebalancing starts (a new generation, or a new group epoch)
+ROUND_STARTS = frozenset({"PreparingRebalance", "Assigning"})
 UNKNOWN = "Unknown"
 #: longest cause text kept as a "kind" (causes are short names; this only guards the state size)
 MAX_CAUSE_LEN = 80
@@ -350,9 +355,9 @@ def _enters_rebalance(prev: Optional[str], st: str) -> bool:
     rebalance began (see the module doc)."""
     if prev is None or prev == st:
         return False
-    if st == "PreparingRebalance":
+    if st in ROUND_STARTS:
         return True
-    if st == "CompletingRebalance":
+    if st in REBALANCING:
         return prev not in REBALANCING
     return {prev, st} == {"Empty", "Stable"}
 

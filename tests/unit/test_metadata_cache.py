@@ -286,6 +286,25 @@ SCENARIOS = [
         (update(view(topic("orders", 2, leaders={0: 2}, epochs={0: 5}))),
          Exp(MAX_AGE, 4, False, PERIODIC, change={"leader_changes": (), "changed": False})),
     )),
+    ("an offline partition: the backoff doubles per update up to the max age, then a leader resets it", S(
+        START,
+        (update(view(topic("orders", 2, leaders={1: -1}))), Exp(BACKOFF, 1, True, inval(Cause.UNKNOWN_LEADER))),
+        (advance(BACKOFF), Exp(0, 1, True, inval(Cause.UNKNOWN_LEADER))),
+        (update(view(topic("orders", 2, leaders={1: -1}))), Exp(2 * BACKOFF, 2, True, inval(Cause.UNKNOWN_LEADER))),
+        (advance(2 * BACKOFF), Exp(0, 2, True, inval(Cause.UNKNOWN_LEADER))),
+        (update(view(topic("orders", 2, leaders={1: -1}))), Exp(4 * BACKOFF, 3, True, inval(Cause.UNKNOWN_LEADER))),
+        # another cause (a failed connection) is not held back by the grown backoff
+        (request(Cause.CONNECT_FAILED), Exp(BACKOFF, 3, True, inval(Cause.UNKNOWN_LEADER))),
+        (advance(BACKOFF), Exp(0, 3, True, inval(Cause.UNKNOWN_LEADER))),
+        *[pair for k in range(4, 12) for pair in (
+            (update(view(topic("orders", 2, leaders={1: -1}))),
+             Exp(min(BACKOFF * 2 ** (k - 1), MAX_AGE), k, True, inval(Cause.UNKNOWN_LEADER))),
+            (advance(MAX_AGE), Exp(0, k, True, inval(Cause.UNKNOWN_LEADER))))],
+        (update(view(topic("orders", 2, leaders={1: -1}))), Exp(MAX_AGE, 12, True, inval(Cause.UNKNOWN_LEADER))),
+        (advance(MAX_AGE), Exp(0, 12, True, inval(Cause.UNKNOWN_LEADER))),
+        (update(view(topic("orders", 2))), Exp(MAX_AGE, 13, False, PERIODIC)),
+        (update(view(topic("orders", 2, leaders={1: -1}))), Exp(BACKOFF, 14, True, inval(Cause.UNKNOWN_LEADER))),
+    )),
     ("a partition without a leader makes the cache request an update (unknown_leader)", S(
         START,
         (update(view(topic("orders", 2))), Exp(MAX_AGE, 1, False, PERIODIC)),
@@ -295,9 +314,10 @@ SCENARIOS = [
              change={"no_leader": (("orders", 1),), "update_requested": Cause.UNKNOWN_LEADER,
                      "leader_changes": (LeaderChange("orders", 1, 1, -1, 0, 0),)})),
         (advance(BACKOFF), Exp(0, 2, True, inval(Cause.UNKNOWN_LEADER))),
-        # a leader id that is not among the brokers is not a known leader either
+        # a leader id that is not among the brokers is not a known leader either; a second update
+        # in a row with a leaderless partition doubles the backoff (the probe has nothing queued)
         (update(view(topic("orders", 2, leaders={1: 7}))),
-         Exp(BACKOFF, 3, True, inval(Cause.UNKNOWN_LEADER), change={"no_leader": (("orders", 1),)})),
+         Exp(2 * BACKOFF, 3, True, inval(Cause.UNKNOWN_LEADER), change={"no_leader": (("orders", 1),)})),
         (update(view(topic("orders", 2))),
          Exp(MAX_AGE, 4, False, PERIODIC, change={"no_leader": (), "update_requested": None})),
     )),
@@ -514,7 +534,7 @@ def test_from_confluent_on_a_confluent_shaped_object():
         })
     v = ClusterView.from_confluent(md)
     assert v == ClusterView(
-        cluster_id="abc", controller_id=2,
+        cluster_id="abc", controller_id=None,  # KRaft answers a random broker: none rather than a wrong one
         brokers=(BrokerView(1, "b1", 9092, None), BrokerView(2, "b2", 9093, None)),
         topics={
             "__consumer_offsets": TopicView("__consumer_offsets", (PartitionView("__consumer_offsets", 0, 2, None,
@@ -531,6 +551,11 @@ def test_from_confluent_on_a_confluent_shaped_object():
 
     md.controller_id, md.cluster_id = -1, None
     assert ClusterView.from_confluent(md).controller_id is None
+
+    # a replica on a broker the response does not list (down, or fenced) is offline
+    md.brokers.pop(2)
+    gone = ClusterView.from_confluent(md).topics["orders"].partitions
+    assert [p.offline_replicas for p in gone] == [(2,), (2,)]
 
     change = MetadataCache(clock=Clock()).update(v)
     assert change.ok and change.no_leader == (("orders", 1),) and change.update_requested == Cause.UNKNOWN_LEADER
