@@ -503,11 +503,13 @@ class MetadataCache:
 
     def _backoff_ms(self) -> int:
         """The refresh backoff; while a leaderless partition is all that makes the metadata stale,
-        it doubles with each update that still finds one, up to ``metadata_max_age_ms``."""
-        if not (self._need_update and self._only_leaderless) or self._leaderless_streak <= 1:
+        it doubles with each update that still finds one."""
+        if not (self._need_update and self._only_leaderless):
             return self.refresh_backoff_ms
-        grown = self.refresh_backoff_ms * 2 ** min(self._leaderless_streak - 1, 30)
-        return max(self.refresh_backoff_ms, min(grown, self.metadata_max_age_ms))
+        return self._leaderless_backoff_ms()
+
+    def _leaderless_backoff_ms(self) -> int:
+        return self.refresh_backoff_ms * 2 ** min(max(self._leaderless_streak - 1, 0), 30)
 
     def should_refresh(self, now: Optional[int] = None) -> bool:
         """Java ``NetworkClient.maybeUpdate``'s test: is it time to send a MetadataRequest?"""
@@ -573,8 +575,9 @@ class MetadataCache:
         has ``ok=False``.  If a partition has no known leader, requests an update (``unknown_leader``)
         right after, as the Java producer does for a partition without a leader; the probe queues
         no records there, so while that is the only reason each further update that still finds
-        one doubles the backoff (up to ``metadata_max_age_ms``): an offline partition costs a few
-        refreshes, not one per backoff, which would be a MetadataRefreshStorm of its own."""
+        one doubles the backoff, and once that reaches ``metadata_max_age_ms`` the periodic refresh
+        takes over: an offline partition costs a few invalidated refreshes, not one per backoff
+        for as long as it lasts (a MetadataRefreshStorm of the probe's own)."""
         now = self._now(now)
         with self._cond:
             if not cluster.brokers:
@@ -599,7 +602,7 @@ class MetadataCache:
             requested = None
             self._only_leaderless = False
             self._leaderless_streak = self._leaderless_streak + 1 if no_leader else 0
-            if no_leader:
+            if no_leader and self._leaderless_backoff_ms() < self.metadata_max_age_ms:
                 self._mark_stale(Cause.UNKNOWN_LEADER)
                 requested = Cause.UNKNOWN_LEADER
             version = self._version

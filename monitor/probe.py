@@ -278,7 +278,9 @@ class Probe:
             self._warn_once("metadata", "metadata refresh failed: %s", err)
             return False
         duration_ms = (time.monotonic() - t0) * 1000
-        epochs = self._leader_epochs([n for n, t in md.topics.items() if self._watched(n) and t.error is None])
+        watched_now = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
+        epochs = self._leader_epochs(watched_now, {(n, int(p.id)): int(p.leader) for n in watched_now
+                                                   for p in md.topics[n].partitions.values() if p.leader >= 0})
         previous_ok = self.metadata.last_successful_refresh_ms
         change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs))
         now = change.at_ms
@@ -345,12 +347,13 @@ class Probe:
                 for pid, p in t.get("partitions", {}).items():
                     epoch = p.get("leader_epoch")
                     if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
-                        self._epochs[(tname, int(pid))] = epoch
+                        self._epochs[(tname, int(pid))] = (p.get("leader"), epoch)
             self._stats_ts = stats.get("ts", 0) / 1e6
         except (ValueError, AttributeError, TypeError) as e:
             self._warn_once("stats", "unreadable client statistics: %s", e)
 
-    def _leader_epochs(self, topics: list[str]) -> dict[tuple[str, int], int]:
+    def _leader_epochs(self, topics: list[str],
+                       leaders: Optional[dict[tuple[str, int], int]] = None) -> dict[tuple[str, int], int]:
         """Leader epochs as of the metadata response just received.
 
         librdkafka reports a partition's leader epoch only in its statistics, only for topics
@@ -358,7 +361,13 @@ class Probe:
         statistics produced after the metadata response.  So: register new topics once, then
         wait (at most 2.5 statistics intervals) for statistics stamped after now — librdkafka's
         ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
-        carry no epochs at all (seen once) is not waited for again; epochs then stay null."""
+        carry no epochs at all (seen once) is not waited for again; epochs then stay null.
+
+        On a real cluster the statistics can still describe the partition as it was before the
+        response (seen: a leader moved 2 -> 3, the first statistics after the response still said
+        leader 2, epoch 0).  An epoch counts only where the statistics name the response's leader
+        (``leaders``); the probe waits a little longer for those, then reports the rest as
+        unknown (None) rather than the previous leader's epoch."""
         if self._epoch_support is False:
             return {}
         for t in topics:
@@ -380,7 +389,23 @@ class Probe:
         if self._stats_ts < mark:
             self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
         wanted = set(topics)
-        epochs = {k: v for k, v in self._epochs.items() if k[0] in wanted}
+
+        def agreeing() -> dict[tuple[str, int], int]:
+            return {k: epoch for k, (leader, epoch) in self._epochs.items()
+                    if k[0] in wanted and (leaders is None or leaders.get(k) in (None, leader))}
+
+        epochs = agreeing()
+        if leaders is not None and self._stats_ts >= mark:
+            missing = [k for k in leaders if k[0] in wanted and k in self._epochs and k not in epochs]
+            deadline = time.monotonic() + 5 * self.cfg.stats_interval_s
+            while missing and time.monotonic() < deadline:
+                self._admin.poll(0.05)
+                epochs = agreeing()
+                missing = [k for k in missing if k not in epochs]
+            if missing:
+                self._warn_once("stats_leader", "client statistics disagree with the metadata on %d partition(s)' "
+                                "leader (e.g. %s): their leader epochs are reported as unknown", len(missing),
+                                missing[0])
         if self._epoch_support is None and topics and self._stats_ts >= mark:
             self._epoch_support = bool(epochs)
             if not epochs:
