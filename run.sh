@@ -42,6 +42,7 @@ case "${1:-}" in
     shift; setup
     need_apt promtool prometheus                # promtool + a real Prometheus server
     need_apt amtool prometheus-alertmanager     # amtool + Alertmanager for the routing/inhibit tests
+    need_apt mvn maven                          # Maven fetches Apache Kafka for the real-cluster tests
     exec .venv/bin/python -m pytest -q -rfE --durations=10 "$@" ;;
   *)
     echo "usage: ./run.sh demo [--metrics-port N] [--duration S] | ./run.sh test [pytest args]" >&2

@@ -11,6 +11,8 @@ from typing import Callable
 
 import pytest
 
+from tests.support.kafka_cluster import kafka_cluster  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def tansu():

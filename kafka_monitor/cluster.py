@@ -1,0 +1,708 @@
+"""A real Apache Kafka cluster (KRaft) on loopback, for tests, benchmarks and the demo.
+
+One dedicated controller (``process.roles=controller``) and three brokers, each its own JVM,
+so that faults taking two brokers away still leave a metadata quorum.  The jars come from
+Maven Central through the ordinary Maven client (``mvn``) on first use and are cached
+(``~/.cache/kafka-monitor/kafka-<version>``, or ``$KAFKA_MONITOR_KAFKA_HOME``).  Settings make
+replication react in seconds (see ``KafkaCluster.__init__``).  Every process is started by us,
+in its own process group, asked to die with its parent, and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from kafka_monitor.broker import _LIBC, die_with_parent, free_port, stop_process
+
+KAFKA_VERSION = "4.1.1"
+SCALA_VERSION = "2.13"
+LOG4J_VERSION = "2.24.3"
+_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+_INSTALL_HINT = "install the Debian packages openjdk-17-jre-headless and maven (apt-get install openjdk-17-jre-headless maven)"
+
+CONTROLLER_ID = 100
+BROKER_IDS = (1, 2, 3)
+# lean JVMs for a small shared machine; C1 only roughly halves the start time on 2 cores
+DEFAULT_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+                    "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+
+
+class KafkaSetupError(RuntimeError):
+    """Java or Maven missing, or the Kafka jars could not be fetched."""
+
+
+class UnmanagedClusterError(RuntimeError):
+    """A process-level operation was asked of a cluster this module did not start."""
+
+
+# ---------------------------------------------------------------- artifacts
+
+def kafka_home() -> Path:
+    """Cache directory for this Kafka version's jars."""
+    env = os.environ.get("KAFKA_MONITOR_KAFKA_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "kafka-monitor" / f"kafka-{KAFKA_VERSION}"
+
+
+@functools.lru_cache(maxsize=None)
+def java_bin() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaSetupError(f"'java' not found (Apache Kafka {KAFKA_VERSION} needs Java 17+): {_INSTALL_HINT}")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(m.group(1)) if m else 0
+    if major == 1 and m and m.group(2):
+        major = int(m.group(2))
+    if major < 17:
+        raise KafkaSetupError(f"Apache Kafka {KAFKA_VERSION} needs Java 17+, found: {out.splitlines()[:1]}; {_INSTALL_HINT}")
+    return java
+
+
+_POM = """<project>
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.kafka-monitor</groupId><artifactId>kafka-jars</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="error">
+  <Appenders>
+    <File name="file" fileName="${sys:kafka.logs.dir}/server.log">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Root level="WARN"><AppenderRef ref="file"/></Root>
+  </Loggers>
+</Configuration>
+"""
+
+
+def ensure_kafka(home: Optional[Path] = None) -> Path:
+    """Fetch the Kafka jars with ``mvn`` into ``<home>/libs`` unless already there; return ``libs``.
+
+    A second call (or another process, after the first finished) is a no-op."""
+    home = Path(home) if home else kafka_home()
+    libs = home / "libs"
+    done = home / ".complete"
+    if done.exists() and (libs / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").exists():
+        return libs
+    java_bin()
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaSetupError(f"'mvn' (Maven) not found; it fetches Apache Kafka {KAFKA_VERSION} from Maven Central: {_INSTALL_HINT}")
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch at a time; the others wait and reuse it
+        if done.exists() and (libs / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").exists():
+            return libs
+        print(f"[kafka] fetching Apache Kafka {KAFKA_VERSION} from Maven Central (first run only)...", file=sys.stderr, flush=True)
+        (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
+        tmp = home / "libs.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(home / "pom.xml"), f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
+             f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0 or not any(tmp.glob(f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar")):
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise KafkaSetupError(
+                f"mvn could not fetch Apache Kafka {KAFKA_VERSION} from Maven Central (exit {proc.returncode}); "
+                f"is Maven Central reachable from here (proxies go in ~/.m2/settings.xml)?\n{tail}")
+        shutil.rmtree(libs, ignore_errors=True)
+        tmp.rename(libs)
+        done.write_text(KAFKA_VERSION + "\n")
+    return libs
+
+
+# ---------------------------------------------------------------- cluster
+
+@dataclass
+class _Node:
+    node_id: int
+    role: str  # "controller" | "broker"
+    port: int
+    dir: Path
+    proc: Optional[subprocess.Popen] = None
+    paused: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.node_id}"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _die_hard_with_parent() -> None:  # runs in the child between fork and exec
+    # SIGKILL, not SIGTERM: an orphaned broker in controlled shutdown waits for a dead controller
+    die_with_parent()
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _props(d: dict) -> str:
+    return "".join(f"{k}={v}\n" for k, v in d.items())
+
+
+class KafkaCluster:
+    """Apache Kafka in KRaft mode on 127.0.0.1: one controller plus brokers, one JVM each."""
+
+    def __init__(self, broker_ids: Sequence[int] = BROKER_IDS, controller_id: int = CONTROLLER_ID, *,
+                 replica_lag_time_max_ms: int = 3000, replica_fetch_wait_max_ms: int = 200,
+                 broker_session_timeout_ms: int = 8000, broker_heartbeat_interval_ms: int = 1000,
+                 auto_leader_rebalance: bool = False,
+                 broker_props: Optional[dict] = None, controller_props: Optional[dict] = None,
+                 broker_heap: str = "384M", controller_heap: str = "256M",
+                 jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
+                 work_dir: Optional[str] = None, keep_work_dir: bool = False):
+        if replica_fetch_wait_max_ms > replica_lag_time_max_ms:
+            raise ValueError("replica.fetch.wait.max.ms must not exceed replica.lag.time.max.ms")
+        self.managed = True
+        self.controller_id = controller_id
+        self.broker_ids = list(broker_ids)
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="km-kafka-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
+        self.keep_work_dir = keep_work_dir
+        self.broker_heap, self.controller_heap, self.jvm_opts = broker_heap, controller_heap, list(jvm_opts)
+        self.cluster_id = _new_cluster_id()
+        self.start_seconds: Optional[float] = None
+        self._libs: Optional[Path] = None
+        self._admin = self._observer_admin = None
+        ports: list = []
+        while len(ports) < 1 + len(self.broker_ids):
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        self.controller = _Node(controller_id, "controller", ports[0], self.work_dir / f"controller-{controller_id}")
+        self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}") for b, p in zip(self.broker_ids, ports[1:])}
+        common = {
+            "controller.quorum.voters": f"{controller_id}@127.0.0.1:{self.controller.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "broker.session.timeout.ms": broker_session_timeout_ms,  # read by the controller
+            "broker.heartbeat.interval.ms": broker_heartbeat_interval_ms,
+            "auto.leader.rebalance.enable": str(auto_leader_rebalance).lower(),  # read by the controller
+            "num.network.threads": 2,
+            "num.io.threads": 4,
+        }
+        self._controller_props = {**common, **(controller_props or {})}
+        self._broker_props = {
+            **common,
+            "inter.broker.listener.name": "PLAINTEXT",
+            "replica.lag.time.max.ms": replica_lag_time_max_ms,
+            "replica.fetch.wait.max.ms": replica_fetch_wait_max_ms,
+            "default.replication.factor": 3,
+            "num.partitions": 1,
+            "offsets.topic.replication.factor": 3,
+            "offsets.topic.num.partitions": 10,
+            "transaction.state.log.replication.factor": 3,
+            "transaction.state.log.min.isr": 2,
+            "transaction.state.log.num.partitions": 10,
+            "group.initial.rebalance.delay.ms": 0,
+            # no broker-level min.insync.replicas: rejected while ELR is on; set it per topic
+            **(broker_props or {}),
+        }
+
+    # -- addresses
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if not self.managed:
+            return self._bootstrap
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.brokers.values())
+
+    bootstrap = bootstrap_servers
+
+    @property
+    def controller_bootstrap(self) -> str:
+        self._require_managed("controller_bootstrap")
+        return f"127.0.0.1:{self.controller.port}"
+
+    def broker_address(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self._broker(broker_id).port}"
+
+    def node_dir(self, node_id: int) -> Path:
+        return self._node(node_id).dir
+
+    def metadata_log_dir(self, node_id: Optional[int] = None) -> Path:
+        """``__cluster_metadata-0`` of a node (default: the controller)."""
+        return self._node(self.controller_id if node_id is None else node_id).dir / "data" / "__cluster_metadata-0"
+
+    def pid(self, node_id: int) -> Optional[int]:
+        n = self._node(node_id)
+        return n.proc.pid if n.running() else None
+
+    def is_running(self, node_id: int) -> bool:
+        return self._node(node_id).running()
+
+    # -- lifecycle
+
+    @property
+    def libs(self) -> Path:
+        if self._libs is None:
+            self._libs = ensure_kafka()
+        return self._libs
+
+    def start(self, timeout: float = 180.0) -> "KafkaCluster":
+        """Format storage, launch every node in parallel, wait until all brokers are registered."""
+        self._require_managed("start")
+        self.libs  # fetch (first run only) before the clock starts
+        t0 = time.monotonic()
+        nodes = [self.controller, *self.brokers.values()]
+        for n in nodes:
+            n.dir.mkdir(parents=True, exist_ok=True)
+            props = self._controller_props if n.role == "controller" else self._broker_props
+            listener = (f"CONTROLLER://127.0.0.1:{n.port}" if n.role == "controller"
+                        else f"PLAINTEXT://127.0.0.1:{n.port}")
+            conf = {"process.roles": n.role, "node.id": n.node_id, "listeners": listener,
+                    "log.dirs": n.dir / "data", **props}
+            if n.role == "broker":
+                conf["advertised.listeners"] = listener
+            (n.dir / "server.properties").write_text(_props(conf))
+        fmt = [self._java(n.dir, "128M", "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+                          "-c", str(n.dir / "server.properties"), out=n.dir / "format.log") for n in nodes]
+        try:
+            for n, p in zip(nodes, fmt):
+                if p.wait(timeout) != 0:
+                    raise RuntimeError(f"StorageTool format failed for {n.name}: {self._tail(n.dir / 'format.log')}")
+            for n in nodes:
+                self._launch(n)
+            self.wait_ready(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except BaseException:
+            for p in fmt:
+                stop_process(p, 5)
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def wait_ready(self, timeout: float = 120.0, brokers: Optional[Iterable[int]] = None) -> None:
+        """Poll DescribeCluster until the given brokers (default: all running ones) are registered."""
+        want = set(brokers) if brokers is not None else {b for b, n in self.brokers.items() if n.running()}
+        deadline = time.monotonic() + timeout
+        seen: set = set()
+        while True:
+            self._check_alive()
+            with contextlib.suppress(Exception):
+                seen = self.live_brokers(request_timeout=2.0)
+            if want <= seen:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"brokers {sorted(want - seen)} not registered after {timeout:.0f}s "
+                                   f"(registered: {sorted(seen)}); logs in {self.work_dir}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every node (brokers first, then the controller): SIGTERM, SIGKILL after ``timeout``."""
+        self._admin = self._observer_admin = None
+        if not self.managed:
+            shutil.rmtree(self.work_dir, ignore_errors=True)  # tool logs only
+            return
+        brokers = [n for n in self.brokers.values() if n.running()]
+        for n in brokers:  # in parallel: each controlled shutdown is mostly waiting
+            self._signal(n, signal.SIGCONT)
+            n.paused = False
+            n.proc.terminate()
+        deadline = time.monotonic() + timeout
+        for n in brokers:
+            _wait_or_kill(n.proc, deadline - time.monotonic())
+        if self.controller.running():
+            self.controller.proc.terminate()
+            _wait_or_kill(self.controller.proc, timeout)
+        if self._own_dir and not self.keep_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> "KafkaCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- per-broker faults (by PID)
+
+    def stop_broker(self, broker_id: int, timeout: float = 60.0) -> None:
+        """Controlled shutdown: SIGTERM and wait for exit (SIGKILL after ``timeout``)."""
+        self._require_managed("stop_broker")
+        n = self._broker(broker_id)
+        if n.paused:
+            self.resume_broker(broker_id)
+        stop_process(n.proc, timeout)
+
+    def kill_broker(self, broker_id: int) -> None:
+        """SIGKILL (unclean shutdown)."""
+        self._require_managed("kill_broker")
+        n = self._broker(broker_id)
+        if n.running():
+            n.proc.kill()
+            n.proc.wait()
+        n.paused = False
+
+    def pause_broker(self, broker_id: int) -> None:
+        """SIGSTOP: the JVM freezes (no fetches, no heartbeats)."""
+        self._require_managed("pause_broker")
+        n = self._broker(broker_id)
+        self._signal(n, signal.SIGSTOP)
+        n.paused = True
+
+    def resume_broker(self, broker_id: int) -> None:
+        """SIGCONT."""
+        self._require_managed("resume_broker")
+        n = self._broker(broker_id)
+        self._signal(n, signal.SIGCONT)
+        n.paused = False
+
+    def start_broker(self, broker_id: int, timeout: float = 120.0) -> None:
+        """Start a stopped broker again (same ports and log dir) and wait until it is registered."""
+        self._require_managed("start_broker")
+        n = self._broker(broker_id)
+        if not n.running():
+            self._launch(n)
+        self.wait_ready(timeout, brokers=[broker_id])
+
+    def restart_broker(self, broker_id: int, timeout: float = 120.0) -> None:
+        """Stop the broker if it runs (controlled), start it again, wait until it is registered."""
+        self._require_managed("restart_broker")
+        if self._broker(broker_id).running():
+            self.stop_broker(broker_id)
+        self.start_broker(broker_id, timeout)
+
+    # -- cluster operations
+
+    def admin(self):
+        """A shared AdminClient on the brokers, for operations."""
+        if self._admin is None:
+            self._admin = self._new_admin(10000)
+        return self._admin
+
+    def _observer(self):
+        # metadata polls: a request stuck on a paused broker times out (and disconnects) fast
+        if self._observer_admin is None:
+            self._observer_admin = self._new_admin(2000)
+        return self._observer_admin
+
+    def _new_admin(self, socket_timeout_ms: int):
+        from confluent_kafka.admin import AdminClient
+        return AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": socket_timeout_ms,
+                            "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger()})
+
+    def metadata(self, topic: Optional[str] = None, timeout: float = 2.0):
+        """One Metadata response (``ClusterMetadata``: live brokers and topics with leader/replicas/isrs)."""
+        return self._observer().list_topics(topic=topic, timeout=timeout)
+
+    def live_brokers(self, request_timeout: float = 2.0) -> set:
+        """Ids of registered, unfenced brokers (DescribeCluster); raises when no broker answers."""
+        desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
+        return {n.id for n in desc.nodes}
+
+    def partitions(self, topic: str, timeout: float = 2.0) -> dict:
+        """``{partition: (leader, replicas, isr)}`` from one Metadata response (leader -1 when none)."""
+        t = self.metadata(topic, timeout).topics.get(topic)
+        if t is None or t.error is not None:
+            raise RuntimeError(f"topic {topic!r}: {None if t is None else t.error}")
+        return {p.id: (p.leader, list(p.replicas), list(p.isrs)) for p in t.partitions.values()}
+
+    def create_topic(self, name: str, partitions: int = 1, rf: int = 3, config: Optional[dict] = None,
+                     replica_assignment: Optional[list] = None, timeout: float = 30.0) -> None:
+        """Create a topic and wait until every partition has a leader."""
+        from confluent_kafka.admin import NewTopic
+        if replica_assignment:
+            nt = NewTopic(name, num_partitions=len(replica_assignment), replication_factor=-1,
+                          replica_assignment=[list(r) for r in replica_assignment],
+                          config={k: str(v) for k, v in (config or {}).items()})
+            partitions = len(replica_assignment)
+        else:
+            nt = NewTopic(name, num_partitions=partitions, replication_factor=rf,
+                          config={k: str(v) for k, v in (config or {}).items()})
+        self.admin().create_topics([nt], request_timeout=timeout)[name].result(timeout)
+        self._wait(lambda: self._all_led(name, partitions), timeout, f"leaders for {name}")
+
+    def add_partitions(self, topic: str, total: int, replica_assignment: Optional[list] = None,
+                       timeout: float = 30.0) -> None:
+        """Grow a topic to ``total`` partitions and wait until they all have leaders."""
+        from confluent_kafka.admin import NewPartitions
+        args = [[list(r) for r in replica_assignment]] if replica_assignment else []
+        self.admin().create_partitions([NewPartitions(topic, total, *args)], request_timeout=timeout)[topic].result(timeout)
+        self._wait(lambda: self._all_led(topic, total), timeout, f"{total} led partitions of {topic}")
+
+    def elect_leaders(self, kind: str = "preferred", partitions: Optional[Iterable[tuple]] = None,
+                      timeout: float = 30.0) -> dict:
+        """ElectLeaders (``'preferred'`` or ``'unclean'``) for ``[(topic, partition), ...]`` (None = all).
+
+        Returns ``{(topic, partition): KafkaError or None}``; ELECTION_NOT_NEEDED counts as success.
+        Leaders move asynchronously: poll metadata for the outcome."""
+        from confluent_kafka import ElectionType, KafkaError, TopicPartition
+        et = {"preferred": ElectionType.PREFERRED, "unclean": ElectionType.UNCLEAN}[kind]
+        tps = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+        # no kwargs: confluent-kafka 2.16.1 raises SystemError for request/operation_timeout here
+        res = self.admin().elect_leaders(et, tps).result(timeout)
+        out = {}
+        for tp, exc in res.items():
+            err = exc.args[0] if isinstance(exc, Exception) and exc.args else exc  # KafkaError or KafkaException
+            if err is not None and getattr(err, "code", lambda: None)() == KafkaError.ELECTION_NOT_NEEDED:
+                err = None
+            out[(tp.topic, tp.partition)] = err
+        return out
+
+    def reassign(self, topic: str, partition: int, replicas: Sequence[int], wait: bool = True,
+                 timeout: float = 60.0) -> None:
+        """AlterPartitionReassignments (Kafka's ReassignPartitionsCommand; confluent-kafka lacks it).
+
+        With ``wait``, poll metadata until the replica list equals ``replicas``."""
+        plan = {"version": 1, "partitions": [{"topic": topic, "partition": partition, "replicas": list(replicas)}]}
+        f = Path(tempfile.mkstemp(prefix="reassign-", suffix=".json", dir=self._tools_dir())[1])
+        f.write_text(json.dumps(plan))
+        self.run_tool("org.apache.kafka.tools.reassign.ReassignPartitionsCommand", "--bootstrap-server",
+                      self.bootstrap_servers, "--reassignment-json-file", str(f), "--execute")
+        if wait:
+            want = list(replicas)
+
+            def done():
+                try:
+                    _, reps, isr = self.partitions(topic, timeout=3)[partition]
+                    return reps == want and set(want) <= set(isr)
+                except Exception:
+                    return False
+            self._wait(done, timeout, f"reassignment of {topic}-{partition} to {want}")
+
+    def throttle(self, rate_bytes: int, brokers: Optional[Iterable[int]] = None, topic: Optional[str] = None,
+                 replicas: str = "*", timeout: float = 30.0) -> None:
+        """Replication throttling: ``leader/follower.replication.throttled.rate`` on the brokers and,
+        with ``topic``, ``leader/follower.replication.throttled.replicas`` (``"*"`` or ``"p:b,..."``).
+        Only replicas outside the ISR are throttled (Kafka's rule)."""
+        self._throttle_configs(brokers, topic, str(int(rate_bytes)), replicas, timeout)
+
+    def clear_throttle(self, brokers: Optional[Iterable[int]] = None, topic: Optional[str] = None,
+                       timeout: float = 30.0) -> None:
+        self._throttle_configs(brokers, topic, None, None, timeout)
+
+    def _throttle_configs(self, brokers, topic, rate, replicas, timeout) -> None:
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+        def entries(names, value):
+            op = AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET
+            return [ConfigEntry(n, value, incremental_operation=op) for n in names]
+        res = [ConfigResource(ResourceType.BROKER, str(b), incremental_configs=entries(
+            ["leader.replication.throttled.rate", "follower.replication.throttled.rate"], rate))
+            for b in (self.broker_ids if brokers is None else brokers)]
+        if topic:
+            res.append(ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries(
+                ["leader.replication.throttled.replicas", "follower.replication.throttled.replicas"], replicas)))
+        for r in res:  # one BROKER resource per request (librdkafka rule)
+            for fut in self.admin().incremental_alter_configs([r], request_timeout=timeout).values():
+                fut.result(timeout)
+
+    def quorum_status(self) -> dict:
+        """``kafka-metadata-quorum describe --status`` as ``{key: value}`` (LeaderId, LeaderEpoch, ...)."""
+        target = (["--bootstrap-controller", self.controller_bootstrap] if self.managed
+                  else ["--bootstrap-server", self.bootstrap_servers])
+        out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
+        return dict(m.groups() for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M))
+
+    def active_controller(self) -> int:
+        """The KRaft active controller (DescribeQuorum LeaderId), not DescribeCluster's random broker."""
+        return int(self.quorum_status()["LeaderId"])
+
+    def dump_metadata_log(self, node_id: Optional[int] = None) -> list:
+        """The ``__cluster_metadata`` records of a node (default: the controller), via DumpLogSegments.
+
+        Each record: ``{"offset", "create_time" (ms, controller clock), "epoch" (raft leader epoch),
+        "type" (e.g. PARTITION_CHANGE_RECORD), "version", "data"}``; control records carry their
+        raw text in ``"data"``."""
+        segs = sorted(self.metadata_log_dir(node_id).glob("*.log"))
+        if not segs:
+            return []
+        out = self.run_tool("kafka.tools.DumpLogSegments", "--cluster-metadata-decoder",
+                            "--files", ",".join(map(str, segs)), heap="256M", timeout=120)
+        return parse_metadata_dump(out)
+
+    def run_tool(self, main_class: str, *args: str, heap: str = "128M", timeout: float = 60.0) -> str:
+        """Run one of Kafka's Java tools on the cached classpath; return stdout, raise on failure."""
+        log = Path(tempfile.mkstemp(prefix="tool-", suffix=".log", dir=self._tools_dir())[1])
+        p = self._java(self._tools_dir(), heap, main_class, *args, out=None, capture=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_process(p, 5)
+            raise
+        log.write_text(out + err)
+        if p.returncode != 0:
+            raise RuntimeError(f"{main_class.rsplit('.', 1)[-1]} {' '.join(args)} failed ({p.returncode}): "
+                               f"{(err or out).strip()[-2000:]}")
+        return out
+
+    # -- internals
+
+    def _require_managed(self, what: str) -> None:
+        if not self.managed:
+            raise UnmanagedClusterError(f"{what}() needs a cluster started by kafka_monitor.cluster, "
+                                        f"not the external cluster at {self.bootstrap_servers}")
+
+    def _node(self, node_id: int) -> _Node:
+        if node_id == self.controller_id:
+            return self.controller
+        return self._broker(node_id)
+
+    def _broker(self, broker_id: int) -> _Node:
+        try:
+            return self.brokers[broker_id]
+        except KeyError:
+            raise KeyError(f"no broker {broker_id} (brokers: {self.broker_ids})") from None
+
+    def _tools_dir(self) -> Path:
+        d = self.work_dir / "tools"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _java(self, logs_dir: Path, heap: str, main_class: str, *args: str, out: Optional[Path],
+              capture: bool = False) -> subprocess.Popen:
+        # Popen from the calling thread: the parent-death signal fires when *that thread* exits
+        cmd = [java_bin(), f"-Xmx{heap}", *self.jvm_opts,
+               f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.xml'}", f"-Dkafka.logs.dir={logs_dir}",
+               "-cp", str(self.libs / "*"), main_class, *args]
+        if capture:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=logs_dir, preexec_fn=_die_hard_with_parent)
+        with open(out, "ab") as f:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    cwd=logs_dir, preexec_fn=_die_hard_with_parent)
+
+    def _launch(self, n: _Node) -> None:
+        heap = self.controller_heap if n.role == "controller" else self.broker_heap
+        n.proc = self._java(n.dir, heap, "kafka.Kafka", str(n.dir / "server.properties"), out=n.dir / "stdout.log")
+        n.paused = False
+
+    def _signal(self, n: _Node, sig: int) -> None:
+        if not n.running():
+            raise RuntimeError(f"{n.name} is not running")
+        os.kill(n.proc.pid, sig)
+
+    def _check_alive(self) -> None:
+        for n in [self.controller, *self.brokers.values()]:
+            if n.proc is not None and n.proc.poll() is not None and n.proc.returncode not in (0, -9, -15, 143):
+                raise RuntimeError(f"{n.name} exited with {n.proc.returncode}: {self._tail(n.dir / 'stdout.log')}"
+                                   f"\n{self._tail(n.dir / 'server.log')}")
+
+    @staticmethod
+    def _tail(path: Path, lines: int = 20) -> str:
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _all_led(self, topic: str, count: int) -> bool:
+        try:
+            parts = self.partitions(topic, timeout=3)
+        except Exception:
+            return False
+        return len(parts) == count and all(leader >= 0 for leader, _, _ in parts.values())
+
+    @staticmethod
+    def _wait(cond, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            v = cond()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.1)
+
+    # -- an existing cluster
+
+    @classmethod
+    def attach(cls, bootstrap_servers: str) -> "KafkaCluster":
+        """A handle on a cluster started elsewhere: admin operations work, process faults raise
+        ``UnmanagedClusterError``."""
+        self = cls.__new__(cls)
+        self.managed = False
+        self._bootstrap = bootstrap_servers
+        self._admin = self._observer_admin = None
+        self._libs = None
+        self.controller_id = None
+        self.start_seconds = None
+        self.jvm_opts = list(DEFAULT_JVM_OPTS)
+        self.work_dir = Path(tempfile.mkdtemp(prefix="km-kafka-ext-"))
+        (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
+        self.controller = None
+        self.brokers = {}
+        self.broker_ids = sorted(self.live_brokers(request_timeout=10.0))  # raises if unreachable
+        return self
+
+
+class _NullLogger:
+    """Swallows librdkafka logs (connection refused while nodes start or are stopped)."""
+
+    def log(self, *a, **k):
+        pass
+
+    def __getattr__(self, name):
+        return self.log
+
+
+_BATCH = re.compile(r"^baseOffset: (\d+) .*?partitionLeaderEpoch: (-?\d+) .*?CreateTime: (-?\d+)")
+_RECORD = re.compile(r"^\| offset: (\d+) CreateTime: (-?\d+) .*? payload: (.*)$")
+_CONTROL = re.compile(r"^\| offset: (\d+) CreateTime: (-?\d+) .*?(\w+): (\{.*\})\s*$")
+
+
+def parse_metadata_dump(text: str) -> list:
+    """Records from ``DumpLogSegments --cluster-metadata-decoder`` output (see ``dump_metadata_log``)."""
+    records, epoch = [], None
+    for line in text.splitlines():
+        m = _BATCH.match(line)
+        if m:
+            epoch = int(m.group(2))
+            continue
+        m = _RECORD.match(line)
+        if m:
+            rec = {"offset": int(m.group(1)), "create_time": int(m.group(2)), "epoch": epoch}
+            try:
+                payload = json.loads(m.group(3))
+                rec.update(type=payload.get("type"), version=payload.get("version"), data=payload.get("data"))
+            except ValueError:
+                rec.update(type="CONTROL", version=None, data=m.group(3))
+            records.append(rec)
+            continue
+        m = _CONTROL.match(line)
+        if m:
+            records.append({"offset": int(m.group(1)), "create_time": int(m.group(2)), "epoch": epoch,
+                            "type": "CONTROL", "version": None, "data": f"{m.group(3)}: {m.group(4)}"})
+    return records

@@ -1,0 +1,40 @@
+"""Session fixture ``kafka_cluster``: one real Apache Kafka cluster (KRaft, a dedicated controller
+plus 3 brokers, kafka_monitor.cluster) per test run, stopped at the end even when tests fail.
+
+With ``KAFKA_MONITOR_TEST_KAFKA=<bootstrap servers>`` the tests use that existing cluster
+instead; process faults (pause/stop/kill/restart) then skip the test.  Set
+``KAFKA_MONITOR_KEEP_KAFKA=1`` to keep the cluster's directory (logs) after the run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kafka_monitor.cluster import KafkaCluster
+
+
+class ExternalKafka(KafkaCluster):
+    """Handle on a cluster this test run did not start."""
+
+    def _require_managed(self, what: str) -> None:
+        pytest.skip(f"{what}() needs the cluster the tests start themselves; KAFKA_MONITOR_TEST_KAFKA "
+                    f"points at an external cluster ({self.bootstrap_servers})")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    external = os.environ.get("KAFKA_MONITOR_TEST_KAFKA")
+    if external:
+        handle = ExternalKafka.attach(external)
+        try:
+            yield handle
+        finally:
+            handle.stop()  # only removes its temporary tool-log directory
+        return
+    cluster = KafkaCluster(keep_work_dir=bool(os.environ.get("KAFKA_MONITOR_KEEP_KAFKA")))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
