@@ -1,0 +1,287 @@
+"""The probe against a real Apache Kafka cluster (tests/support/kafka_cluster.py: 3 brokers and
+a controller, KRaft, replication tuned to react in seconds), with real faults: a paused
+follower, stopped brokers, every replica of a partition gone, partitions added, consumer
+groups of both protocols.  Only a real cluster shrinks an ISR; Tansu and librdkafka's mock
+never do.
+
+The probe's events are kept in memory (tests/support/capture.py) so that no events topic goes
+down with the brokers; everything the probe reads comes from the cluster.
+
+What the cluster showed that the mock and Tansu hid is written next to each test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from monitor.probe import ProbeConfig
+from tests.conftest import unique
+from tests.support.capture import capturing_probe, latest, of_type
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def probe_for(cluster, topic_regex: str, groups: str = "^$", **kw):
+    opts = dict(bootstrap_servers=cluster.bootstrap_servers, cluster="real", source=unique("probe-real"),
+                topics_include=topic_regex, groups_include=groups, interval_s=1, refresh_backoff_s=0.2,
+                stats_interval_s=0.2, request_timeout_s=5)
+    return capturing_probe(ProbeConfig(**{**opts, **kw}))
+
+
+def refresh_until(probe, cap, cond: Callable[[], object], what: str, timeout: float = 60.0):
+    """Refresh the probe's metadata until ``cond()`` holds (polled, not slept)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        probe.refresh_metadata()
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pm = of_type(cap.events, "partition_metadata")[-3:]
+            raise AssertionError(f"{what}: not seen within {timeout:.0f}s; last partition_metadata: "
+                                 f"{[(e.data.topic, e.data.partition, e.data.leader, e.data.isr) for e in pm]}")
+        time.sleep(0.3)
+
+
+def part(cap, topic: str, partition: int = 0):
+    return latest(cap.events, "partition_metadata", topic=topic, partition=partition)
+
+
+class Writer:
+    """Keeps writes flowing (acks=1): a lagging follower leaves the ISR only while the leader's
+    log end moves past it (an idle partition keeps a stalled follower in sync)."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        self._p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5, "log_level": 0})
+        self._topic, self._stop = topic, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self._p.produce(self._topic, b"x" * 100)
+            except BufferError:
+                pass
+            self._p.poll(0.01)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(10)
+        self._p.flush(5)
+
+
+def test_a_paused_follower_leaves_the_isr_and_returns_after_resume(kafka_cluster):
+    """SIGSTOP on a follower: it stops fetching, so with writes flowing the leader drops it from
+    the ISR after replica.lag.time.max.ms (or the controller fences it after the broker session
+    timeout, whichever comes first); replicas stay the same.  SIGCONT: it catches up and the
+    ISR grows back.  (The mock cluster always reports ISR = replicas.)"""
+    c = kafka_cluster
+    topic = unique("real.pause")
+    c.create_topic(topic, replica_assignment=[[1, 2, 3]], config={"min.insync.replicas": 1})
+    probe, cap = probe_for(c, f"^{topic}$")
+    try:
+        with Writer(c.bootstrap_servers, topic):
+            before = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
+                                   "the full ISR")
+            t0 = time.monotonic()
+            c.pause_broker(3)
+            try:
+                shrunk = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and 3 not in p.data.isr and p,
+                                       "broker 3 out of the ISR")
+                shrink_s = time.monotonic() - t0
+            finally:
+                c.resume_broker(3)
+            assert shrunk.data.replicas == before.data.replicas == [1, 2, 3]
+            assert shrunk.data.leader == 1 and sorted(shrunk.data.isr) == [1, 2]
+            t1 = time.monotonic()
+            back = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and 3 in p.data.isr and p,
+                                 "broker 3 back in the ISR")
+            print(f"\nISR shrink seen after {shrink_s:.1f}s, expand {time.monotonic() - t1:.1f}s after resume")
+        assert sorted(back.data.isr) == [1, 2, 3] and back.data.offline_replicas == []
+    finally:
+        probe.close(flush_timeout=1)
+
+
+def test_brokers_stopped_one_then_two_and_returned(kafka_cluster):
+    """One broker stopped (controlled shutdown): the partitions it led move, with the leader
+    epoch bumped, its replicas are offline and out of the ISR (under-replicated); at
+    min.insync.replicas = 2 the ISR is at the minimum.  A second broker stopped: under the
+    minimum.  Both back: the ISR is whole again, the leaders stay where they moved (preferred-
+    leader imbalance, auto rebalance is off) until a preferred election puts them back."""
+    c = kafka_cluster
+    topic = unique("real.stop")
+    c.create_topic(topic, replica_assignment=[[2, 3, 1]], config={"min.insync.replicas": 2})
+    probe, cap = probe_for(c, f"^{topic}$")
+    try:
+        first = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
+                              "the full ISR")
+        assert first.data.leader == 2 and first.data.min_insync_replicas == 2
+        assert first.data.leader_epoch is not None
+        c.stop_broker(2)
+        try:
+            moved = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader not in (2, -1) and
+                                  2 not in p.data.isr and p, "leadership away from broker 2")
+            assert moved.data.leader_epoch > first.data.leader_epoch
+            assert moved.data.offline_replicas == [2] and sorted(moved.data.isr) == [1, 3]
+            refresh = latest(cap.events, "metadata_refresh", ok=True)
+            assert 2 not in {b.node_id for b in refresh.data.brokers}
+            assert refresh.data.controller_id is None  # KRaft names a random broker: none reported
+
+            c.stop_broker(3)
+            try:
+                under = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.isr == [1] and p,
+                                      "ISR down to broker 1")
+                assert under.data.leader == 1 and sorted(under.data.offline_replicas) == [2, 3]
+                assert under.data.min_insync_replicas == 2
+            finally:
+                c.start_broker(3)
+        finally:
+            c.start_broker(2)
+        whole = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
+                              "the full ISR after both returned")
+        assert whole.data.offline_replicas == [] and whole.data.leader != 2  # not its preferred leader yet
+        c.elect_leaders("preferred", [(topic, 0)])
+        back = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader == 2 and p,
+                             "broker 2 leading again after the preferred election")
+        assert back.data.leader_epoch > whole.data.leader_epoch
+    finally:
+        probe.close(flush_timeout=1)
+
+
+def test_every_replica_lost_makes_the_partition_offline_without_a_refresh_storm(kafka_cluster):
+    """A one-replica partition whose broker stops has no leader (-1) and names the replica
+    offline.  The probe keeps refreshing on its schedule: the unknown leader asks for early
+    refreshes with a backoff that doubles until the periodic refresh takes over, not one refresh
+    per backoff for as long as it lasts (which was a MetadataRefreshStorm of the probe's own)."""
+    c = kafka_cluster
+    topic = unique("real.offline")
+    c.create_topic(topic, replica_assignment=[[3]])
+    probe, cap = probe_for(c, f"^{topic}$", metadata_max_age_s=5, refresh_backoff_s=0.5)
+    try:
+        refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader == 3, "leader 3")
+        c.stop_broker(3)
+        try:
+            stop = threading.Event()
+            runner = threading.Thread(target=probe.run, args=(stop,), daemon=True)
+            t0 = time.time()
+            runner.start()
+            deadline = time.monotonic() + 60
+            while not ((p := part(cap, topic)) and p.data.leader == -1) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            offline = part(cap, topic)
+            assert offline.data.leader == -1 and offline.data.offline_replicas == [3] and offline.data.isr in ([], [3])
+            since = offline.observed_at
+            time.sleep(20)  # the probe runs on its own clock meanwhile: this is the window measured
+            stop.set()
+            runner.join(15)
+            refreshes = [e for e in of_type(cap.events, "metadata_refresh") if e.observed_at >= since]
+            invalidated = [e for e in refreshes if e.data.reason == "invalidated"]
+            print(f"\n{len(refreshes)} refreshes in the 20 s after the partition went offline, "
+                  f"{len(invalidated)} invalidated ({[e.data.cause for e in invalidated]})")
+            # early refreshes after 0.5, 1, 2 and 4 s, then the periodic one every 5 s: a handful of
+            # invalidated refreshes per episode, below MetadataRefreshStorm's 10 a minute (one per
+            # 0.5 s backoff before: ~40 in these 20 s)
+            assert len(invalidated) <= 6, [(e.data.reason, e.data.cause) for e in refreshes]
+            assert len(refreshes) <= 12, [e.data.reason for e in refreshes]
+            assert time.time() - t0 >= 20
+        finally:
+            c.start_broker(3)
+        refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader == 3, "leader 3 back")
+    finally:
+        probe.close(flush_timeout=1)
+
+
+def test_min_insync_replicas_comes_from_the_topic_or_the_broker_default(kafka_cluster):
+    c = kafka_cluster
+    plain, strict = unique("real.minisr"), unique("real.minisr3")
+    c.create_topic(plain, partitions=1, rf=3)
+    c.create_topic(strict, partitions=1, rf=3, config={"min.insync.replicas": 3})
+    probe, cap = probe_for(c, f"^({plain}|{strict})$")
+    try:
+        probe.refresh_metadata()
+        assert part(cap, plain).data.min_insync_replicas == 1     # the broker default
+        assert part(cap, strict).data.min_insync_replicas == 3
+    finally:
+        probe.close(flush_timeout=1)
+
+
+def test_partitions_added_are_seen_with_how_long_the_probe_took(kafka_cluster):
+    c = kafka_cluster
+    topic = unique("real.grow")
+    c.create_topic(topic, partitions=2, rf=3)
+    probe, cap = probe_for(c, f"^{topic}$")
+    try:
+        probe.refresh_metadata()
+        c.add_partitions(topic, 4)
+        change = refresh_until(probe, cap, lambda: next(
+            (ch for e in of_type(cap.events, "metadata_refresh", ok=True)
+             for ch in e.data.partition_count_changes if ch.topic == topic), None), "the partition count change")
+        assert (change.old_count, change.new_count) == (2, 4)
+        assert change.unseen_for_at_most_ms is not None and change.unseen_for_at_most_ms >= 0
+        assert {e.data.partition for e in of_type(cap.events, "partition_metadata", topic=topic)} == {0, 1, 2, 3}
+    finally:
+        probe.close(flush_timeout=1)
+
+
+class Member:
+    def __init__(self, bootstrap: str, topic: str, group: str, protocol: str):
+        conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": protocol,
+                "auto.offset.reset": "earliest", "log_level": 0}
+        if protocol == "classic":
+            conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        self.c = Consumer(conf)
+        self.c.subscribe([topic])
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                self.c.poll(0.2)
+        finally:
+            self.c.close()
+
+    def stop(self):
+        self._stop.set()
+        self._t.join(20)
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_consumer_groups_of_both_protocols_with_members_and_assignments(kafka_cluster, protocol):
+    """Kafka 4 runs both group protocols.  librdkafka names the consumer protocol's
+    Assigning/Reconciling states UNKNOWN and discards generations and group epochs; the probe
+    maps the states (monitor.probe.describe_group_state) and reports no generation."""
+    c = kafka_cluster
+    topic, group = unique("real.grp"), unique(f"real-{protocol}")
+    c.create_topic(topic, partitions=2, rf=3)
+    Producer({"bootstrap.servers": c.bootstrap_servers, "log_level": 0}).produce(topic, b"x")
+    member = Member(c.bootstrap_servers, topic, group, protocol)
+    probe, cap = probe_for(c, f"^{topic}$", groups=f"^{group}$")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            probe.refresh_metadata()
+            probe.observe()
+            gs = latest(cap.events, "group_state", group=group)
+            if gs is not None and gs.data.state == "Stable" and gs.data.members and gs.data.members[0].assignment:
+                break
+            assert time.monotonic() < deadline, f"group {group} not Stable with an assigned member: {gs}"
+            time.sleep(0.5)
+        seen = {e.data.state for e in of_type(cap.events, "group_state", group=group)}
+        assert "Unknown" not in seen, seen
+        assert gs.data.protocol == protocol
+        assert sorted(gs.data.members[0].assignment) == [f"{topic}/0", f"{topic}/1"]
+        assert gs.data.coordinator in (1, 2, 3)
+        assert gs.data.generation is None  # not exposed by librdkafka (see the module doc)
+    finally:
+        member.stop()
+        probe.close(flush_timeout=1)
