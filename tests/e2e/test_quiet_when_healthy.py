@@ -6,6 +6,7 @@ Prometheus loading every shipped rule file, as a new user runs them.
       -> streaming.job.run (the demo's trigger; a fresh checkpoint) -> /metrics, alerts topic
       -> Prometheus (deploy/prometheus/rules/*.yml as shipped; scrape and evaluation every 2 s)
 
+It runs twice: on Tansu, as the demo does, and with the workload on the real 3-broker cluster.
 Prometheus starts as soon as the fresh job serves /metrics, so the job's start-up is
 evaluated too (counters created at 0, no batch yet).  The test then runs for QUIET_S seconds
 of steady state and reads Prometheus's own ALERTS series over the whole run: an alert that
@@ -60,26 +61,37 @@ def metric_value(url: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-@pytest.fixture(scope="module")
-def healthy_run(tansu, spark, tmp_path_factory):
+@pytest.fixture(scope="module", params=["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])
+def healthy_run(request, tansu, spark, tmp_path_factory):
+    """The healthy run on Tansu (as the demo runs), and with the workload on the real cluster
+    (3 brokers, replication factor 3, min.insync.replicas 2; offsets from ListOffsets, as a
+    real deployment reads them); the monitor's own topics stay on Tansu."""
     if prometheus_binary() is None:
         pytest.fail("'prometheus' is not on PATH: install the Debian package prometheus", pytrace=False)
     tmp = tmp_path_factory.mktemp("quiet")
     topic, group = unique("quiet.orders"), unique("quiet-app")
     events, alerts = unique("quiet-events"), unique("quiet-alerts")
     cluster, source = unique("quiet"), unique("quiet-probe")
-    create_topics(tansu.bootstrap, {events: 3, alerts: 1, topic: 3})
+    create_topics(tansu.bootstrap, {events: 3, alerts: 1})
+    if request.param == "kafka":
+        real = request.getfixturevalue("kafka_cluster")
+        watched, offsets_via = real.bootstrap_servers, "list_offsets"
+        real.create_topic(topic, partitions=3, rf=3, config={"min.insync.replicas": 2})
+    else:
+        watched, offsets_via = tansu.bootstrap, "fetch"
+        create_topics(tansu.bootstrap, {topic: 3})
     stop = threading.Event()
     with ExitStack() as cleanup:
         cleanup.callback(stop.set)
         threads = []
         for target, kw in ((workload.produce_loop, {"topic": topic}),
                            (workload.consume_loop, {"topic": topic, "group": group})):
-            t = threading.Thread(target=target, args=(tansu.bootstrap, stop), kwargs=kw, daemon=True)
+            t = threading.Thread(target=target, args=(watched, stop), kwargs=kw, daemon=True)
             t.start()
             threads.append(t)
-        probe = Probe(ProbeConfig(bootstrap_servers=tansu.bootstrap, events_topic=events, interval_s=PROBE_INTERVAL_S,
-                                  offsets_via="fetch", topics_include=f"^{re.escape(topic)}$",
+        probe = Probe(ProbeConfig(bootstrap_servers=watched, events_topic=events, interval_s=PROBE_INTERVAL_S,
+                                  events_kafka={"bootstrap.servers": tansu.bootstrap}, offsets_via=offsets_via,
+                                  topics_include=f"^{re.escape(topic)}$",
                                   groups_include=f"^{re.escape(group)}$", cluster=cluster, source=source))
         t = threading.Thread(target=probe.run, args=(stop,), name="quiet-probe", daemon=True)
         t.start()
@@ -131,7 +143,7 @@ def healthy_run(tansu, spark, tmp_path_factory):
             time.sleep(1)
         assert not job_error, f"the job failed: {job_error[0]!r}"
         window = f"{int(time.time() - t0)}s"
-        yield {"prom": prom, "group": group, "topic": topic, "cluster": cluster, "source": source, "window": window,
+        yield {"broker": request.param, "prom": prom, "group": group, "topic": topic, "cluster": cluster, "source": source, "window": window,
                "first_batch_s": first_batch_s, "url": url, "alerts": read_alerts(tansu.bootstrap, alerts)}
 
 
@@ -173,7 +185,7 @@ def test_the_pipeline_delay_is_measured(healthy_run):
          for p in (0.5, 0.95)}
     count = prom.query(f"sum(increase(kafka_monitor_source_heartbeat_delay_seconds_count[{w}]))")
     p50, p95 = (float(q[p][0]["value"][1]) for p in (0.5, 0.95))
-    print(f"\nheartbeat delay (event time -> served on /metrics): p50 {p50:.1f}s, p95 {p95:.1f}s "
+    print(f"\n[{healthy_run['broker']}] heartbeat delay (event time -> served on /metrics): p50 {p50:.1f}s, p95 {p95:.1f}s "
           f"over {float(count[0]['value'][1]):.0f} heartbeats")
     assert float(count[0]["value"][1]) > 0
     # what the old rule paged on: the delay alone was more than 3 x the probe's interval
