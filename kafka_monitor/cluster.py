@@ -628,12 +628,18 @@ class KafkaCluster:
         except OSError:
             return ""
 
-    def _all_led(self, topic: str, count: int) -> bool:
-        try:
-            parts = self.partitions(topic, timeout=3)
-        except Exception:
-            return False
-        return len(parts) == count and all(leader >= 0 for leader, _, _ in parts.values())
+    def _all_led(self, topic: str, count: int, reads: int = 3) -> bool:
+        """``count`` led partitions in ``reads`` Metadata responses in a row.  Each broker applies the
+        metadata log on its own: right after a change one broker can still answer the old partition
+        count (seen under load: 3 partitions, then 1 from the next response)."""
+        for _ in range(reads):
+            try:
+                parts = self.partitions(topic, timeout=3)
+            except Exception:
+                return False
+            if len(parts) != count or not all(leader >= 0 for leader, _, _ in parts.values()):
+                return False
+        return True
 
     @staticmethod
     def _wait(cond, timeout: float, what: str):

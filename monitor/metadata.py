@@ -15,6 +15,8 @@ Sentinels: a partition leader of ``-1`` (:data:`monitor.contract.NO_LEADER`) mea
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import threading
 import time
@@ -310,6 +312,13 @@ class PartitionCount:
     count: int
     changed_at_ms: Optional[int] = None
     previous: Optional[int] = None
+    #: consecutive updates that answered fewer partitions than ``count`` (see track_partition_counts)
+    lower_seen: int = 0
+
+
+#: a topic's partition count only grows; a smaller count is believed after this many updates in a
+#: row say so (a deleted and re-created topic), not from one broker whose view lags behind
+DECREASE_CONFIRMATIONS = 3
 
 
 def _empty_mapping() -> Mapping[Any, Any]:
@@ -365,7 +374,9 @@ def track_partition_counts(counts: Mapping[str, PartitionCount], current: Cluste
 
     Counts come from topics without an error; a topic that reports an error keeps its last known
     count (so a change across a transient error is still seen); a topic absent from the view is
-    forgotten (bounded state)."""
+    forgotten (bounded state).  Each broker applies the cluster's metadata on its own, so right
+    after partitions are added one may still answer the old count (seen on a loaded real
+    cluster): a smaller count counts only after DECREASE_CONFIRMATIONS updates in a row."""
     out: dict[str, PartitionCount] = {}
     changes: dict[str, tuple[int, int]] = {}
     for name, t in current.topics.items():
@@ -377,11 +388,13 @@ def track_partition_counts(counts: Mapping[str, PartitionCount], current: Cluste
         n = t.partition_count
         if old is None:
             out[name] = PartitionCount(n)
+        elif n < old.count and old.lower_seen + 1 < DECREASE_CONFIRMATIONS:
+            out[name] = dataclasses.replace(old, lower_seen=old.lower_seen + 1)
         elif old.count != n:
             out[name] = PartitionCount(n, changed_at_ms=now, previous=old.count)
             changes[name] = (old.count, n)
         else:
-            out[name] = old
+            out[name] = dataclasses.replace(old, lower_seen=0) if old.lower_seen else old
     return out, changes
 
 

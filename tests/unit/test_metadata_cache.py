@@ -275,6 +275,21 @@ SCENARIOS = [
         # a topic gone from the view is forgotten (bounded state)
         (update(V_PAYMENTS), Exp(MAX_AGE, 7, False, PERIODIC, counts={"payments": PartitionCount(1)})),
     )),
+    ("a smaller partition count is a lagging broker's view until 3 updates in a row say so", S(
+        START,
+        (update(view(topic("orders", 3))), Exp(MAX_AGE, 1, False, PERIODIC, counts={"orders": PartitionCount(3)})),
+        (update(view(topic("orders", 1))), Exp(MAX_AGE, 2, False, PERIODIC, change={"partition_count_changes": {}},
+                                               counts={"orders": PartitionCount(3, lower_seen=1)})),
+        (update(view(topic("orders", 3))), Exp(MAX_AGE, 3, False, PERIODIC, change={"partition_count_changes": {}},
+                                               counts={"orders": PartitionCount(3)})),
+        (update(view(topic("orders", 1))), Exp(MAX_AGE, 4, False, PERIODIC, change={"partition_count_changes": {}})),
+        (update(view(topic("orders", 1))), Exp(MAX_AGE, 5, False, PERIODIC, change={"partition_count_changes": {}},
+                                               counts={"orders": PartitionCount(3, lower_seen=2)})),
+        # a deleted and re-created topic: the third smaller answer in a row is believed
+        (update(view(topic("orders", 1))), Exp(MAX_AGE, 6, False, PERIODIC,
+                                               change={"partition_count_changes": {"orders": (3, 1)}},
+                                               counts={"orders": PartitionCount(1, T0, 3)})),
+    )),
     ("leader and leader-epoch changes are detected", S(
         START,
         (update(view(topic("orders", 2, epochs={0: 3}))), Exp(MAX_AGE, 1, False, PERIODIC,
