@@ -3,11 +3,12 @@
 For each Spark task: the records' JSON values are decoded by ``pyarrow.json`` into columns of
 the contract's schema (``EVENT_SCHEMA``); the envelope and payload become the flat columns the
 state function reads (``FLAT_COLUMNS``); ``reason`` is set for what the decoding can see
-(``malformed_json``, ``unknown_schema``, ``unknown_type``, ``missing_envelope``,
-``missing_field``, ``out_of_range``); a metadata refresh's partition-count changes become
-rows of their own (keyed by topic); then the great-expectations suite (``streaming.quality``)
-checks the rest of the contract.  A row with a reason keeps its raw text (for the quarantine
-sink); the others drop it.
+(``REASONS``: ``oversized``, ``malformed_json``, ``unknown_schema``, ``unknown_type``,
+``missing_envelope``, ``missing_field``, ``out_of_range``, ``field_too_long``,
+``event_time_ahead``, ``event_time_behind``); a metadata refresh's partition-count changes
+become rows of their own (keyed by topic); then the great-expectations suite
+(``streaming.quality``) checks the rest of the contract.  A row with a reason keeps a sample
+of its raw text and its size (for the quarantine sink); the others drop both.
 
 Decoding, and what a bad value becomes
 --------------------------------------
@@ -29,11 +30,40 @@ Only values that look like one JSON object (``{`` ... ``}``, no line break) go t
 ``pyarrow.json``; the rest take the per-value path directly.  This also keeps a bare ``null``
 away from it: pyarrow 26's JSON reader crashes the process on a block that starts with
 ``null`` (found while writing this; see tests/unit/test_parsing.py).
+
+What a record can make the job keep (issue 19)
+----------------------------------------------
+Nothing past this module grows with a record's size:
+
+* a value longer than ``Limits.max_event_bytes`` (the job's ``max_event_bytes``, 64 KiB) is
+  ``oversized``: it is not decoded at all;
+* unknown fields are never carried (the decoders build only the schema's fields), and a good
+  row drops its raw text;
+* a refused row keeps at most ``RAW_SAMPLE_CHARS`` of its text, and ``raw_bytes``, the size
+  of the whole value; at most ``RAW_SAMPLES_PER_CHUNK`` refused rows of a chunk keep a sample
+  (the quarantine bucket bounds a batch's samples again, ``state.quarantine_rows``);
+* identifiers (``IDENTIFIER_FIELDS``: cluster, source, topic, group, ...) longer than
+  ``MAX_STRING_CHARS`` are ``field_too_long`` (they become state keys and metric labels);
+  free text (``cause``, ``error``) is cut to that length;
+* an integer beyond +-``MAX_SAFE_INT`` (2**53 - 1) is ``out_of_range``: Spark hands the state
+  function nullable longs as float64, and a ``high_watermark`` of 2**63 - 1 (a valid int64)
+  came back as 2**63 and crashed it;
+* with the record's Kafka timestamp (``timestamp``: CreateTime, set when the producer sent
+  it, or LogAppendTime), an ``observed_at`` more than ``Limits.max_clock_skew_ms`` after it is
+  ``event_time_ahead`` and more than that before it ``event_time_behind``.  An event from the
+  future would otherwise move its bucket's clock (time-driven alerts, evictions) and freeze
+  its entity (everything after it is out of order); one from 1970 would create an entity that
+  opens alerts and is evicted at once.  The timestamp is part of the record, so the verdict
+  is the same when a batch is replayed; without one (tests, old message formats) it is not
+  checked.
+* a task's rows are parsed in chunks of at most ``MAX_ROWS_PER_CHUNK`` rows and
+  ``MAX_BYTES_PER_CHUNK`` bytes of values.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -50,10 +80,40 @@ from streaming.schema import EVENT_SCHEMA, FLAT_COLUMNS
 
 #: a task's rows are decoded and validated together, up to this many at a time
 MAX_ROWS_PER_CHUNK = 200_000
+#: ... and up to this many bytes of values
+MAX_BYTES_PER_CHUNK = 64 << 20
+#: a refused row keeps at most this much of its text for the quarantine
+RAW_SAMPLE_CHARS = 2048
+#: at most this many refused rows of a chunk keep a sample (all are counted)
+RAW_SAMPLES_PER_CHUNK = 2000
+#: identifiers longer than this are refused (field_too_long); free text is cut to it
+MAX_STRING_CHARS = 1024
+#: envelope and payload fields that become state keys, metric labels or enum values
+IDENTIFIER_FIELDS = ("event_id", "cluster", "source", "topic", "group", "state", "phase", "member_id", "reason")
+#: free-text payload fields, cut to MAX_STRING_CHARS
+TEXT_FIELDS = ("cause", "error")
+#: the reasons parse gives, in priority order (the first that applies wins); the gate's
+#: rules (quality.RULES) come after them
+REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
+           "out_of_range", "field_too_long", "event_time_ahead", "event_time_behind")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The job settings parsing applies (``JobConfig.max_event_bytes``, ``max_clock_skew_s``)."""
+    max_event_bytes: int = 65_536
+    #: |observed_at - the record's timestamp| at most this (ms); 0: not checked
+    max_clock_skew_ms: int = 300_000
+
+
+LIMITS = Limits()
 #: a failing block of at most this many values is decoded value by value (no more splitting)
 _SPLIT_FLOOR = 32
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+#: integers beyond this are out_of_range: the state function gets nullable longs as float64
+#: (Spark's applyInPandasWithState), exact only up to 2**53
+MAX_SAFE_INT = (1 << 53) - 1
 
 #: payload fields each event type must carry (else ``missing_field``)
 REQUIRED_BY_TYPE = {
@@ -225,14 +285,67 @@ def _negative(col: pa.Array) -> np.ndarray:
     return pc.fill_null(pc.less(col, 0), False).to_numpy(zero_copy_only=False)
 
 
-def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array) -> pa.Table:
+def _beyond(col: pa.Array) -> np.ndarray:
+    """Integers (or lists of them) outside +-MAX_SAFE_INT, per row."""
+    if pa.types.is_list(col.type):
+        elems = pc.list_flatten(col)
+        bad = _beyond(elems)
+        out = np.zeros(len(col), bool)
+        if bad.any():
+            out[np.unique(pc.list_parent_indices(col).to_numpy(zero_copy_only=False)[bad])] = True
+        return out
+    lo_hi = pc.min_max(col).as_py()  # one call for the common case: nothing out of range
+    if lo_hi["min"] is None or (lo_hi["min"] >= -MAX_SAFE_INT and lo_hi["max"] <= MAX_SAFE_INT):
+        return np.zeros(len(col), bool)
+    far = pc.or_(pc.greater(col, MAX_SAFE_INT), pc.less(col, -MAX_SAFE_INT))
+    return pc.fill_null(far, False).to_numpy(zero_copy_only=False)
+
+
+def _int_fields(t: pa.DataType) -> bool:
+    return pa.types.is_int64(t) or (pa.types.is_list(t) and pa.types.is_int64(t.value_type))
+
+
+def _too_long(col: pa.Array) -> np.ndarray:
+    if col.null_count == len(col) or pc.max(pc.binary_length(col)).as_py() <= MAX_STRING_CHARS:
+        return np.zeros(len(col), bool)  # no longer in bytes, so none in characters
+    return pc.fill_null(pc.greater(pc.utf8_length(col), MAX_STRING_CHARS), False).to_numpy(zero_copy_only=False)
+
+
+def _cut(col: pa.Array) -> pa.Array:
+    """Free text cut to MAX_STRING_CHARS (a copy only when something is longer)."""
+    if not _too_long(col).any():
+        return col
+    return pc.utf8_slice_codeunits(col, 0, MAX_STRING_CHARS)
+
+
+def _skewed(observed_at: pa.Array, record_ts: Optional[pa.Array], skew_ms: int) -> tuple[np.ndarray, np.ndarray]:
+    """(observed_at more than ``skew_ms`` after the record's timestamp, more than that before it);
+    False where either is unknown (a timestamp <= 0 is Kafka's "none")."""
+    n = len(observed_at)
+    if record_ts is None or skew_ms <= 0:
+        return np.zeros(n, bool), np.zeros(n, bool)
+    ts = pc.cast(record_ts, pa.float64(), safe=False).to_numpy(zero_copy_only=False)  # null -> NaN
+    obs = pc.cast(observed_at, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    known = ~np.isnan(ts) & (ts > 0) & ~np.isnan(obs)
+    diff = np.where(known, obs - np.where(known, ts, 0), 0.0)  # float: no int64 overflow
+    return known & (diff > skew_ms), known & (diff < -skew_ms)
+
+
+def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[pa.Array] = None,
+            oversized: Optional[np.ndarray] = None, record_ts: Optional[pa.Array] = None,
+            limits: Limits = LIMITS) -> pa.Table:
     """The decoded events -> FLAT_ARROW rows: one per event, then one per partition-count
-    change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` kept on all."""
+    change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` (a sample)
+    and ``raw_bytes`` (``size``, the value's length) kept on all.  ``oversized``: the values
+    that were not decoded for their size; ``record_ts``: the records' Kafka timestamps (ms)."""
     n = events.num_rows
     env = {name: events.column(name).combine_chunks() for name in events.column_names}
     data = env["data"]
     d = {f.name: pc.struct_field(data, f.name) for f in _DATA}
+    for f in TEXT_FIELDS:
+        d[f] = _cut(d[f])
     etype, schema = env["type"], env["schema"]
+    size = pa.nulls(n, pa.int64()) if size is None else size
 
     missing_payload = np.zeros(n, dtype=bool)
     is_type = {t: _is(etype, [t]) for t in REQUIRED_BY_TYPE}
@@ -243,15 +356,25 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array) -> pa.Table:
                 gap |= _null(d[f])
             missing_payload |= is_type[t] & gap
     reasons = np.full(n, None, dtype=object)
+    ahead, behind = _skewed(env["observed_at"], record_ts, limits.max_clock_skew_ms)
+    too_long = np.logical_or.reduce([_too_long(env[c] if c in env else d[c]) for c in IDENTIFIER_FIELDS])
+    huge = np.logical_or.reduce([_beyond(env["seq"]), _beyond(env["observed_at"])]
+                                + [_beyond(d[f.name]) for f in _DATA if _int_fields(f.type)])
     # the first matching condition wins: assign in reverse priority order
     conds = [
-        ("out_of_range", _negative(d["partition"]) | _negative(d["high_watermark"]) | _negative(d["committed_offset"])),
+        ("event_time_behind", behind),
+        ("event_time_ahead", ahead),
+        ("field_too_long", too_long),
+        ("out_of_range", huge | _negative(d["partition"]) | _negative(d["high_watermark"])
+         | _negative(d["committed_offset"])),
         ("missing_field", _null(data) | missing_payload),
         ("missing_envelope", np.logical_or.reduce([_null(env[c]) for c in _ENVELOPE])),
         ("unknown_type", ~_is(etype, EVENT_TYPES)),
         ("unknown_schema", ~_is(schema, SUPPORTED_SCHEMAS)),
         ("malformed_json", ~valid | (_null(schema) & _null(etype))),
+        ("oversized", np.zeros(n, bool) if oversized is None else oversized),
     ]
+    assert tuple(c[0] for c in reversed(conds)) == REASONS
     for name, cond in conds:
         reasons[cond] = name
 
@@ -271,21 +394,22 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array) -> pa.Table:
     bucket_key = pc.if_else(part_types, tp, pc.if_else(gp_type | group_types, grp, src))
 
     cols: dict[str, Any] = {
-        "reason": pa.array(reasons, type=pa.string()), "raw": raw, "entity": entity, "bucket_key": bucket_key,
+        "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
+        "bucket_key": bucket_key,
         "type": etype, "event_id": env["event_id"], "cluster": cl, "source": src_name, "seq": env["seq"],
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
-    derived = _count_changes(env, d, client_type & pd.isna(reasons), raw)
+    derived = _count_changes(env, d, client_type & pd.isna(reasons), raw, size)
     return pa.concat_tables([out, derived]) if derived.num_rows else out
 
 
-def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array) -> pa.Table:
+def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array, size: pa.Array) -> pa.Table:
     """One row per entry of a good metadata refresh's ``partition_count_changes`` (keyed by
     topic): the event's envelope and the change; an entry without a topic or counts is
-    ``missing_field``."""
+    ``missing_field``, one whose topic is too long ``field_too_long``."""
     idx = np.flatnonzero(refreshes)
     if idx.size == 0:
         return FLAT_ARROW.empty_table()
@@ -298,10 +422,15 @@ def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array) -> 
     m = len(ch)
     topic = pc.struct_field(ch, "topic")
     cl = env["cluster"].take(rows)
-    bad = _null(ch) | _null(topic) | _null(pc.struct_field(ch, "old_count")) | _null(pc.struct_field(ch, "new_count"))
-    reason = pa.array(np.where(bad, "missing_field", None), type=pa.string())
+    missing = _null(ch) | _null(topic) | _null(pc.struct_field(ch, "old_count")) | _null(pc.struct_field(ch, "new_count"))
+    huge = np.logical_or.reduce([_beyond(pc.struct_field(ch, f))
+                                 for f in ("old_count", "new_count", "unseen_for_at_most_ms")])
+    bad = missing | huge | _too_long(topic)
+    why = np.where(missing, "missing_field", np.where(huge, "out_of_range", np.where(bad, "field_too_long", None)))
+    reason = pa.array(why, type=pa.string())
     cols = {
         "reason": reason, "raw": pc.if_else(pa.array(bad), raw.take(rows), pa.nulls(m, pa.string())),
+        "raw_bytes": pc.if_else(pa.array(bad), size.take(rows), pa.nulls(m, pa.int64())),
         "entity": _join("topic|", cl, "/", topic), "bucket_key": _join(cl, "/", topic),
         "type": pa.array(["partition_count_change"] * m, type=pa.string()), "topic": topic,
         "old_count": pc.struct_field(ch, "old_count"), "new_count": pc.struct_field(ch, "new_count"),
@@ -331,40 +460,79 @@ def _texts(values: pa.Array) -> tuple[list[Optional[str]], pa.Array]:
     return texts, pa.array(texts, pa.string())
 
 
-def parse_values(values: pa.Array, gate: bool = True) -> pa.Table:
+def _samples(text: pa.Array, values: pa.Array, size: np.ndarray, oversized: np.ndarray) -> pa.Array:
+    """Each value's first RAW_SAMPLE_CHARS characters, as text: from the decoded text, or for a
+    value that was not decoded (oversized) from its first bytes, bad UTF-8 replaced."""
+    if (size > RAW_SAMPLE_CHARS).any():  # a character is at least one byte
+        text = pc.utf8_slice_codeunits(text, 0, RAW_SAMPLE_CHARS)
+    idx = np.flatnonzero(oversized)
+    if idx.size:
+        head = pc.binary_slice(values.cast(pa.binary()), 0, RAW_SAMPLE_CHARS).take(pa.array(idx)).to_pylist()
+        text = pc.replace_with_mask(text, pa.array(oversized),
+                                    pa.array([b.decode("utf-8", "replace") for b in head], pa.string()))
+    return text
+
+
+def parse_values(values: pa.Array, gate: bool = True, timestamps: Optional[pa.Array] = None,
+                 limits: Limits = LIMITS) -> pa.Table:
     """Raw values (string or binary) -> checked FLAT_ARROW rows.  ``gate``: run the
-    great-expectations suite too (rows it fails get its rule as their reason)."""
-    texts, raw = _texts(values)
+    great-expectations suite too (rows it fails get its rule as their reason).  ``timestamps``:
+    the records' Kafka timestamps (epoch ms), for the event-time checks; ``limits``: the job's
+    size and clock-skew settings."""
+    n = len(values)
+    size = pc.cast(pc.binary_length(values), pa.int64())
+    size_np = pc.fill_null(size, 0).to_numpy(zero_copy_only=False)
+    oversized = size_np > limits.max_event_bytes
+    decodable = pc.if_else(pa.array(oversized), pa.nulls(n, values.type), values) if oversized.any() else values
+    texts, text = _texts(decodable)
     events, valid = decode(texts)
-    flat = flatten(events, valid, raw)
+    del texts
+    raw = _samples(text, values, size_np, oversized)
+    ts = None if timestamps is None else pc.cast(timestamps, pa.int64())
+    flat = flatten(events, valid, raw, size, oversized, ts, limits)
     reason = flat.column("reason").combine_chunks()
     if gate and flat.num_rows:
         pdf = flat.select(list(quality.INPUT_COLUMNS)).to_pandas(split_blocks=True)
         checked = quality.validate_frame(pdf).to_numpy()
         upstream = reason.to_numpy(zero_copy_only=False)
         reason = pa.array(np.where(pd.isna(upstream), checked, upstream), type=pa.string())
-    keep_raw = pc.is_valid(reason)
+    refused = pc.is_valid(reason)
+    sampled = refused.to_numpy(zero_copy_only=False).copy()
+    sampled[np.flatnonzero(sampled)[RAW_SAMPLES_PER_CHUNK:]] = False  # the rest are counted, not shown
     flat = flat.set_column(0, "reason", reason)
-    return flat.set_column(1, "raw", pc.if_else(keep_raw, flat.column("raw"), pa.nulls(flat.num_rows, pa.string())))
+    flat = flat.set_column(1, "raw", pc.if_else(pa.array(sampled), flat.column("raw"),
+                                                pa.nulls(flat.num_rows, pa.string())))
+    at = flat.schema.get_field_index("raw_bytes")
+    return flat.set_column(at, "raw_bytes", pc.if_else(refused, flat.column("raw_bytes"),
+                                                        pa.nulls(flat.num_rows, pa.int64())))
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function over records with a ``value`` column: a task's batches are
-    decoded and validated together (GX's cost is mostly per validation), up to
-    ``MAX_ROWS_PER_CHUNK`` rows at a time."""
+def parse_batches(batches: Iterator[pa.RecordBatch], limits: Limits = LIMITS) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function over records with a ``value`` column (and, when present, a
+    ``timestamp`` one: the record's Kafka timestamp in ms): a task's batches are decoded and
+    validated together (GX's cost is mostly per validation), up to ``MAX_ROWS_PER_CHUNK`` rows
+    and ``MAX_BYTES_PER_CHUNK`` bytes of values at a time.  Bind ``limits`` with
+    ``functools.partial``."""
     with gc_paused():
-        buf: list[pa.Array] = []
-        rows = 0
+        buf: list[tuple[pa.Array, Optional[pa.Array]]] = []
+        rows = nbytes = 0
         for b in batches:
-            buf.append(b.column("value"))
+            value = b.column("value")
+            ts = b.column("timestamp") if "timestamp" in b.schema.names else None
+            buf.append((value, ts))
             rows += b.num_rows
-            if rows >= MAX_ROWS_PER_CHUNK:
-                yield from _out(buf)
-                buf, rows = [], 0
+            nbytes += pc.sum(pc.binary_length(value)).as_py() or 0
+            if rows >= MAX_ROWS_PER_CHUNK or nbytes >= MAX_BYTES_PER_CHUNK:
+                yield from _out(buf, limits)
+                buf, rows, nbytes = [], 0, 0
         if buf:
-            yield from _out(buf)
+            yield from _out(buf, limits)
 
 
-def _out(buf: list[pa.Array]) -> Iterator[pa.RecordBatch]:
-    values = pa.concat_arrays(buf) if len(buf) > 1 else buf[0]
-    yield from parse_values(values).to_batches()
+def _out(buf: list[tuple[pa.Array, Optional[pa.Array]]], limits: Limits) -> Iterator[pa.RecordBatch]:
+    values = pa.concat_arrays([v for v, _ in buf]) if len(buf) > 1 else buf[0][0]
+    ts = None
+    if all(t is not None for _, t in buf):
+        ts = pa.concat_arrays([t for _, t in buf]) if len(buf) > 1 else buf[0][1]
+    buf.clear()
+    yield from parse_values(values, timestamps=ts, limits=limits).to_batches()

@@ -88,6 +88,9 @@ Decisions (what is deliberately NOT a rule)
   chunk.  Quarantine is irreversible, so it must be a pure function of the row.  Late or early
   events are the watermark's business.  The lower bound is 1 ms, not 2000-01-01, because the
   scenario generators and unit tests use small event times (make it a config if wanted).
+  ``parse()`` also compares ``observed_at`` with the record's own Kafka timestamp, part of the
+  record and so the same on every replay (``event_time_ahead`` / ``event_time_behind``,
+  ``streaming.parsing``): that is what refuses events from the future or from 1970.
 * Offsets: null is fine where the contract makes them optional.  -1 and -1001 are Kafka's
   "no offset" sentinels that the client must turn into null; one that slips through is
   reported as ``offset_sentinel`` (a client bug), ahead of the generic ``offset_not_negative``.

@@ -61,4 +61,5 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
     ("version", "bigint"), ("metadata_max_age_ms", "bigint"),
     ("old_count", "bigint"), ("new_count", "bigint"), ("unseen_for_at_most_ms", "bigint"),
+    ("raw_bytes", "bigint"),  # a refused row: the size of its whole value (raw is a sample)
 ]

@@ -334,7 +334,7 @@ def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional
 
 
 #: columns of the input the rules never read (the quarantine path reads raw and reason)
-_NOT_READ = frozenset({"raw", "reason", "bucket_key", "bucket"})
+_NOT_READ = frozenset({"raw", "raw_bytes", "reason", "bucket_key", "bucket"})
 
 
 def _columns(frames: list[pd.DataFrame], names: list[str]) -> dict[str, list]:
@@ -524,16 +524,54 @@ def evict_stale(entities: dict[str, dict], now: int, ttl_ms: int) -> list[dict]:
     return out
 
 
-def quarantine_rows(rows: pd.DataFrame) -> list[dict]:
-    """One ``quarantine_event`` row per refused event (raw text and reason, for the quarantine
-    sink) and one ``quarantine`` count per reason (for the metric)."""
-    out = [_row(kind="quarantine_event", action="count", alert=str(r["reason"]), evidence=_opt(r["raw"]),
-                at=_opt(r["observed_at"])) for r in rows.to_dict("records")]
-    for reason, grp in rows.groupby("reason", dropna=False):
-        sample = str(grp["raw"].iloc[0])[:300] if "raw" in grp else ""
-        at = grp["observed_at"].dropna()
-        out.append(_row(kind="quarantine", action="count", evidence=json.dumps({"reason": reason, "sample": sample}),
-                        alert=str(reason), count=len(grp), at=int(at.max()) if len(at) else None))
+#: the quarantine_event rows of one batch carry samples of at most this many characters in all
+#: (each is at most parsing.RAW_SAMPLE_CHARS); past it, events are listed and counted without one
+QUARANTINE_SAMPLE_BUDGET = 4 << 20
+
+
+def _event_time(v: Any) -> Optional[int]:
+    """A refused row's ``observed_at`` as an int, or None when it is no usable time (a refused
+    row may hold anything: 2**63 - 1 arrives as the float 2**63 and overflowed the output)."""
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return None
+    return int(v) if abs(v) <= (1 << 53) else None
+
+
+def quarantine_rows(frames: Any) -> list[dict]:
+    """One ``quarantine_event`` row per refused event (its reason, a sample of its raw text in
+    ``evidence`` while the batch's ``QUARANTINE_SAMPLE_BUDGET`` lasts, the size of the whole
+    value in ``count``; for the quarantine sink) and one ``quarantine`` count per reason (for
+    the metric).  ``frames``: a frame or an iterable of frames, read one at a time (the
+    quarantine bucket gets every refused row of a batch)."""
+    budget = QUARANTINE_SAMPLE_BUDGET
+    out: list[dict] = []
+    counts: dict[str, int] = {}
+    samples: dict[str, str] = {}
+    latest: dict[str, Optional[int]] = {}
+    for f in [frames] if isinstance(frames, pd.DataFrame) else frames:
+        n = len(f)
+        if not n:
+            continue
+        none = [None] * n
+        cols = [_column(f[c], text=c in _TEXT_COLUMNS) if c in f.columns else none
+                for c in ("reason", "raw", "raw_bytes", "observed_at")]
+        for reason, raw, size, at in zip(*cols):
+            reason = str(reason)
+            at = _event_time(at)
+            if raw is not None:
+                if len(raw) <= budget:
+                    budget -= len(raw)
+                else:
+                    raw = None
+            if reason not in counts:
+                counts[reason], samples[reason], latest[reason] = 0, "" if raw is None else raw[:300], at
+            counts[reason] += 1
+            if at is not None and (latest[reason] is None or at > latest[reason]):
+                latest[reason] = at
+            out.append(_row(kind="quarantine_event", action="count", alert=reason, evidence=raw, count=size, at=at))
+    for reason, n in counts.items():
+        out.append(_row(kind="quarantine", action="count", alert=reason, count=n, at=latest[reason],
+                        evidence=json.dumps({"reason": reason, "sample": samples[reason]})))
     return out
 
 
@@ -593,10 +631,10 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
             if out:
                 yield _frame(out)
             return
-        frames = [f for f in pdfs if len(f)]
         if bucket == QUARANTINE_BUCKET:
-            yield _frame(quarantine_rows(pd.concat(frames, ignore_index=True)))
+            yield _frame(quarantine_rows(pdfs))
             return
+        frames = [f for f in pdfs if len(f)]
         entities, table = _load(state, cfg.run_id)
         now = int(max(f["observed_at"].max() for f in frames))
         dropped: dict[str, int] = {}

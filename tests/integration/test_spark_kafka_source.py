@@ -83,7 +83,8 @@ def test_spark_kafka_records_become_our_columns_and_parse_the_same(spark):
               Event.of(Heartbeat(interval_ms=1000, events_sent=3, events_dropped=0),
                        cluster="c", source="p", seq=1, observed_at=1_700_000_000_500)]
     values = [e.to_json() for e in events] + [b"not json", "caf\u00e9 \u2603".encode()]
-    ts = dt.datetime(2024, 5, 1, 12, 0, 0, 123000)
+    # the records' timestamp near the events' observed_at: parse checks one against the other
+    ts = dt.datetime.fromtimestamp(1_700_000_000.123)
     theirs = spark.createDataFrame(
         [Row(key=b"k%d" % i if i else None, value=v, topic="ev", partition=i % 2, offset=10 + i, timestamp=ts,
              timestampType=0) for i, v in enumerate(values)], SPARK_KAFKA_SCHEMA)

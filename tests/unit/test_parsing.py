@@ -68,7 +68,7 @@ def test_a_good_event_becomes_a_keyed_flat_row_without_its_raw_text():
     ('{"a": 1} {"b": 2}', "malformed_json"),  # two objects in one value
     (json.dumps(offsets()) + " xx", "malformed_json"),
     (json.dumps({}), "malformed_json"),      # neither schema nor type
-    ('{"data":' + "[" * 100_000 + "]" * 100_000 + "}", "malformed_json"),  # deeper than json.loads goes
+    ('{"data":' + "[" * 30_000 + "]" * 30_000 + "}", "malformed_json"),  # deeper than json.loads goes
     ({**offsets(), "schema": "kafka-monitor/v9"}, "unknown_schema"),
     ({k: v for k, v in offsets().items() if k != "schema"}, "unknown_schema"),
     ({**offsets(), "type": "gossip"}, "unknown_type"),
@@ -88,11 +88,19 @@ def test_a_good_event_becomes_a_keyed_flat_row_without_its_raw_text():
     (with_data(metadata(), isr="1,2"), "missing_field"),
     (with_data(offsets(), partition=-1), "out_of_range"),
     (with_data(offsets(), high_watermark=-5), "out_of_range"),
+    # beyond 2**53: the state function gets nullable longs as float64 (2**63 - 1 once crashed it)
+    (with_data(offsets(), high_watermark=2 ** 63 - 1), "out_of_range"),
+    (with_data(offsets(), log_start_offset=2 ** 53), "out_of_range"),
+    ({**offsets(), "seq": -(2 ** 53)}, "out_of_range"),
+    (with_data(metadata(), replicas=[1, 2 ** 60]), "out_of_range"),
 ])
 def test_bad_values_get_a_reason_and_keep_their_raw_text(value, reason):
     r = one(value)
     assert r["reason"] == reason
-    assert r["raw"] == (value if value is None or isinstance(value, str) else json.dumps(value))
+    text = value if value is None or isinstance(value, str) else json.dumps(value)
+    # a sample of the text (the first RAW_SAMPLE_CHARS characters) and the size of all of it
+    assert r["raw"] == (None if text is None else text[:parsing.RAW_SAMPLE_CHARS])
+    assert r["raw_bytes"] == (None if text is None else len(text.encode()))
 
 
 def test_tolerated_variations():
@@ -199,3 +207,94 @@ def test_bytes_that_are_not_utf8_are_replaced_not_fatal():
         assert [r["reason"] for r in got] == [None, "malformed_json"]
         assert got[0]["high_watermark"] == 50
         assert got[1]["raw"] == '{"not": "\ufffd\ufffd utf-8"'
+
+
+# ---------------------------------------------------------------------------------------------
+# What a record can make the job keep (issue 19)
+# ---------------------------------------------------------------------------------------------
+
+
+def parsed(values: list, timestamps=None, limits=parsing.LIMITS, gate: bool = False) -> list[dict]:
+    arr = pa.array([v if v is None or isinstance(v, (str, bytes)) else json.dumps(v) for v in values])
+    ts = None if timestamps is None else pa.array(timestamps, pa.int64())
+    return parsing.parse_values(arr, gate=gate, timestamps=ts, limits=limits).to_pylist()
+
+
+def test_an_oversized_value_is_refused_before_decoding_with_a_sample_and_its_size():
+    blob = "x" * 100_000
+    big_event = json.dumps(with_data(offsets(), future=blob))  # a good event but for its size
+    garbage = b"\xff" * 70_000                                 # not even UTF-8
+    small = json.dumps(with_data(offsets(), future="x" * 50_000))  # under the limit: good, extra field dropped
+    got = parsed([big_event, garbage, small])
+    assert [r["reason"] for r in got] == ["oversized", "oversized", None]
+    assert got[0]["raw"] == big_event[:parsing.RAW_SAMPLE_CHARS] and got[0]["raw_bytes"] == len(big_event)
+    assert got[1]["raw"] == "\ufffd" * parsing.RAW_SAMPLE_CHARS and got[1]["raw_bytes"] == 70_000
+    assert got[0]["type"] is None and got[0]["entity"] is None  # not decoded at all
+    assert got[2]["high_watermark"] == 50 and got[2]["raw"] is None and got[2]["raw_bytes"] is None
+    # the limit is a setting; exactly at it is fine
+    at = parsing.Limits(max_event_bytes=len(big_event))
+    assert parsed([big_event], limits=at)[0]["reason"] is None
+
+
+def test_refused_rows_keep_bounded_samples():
+    long_bad = json.dumps(with_data(offsets(), high_watermark=-5, junk="j" * 10_000))
+    r = parsed([long_bad])[0]
+    assert r["reason"] == "out_of_range"
+    assert r["raw"] == long_bad[:parsing.RAW_SAMPLE_CHARS] and r["raw_bytes"] == len(long_bad)
+    many = parsed(["{bad"] * (parsing.RAW_SAMPLES_PER_CHUNK + 5))
+    assert all(r["reason"] == "malformed_json" and r["raw_bytes"] == 4 for r in many)
+    assert sum(r["raw"] is not None for r in many) == parsing.RAW_SAMPLES_PER_CHUNK
+
+
+def test_identifiers_over_the_cap_are_refused_and_free_text_is_cut():
+    n = parsing.MAX_STRING_CHARS
+    assert parsed([with_data(offsets(), topic="t" * n)])[0]["reason"] is None
+    for value in (with_data(offsets(), topic="t" * (n + 1)), {**offsets(), "cluster": "c" * (n + 1)},
+                  {**offsets(), "source": "é" * (n + 1)}, {**offsets(), "event_id": "e" * (n + 1)},
+                  ev(GroupOffsets(group="g" * (n + 1), topic="t", partition=0, committed_offset=1, high_watermark=2)),
+                  ev(MetadataRefresh(version=1, reason="r" * (n + 1), ok=True, duration_ms=1.0))):
+        assert parsed([value])[0]["reason"] == "field_too_long", value
+    r = parsed([ev(MetadataRefresh(version=1, reason="periodic", ok=False, duration_ms=1.0, error="e" * 50_000,
+                                   cause="c" * 5_000))])[0]
+    assert r["reason"] is None and r["error"] == "e" * n and r["cause"] == "c" * n
+    # a partition-count change whose topic is too long is refused on its own row
+    two = [PartitionCountChange(topic="o" * (n + 1), old_count=1, new_count=2), PartitionCountChange(topic="ok", old_count=1, new_count=2)]
+    got = parsed([ev(MetadataRefresh(version=1, reason="periodic", ok=True, duration_ms=1.0, partition_count_changes=two))])
+    assert [(r["type"], r["reason"]) for r in got] == [("metadata_refresh", None), ("partition_count_change", "field_too_long"),
+                                                       ("partition_count_change", None)]
+
+
+def test_event_time_is_checked_against_the_record_timestamp():
+    skew = parsing.LIMITS.max_clock_skew_ms
+    t = 1_700_000_000_000
+    e = lambda at: {**offsets(), "observed_at": at}  # noqa: E731
+    values = [e(t), e(t + skew), e(t + skew + 1), e(t - skew), e(t - skew - 1), e(1000), e(t + 86_400_000),
+              e(t), e(t)]
+    stamps = [t, t, t, t, t, t, t, None, -1]  # no timestamp, or Kafka's "none": not checked
+    got = [r["reason"] for r in parsed(values, stamps)]
+    assert got == [None, None, "event_time_ahead", None, "event_time_behind", "event_time_behind", "event_time_ahead",
+                   None, None]
+    assert [r["reason"] for r in parsed(values, stamps, limits=parsing.Limits(max_clock_skew_ms=0))] == [None] * 9
+    assert [r["reason"] for r in parsed([e(t + 10 ** 15), e(-(10 ** 15))], [t, t])] == [
+        "event_time_ahead", "event_time_behind"]
+    # the gate's fixed bounds still apply, and decoding's reasons come first
+    assert [r["reason"] for r in parsed([e(0), with_data(e(t + 10 * skew), partition=-1)], [0, t], gate=True)] == [
+        "observed_at_in_range", "out_of_range"]
+
+
+def test_parse_batches_chunks_by_bytes_and_passes_timestamps(monkeypatch):
+    monkeypatch.setattr(parsing, "MAX_BYTES_PER_CHUNK", 2_000)
+    calls = []
+    real = parsing.parse_values
+    monkeypatch.setattr(parsing, "parse_values", lambda v, **kw: calls.append(len(v)) or real(v, **kw))
+    t = 1_700_000_000_000
+    values = [json.dumps({**offsets(i), "observed_at": t + (0 if i % 2 else 10 ** 9)}) for i in range(30)]
+    batches = [pa.RecordBatch.from_pydict({"value": values[i:i + 5], "timestamp": [t] * 5}) for i in range(0, 30, 5)]
+    out = [r for b in parsing.parse_batches(iter(batches)) for r in b.to_pylist()]
+    assert len(calls) > 1 and sum(calls) == 30  # several chunks
+    assert [r["reason"] for r in out] == [None if i % 2 else "event_time_ahead" for i in range(30)]
+
+
+def test_reasons_are_listed_once_for_the_exporter():
+    from streaming import exporter, quality
+    assert exporter.QUARANTINE_REASONS == parsing.REASONS + tuple(quality.RULES)

@@ -243,3 +243,22 @@ def test_bucket_keys_are_distinct_stable_and_spread():
         assert len(set(keys)) == buckets and min(keys) >= 0  # never the quarantine bucket (-1)
         assert [spark_hash_int(k) % buckets for k in keys] == list(range(buckets))
     assert bucket_keys(16) == [12, 16, 5, 1, 37, 20, 2, 35, 13, 6, 49, 7, 25, 15, 4, 0]  # state is keyed by these
+
+
+def test_quarantine_samples_are_bounded_per_batch_and_any_event_time_is_survived(monkeypatch):
+    """The quarantine bucket gets every refused row of a batch: it reads them frame by frame,
+    lists each (reason, size, time) but keeps samples only within the batch's budget; a refused
+    row's observed_at may be anything (2**63 - 1 arrives as the float 2**63)."""
+    monkeypatch.setattr(st, "QUARANTINE_SAMPLE_BUDGET", 10)
+    fn = st.make_state_function(st.StateConfig())
+    frames = [rows({"reason": "oversized", "raw": "x" * 6, "raw_bytes": 100_000, "observed_at": None},
+                   {"reason": "malformed_json", "raw": "{bad", "raw_bytes": 4, "observed_at": float(2 ** 63)}),
+              rows({"reason": "malformed_json", "raw": "{worse", "raw_bytes": 6, "observed_at": 1_000.0})]
+    out = pd.concat(list(fn((st.QUARANTINE_BUCKET,), iter(frames), FakeState())), ignore_index=True)
+    events = out[out.kind == "quarantine_event"]
+    assert list(events.alert) == ["oversized", "malformed_json", "malformed_json"]
+    assert list(events["count"]) == [100_000, 4, 6]                       # each value's whole size
+    assert list(events.evidence) == ["x" * 6, "{bad", None]               # 10 characters of samples in all
+    assert [None if pd.isna(v) else v for v in events["at"]] == [None, None, 1_000]
+    counts = {r.alert: r["count"] for _, r in out[out.kind == "quarantine"].iterrows()}
+    assert counts == {"oversized": 1, "malformed_json": 2}
