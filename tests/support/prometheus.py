@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from kafka_monitor.broker import die_with_parent, free_port, stop_process
+from kafka_monitor.broker import free_port, popen_dying_with_parent, stop_process
 
 __all__ = ["PrometheusError", "PrometheusServer", "QueryError", "prometheus_binary"]
 
@@ -64,11 +64,11 @@ class PrometheusServer:
             raise PrometheusError("'prometheus' is not on PATH: install the Debian package prometheus "
                                   "(apt-get install -y prometheus)")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = popen_dying_with_parent(
                 [self.binary, f"--config.file={self.config_path}",
                  f"--web.listen-address=127.0.0.1:{self.port}",
                  f"--storage.tsdb.path={self.workdir / 'data'}"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready(timeout)
         except BaseException:
