@@ -1,95 +1,400 @@
-"""Probe benchmark: events per second and CPU time per 1,000 partitions per observation cycle.
+"""Probe benchmark: the probe's own wall and CPU time per observation cycle, per phase.
 
-Runs the probe against librdkafka's mock cluster (3 brokers, in this process) with 1,000 and
-10,000 partitions, a consumer group that committed on every partition, and the events topic on
-the same mock cluster.  Each cycle is one metadata refresh + committed offsets + watermarks +
-events; the figures are the medians over the cycles of a run, and the medians over runs.
+librdkafka's mock cluster (3 brokers) runs in a process of its own (``bench/mock_cluster_server.py``),
+so the CPU figures are the probe process's alone (Python + librdkafka's threads), not the
+brokers'.  Topics of 100 partitions, replication factor 3; consumer groups of 10 topics each
+(``--group-topics``), so that every partition has a committed offset (as many group partitions
+as partitions); the events topic (6 partitions) on the same mock cluster.  The mock does not
+implement ListGroups (librdkafka 2.16), so the benchmark answers the probe's group listing with
+those groups; their committed offsets come from the mock (OffsetFetch, with the partitions
+named: the mock answers nothing to "all partitions").
 
-    python bench/probe_bench.py                 # 1,000 and 10,000 partitions, 3 runs x 5 cycles
-    python bench/probe_bench.py --partitions 1000 --runs 5
+Each run: start the mock cluster, a warm-up cycle (bootstrap: registration of every topic, every
+partition's metadata sent), then ``--cycles`` cycles on the probe's real schedule: a cycle is a
+metadata refresh + one observation (committed offsets, group states, watermarks, events) + the
+wait until every event of the cycle is acknowledged ("delivery"); the probe then idles as its
+``run()`` loop does (polling its clients: statistics, delivery reports) until ``--interval``
+seconds after the cycle started.  Per cycle:
 
-Prints a table and writes bench/results/probe.json.  CPU time is the whole process's
-(Python + librdkafka threads; the mock brokers run in-process too, so it is an upper bound).
+- ``cycle_wall_s``: refresh + observation + delivery, wall clock;
+- ``cycle_cpu_s``: the process's CPU time (all threads) during that;
+- ``interval_cpu_s``: the process's CPU time from the cycle's start to the next cycle's start
+  (what the probe costs per interval, idle work such as statistics included);
+- ``cpu_s_per_1000_partitions_per_cycle``: ``interval_cpu_s`` per 1,000 partitions;
+- ``phases``: wall, process CPU and main-thread CPU per phase, exclusive (a phase's time does
+  not include the phases called from it): metadata (the refresh and its partition_metadata
+  events), leader_epochs (waiting for and reading the client's statistics), stats (the
+  statistics callback, wherever it runs, idle time included), min_isr, committed, group_states,
+  watermarks, events (serializing and enqueueing events), delivery, other, idle.
+
+Figures are medians over the cycles of a run, and medians over runs.  The phase timers wrap
+the probe's methods (a few microseconds per call; with the per-event ``emit`` of the old code
+that is ~2-3% of its cost); ``--no-phases`` measures without them.
+
+    python bench/probe_bench.py                                  # 10k, 30k, 100k; 3 runs x 5 cycles
+    python bench/probe_bench.py --partitions 10000 --runs 1 --cycles 3
+    python bench/probe_bench.py --label before --out bench/results/probe-before.json
+    python bench/probe_bench.py --baseline bench/results/probe-before.json   # adds the before figures
+    PROBE_BENCH_CODE=/tmp/old python bench/probe_bench.py ...   # measure the monitor/ package in /tmp/old
+
+Prints a table and writes ``bench/results/probe.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
+import json
+import os
 import pathlib
+import platform
 import statistics
+import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: another copy of the code to measure (a directory holding monitor/), for A/B runs in one sitting
+CODE = pathlib.Path(os.environ.get("PROBE_BENCH_CODE", ROOT)).resolve()
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(CODE))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
+from monitor import emitter as emitter_mod  # noqa: E402
+from monitor import probe as probe_mod  # noqa: E402
 from monitor.probe import Probe, ProbeConfig  # noqa: E402
-from tests.support.mock_cluster import MockCluster  # noqa: E402
 
-TOPIC_PARTITIONS = 100  # partitions per topic: 1,000 partitions = 10 topics
+TOPIC_PARTITIONS = 100  # partitions per topic: 10,000 partitions = 100 topics
+EVENTS_TOPIC = "kafka-monitor.events"
+GROUP_TOPICS = 10  # topics per consumer group: 1,000 group partitions each
+
+#: (class, method, phase): methods that exist in this version of the code are timed
+PHASE_METHODS = [
+    (Probe, "refresh_metadata", "metadata"),
+    (Probe, "_leader_epochs", "leader_epochs"),
+    (Probe, "_on_stats", "stats"),
+    (Probe, "_topic_min_isr", "min_isr"),
+    (Probe, "_committed_offsets", "committed"),
+    (Probe, "_group_states", "group_states"),
+    (Probe, "_watermarks", "watermarks"),
+    (Probe, "_wait", "idle"),
+    (emitter_mod.EventEmitter, "emit", "events"),
+    (emitter_mod.EventEmitter, "emit_rows", "events"),
+]
+PHASES = ["metadata", "leader_epochs", "stats", "min_isr", "committed", "group_states", "watermarks", "events",
+          "delivery", "other", "idle"]
 
 
-def one_run(n_partitions: int, cycles: int) -> dict:
-    with MockCluster(brokers=3) as mc:
-        topics = [f"bench-{i}" for i in range(max(1, n_partitions // TOPIC_PARTITIONS))]
-        for t in topics:
-            mc.create_topic(t, TOPIC_PARTITIONS, 3)
-        mc.create_topic("kafka-monitor.events", 6, 3)
-        c = Consumer({"bootstrap.servers": mc.bootstrap, "group.id": "bench-group", "enable.auto.commit": False})
-        c.commit(offsets=[TopicPartition(t, p, 0) for t in topics for p in range(TOPIC_PARTITIONS)],
-                 asynchronous=False)
-        c.close()
-        probe = Probe(ProbeConfig(bootstrap_servers=mc.bootstrap, interval_s=3600, source="bench",
-                                  cluster="bench", topics_include="^bench-", request_timeout_s=60))
-        walls, cpus, evs = [], [], []
+def _clocks() -> tuple[float, float, float]:
+    return time.perf_counter(), time.process_time(), time.thread_time()
+
+
+class PhaseTimer:
+    """Exclusive wall / process CPU / main-thread CPU per phase, from wrapped methods (main thread
+    only; calls from other threads run untimed)."""
+
+    def __init__(self) -> None:
+        self.main = threading.get_ident()
+        self.stack: list[str] = []
+        self.mark = _clocks()
+        self.totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.mark = _clocks()
+
+    def _charge(self, name: Optional[str] = None) -> None:
+        now = _clocks()
+        t = self.totals[name or (self.stack[-1] if self.stack else "other")]
+        for i in range(3):
+            t[i] += now[i] - self.mark[i]
+        self.mark = now
+
+    def enter(self, name: str) -> None:
+        self._charge()
+        self.stack.append(name)
+
+    def leave(self) -> None:
+        self._charge()
+        self.stack.pop()
+
+    def wrap(self, fn: Callable, name: str) -> Callable:
+        timer = self
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            if threading.get_ident() != timer.main:
+                return fn(*a, **kw)
+            timer.enter(name)
+            try:
+                return fn(*a, **kw)
+            finally:
+                timer.leave()
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def install(self) -> Callable[[], None]:
+        saved = []
+        for cls, attr, name in PHASE_METHODS:
+            fn = cls.__dict__.get(attr)
+            if fn is None:
+                continue
+            saved.append((cls, attr, fn))
+            setattr(cls, attr, self.wrap(fn, name))
+
+        def uninstall() -> None:
+            for cls, attr, fn in saved:
+                setattr(cls, attr, fn)
+        return uninstall
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {k: {"wall_s": v[0], "cpu_s": v[1], "main_thread_cpu_s": v[2]} for k, v in self.totals.items()}
+
+
+class MockClusterProcess:
+    """bench/mock_cluster_server.py in a child process; stopped by its PID."""
+
+    def __init__(self, topics: int, partitions: int) -> None:
+        cmd = [sys.executable, str(ROOT / "bench" / "mock_cluster_server.py"), "--brokers", "3",
+               "--topics", "bench-", str(topics), str(partitions), "3", "--topic", f"{EVENTS_TOPIC}:6:3"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("BOOTSTRAP "):
+            self.stop()
+            raise RuntimeError(f"mock cluster did not start: {line!r}")
+        self.bootstrap = line.split()[1]
+
+    def cpu_s(self) -> float:
         try:
-            probe.cycle()  # warm-up: connections, first metadata
-            probe.emitter.flush(60)
-            for _ in range(cycles):
-                seq0 = probe.emitter._seq
-                w0, c0 = time.perf_counter(), time.process_time()
-                probe.cycle()
-                probe.emitter.flush(60)
-                walls.append(time.perf_counter() - w0)
-                cpus.append(time.process_time() - c0)
-                evs.append(probe.emitter._seq - seq0)
-        finally:
+            fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            return float("nan")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _groups(n_topics: int, group_topics: int) -> dict[str, list[TopicPartition]]:
+    """bench-group-<i> -> the partitions it commits on (topics i*group_topics .. +group_topics)."""
+    return {f"bench-group-{g}": [TopicPartition(f"bench-{t}", p) for t in range(g * group_topics,
+                                                                            min(n_topics, (g + 1) * group_topics))
+                                 for p in range(TOPIC_PARTITIONS)]
+            for g in range((n_topics + group_topics - 1) // group_topics)}
+
+
+def _done(value: Any) -> concurrent.futures.Future:
+    f: concurrent.futures.Future = concurrent.futures.Future()
+    f.set_result(value)
+    return f
+
+
+def rss_mb() -> float:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+#: what has been measured so far, for the memory watchdog to save before it stops the benchmark
+PARTIAL: dict[str, Any] = {"results": [], "current": None}
+
+
+def watchdog(max_rss_mb: float, save: Callable[[str], None]) -> None:
+    """Stop the benchmark (saving what it has) when the process's RSS passes ``max_rss_mb``: the
+    old probe queues every statistics document it has not parsed yet (76 MB each at 100,000
+    partitions), and the machine is shared."""
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if rss_mb() > max_rss_mb:
+                print(f"[bench] RSS above {max_rss_mb:.0f} MB: stopped", file=sys.stderr, flush=True)
+                save(f"stopped by the memory watchdog: RSS above {max_rss_mb:.0f} MB")
+                os._exit(3)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, group_topics: int = GROUP_TOPICS) -> dict:
+    n_topics = max(1, n_partitions // TOPIC_PARTITIONS)
+    n = n_topics * TOPIC_PARTITIONS
+    mc = MockClusterProcess(n_topics, TOPIC_PARTITIONS)
+    timer = PhaseTimer()
+    uninstall = timer.install() if phases else (lambda: None)
+    probe = None
+    try:
+        groups = _groups(n_topics, group_topics)
+        for gid, tps in groups.items():
+            c = Consumer({"bootstrap.servers": mc.bootstrap, "group.id": gid, "enable.auto.commit": False})
+            c.commit(offsets=[TopicPartition(tp.topic, tp.partition, 0) for tp in tps], asynchronous=False)
+            c.close()
+        probe = Probe(ProbeConfig(bootstrap_servers=mc.bootstrap, interval_s=interval_s, source="bench",
+                                  cluster="bench", topics_include="^bench-", request_timeout_s=120))
+        # The mock does not implement ListGroups (librdkafka 2.16: _UNSUPPORTED_FEATURE): the group
+        # list is answered here; their committed offsets come from the mock (OffsetFetch) ...
+        listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
+        ops = getattr(probe, "_ops", probe._admin)  # the client the probe asks for groups
+        ops.list_consumer_groups = lambda **kw: _done(listing)
+        # ... whose OffsetFetch for "all partitions" answers nothing: the bench names them.
+        fetch_offsets = ops.list_consumer_group_offsets
+        ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
+            [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+        stop = threading.Event()
+        w0, c0 = time.perf_counter(), time.process_time()
+        probe.cycle()  # bootstrap: connections, registration, every partition's metadata
+        probe.emitter.flush(120)
+        first = {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
+        probe._wait(max(0.0, interval_s - first["wall_s"]), stop)
+        per_cycle: list[dict] = []
+        PARTIAL["current"] = {"partitions": n, "first_cycle": first, "cycles": per_cycle}
+        for _ in range(cycles):
+            seq0, dropped0 = probe.emitter._seq, probe.emitter.dropped
+            broker0 = mc.cpu_s()
+            timer.reset()
+            w0, c0 = time.perf_counter(), time.process_time()
+            probe.cycle()
+            if phases:
+                timer.enter("delivery")
+            left = probe.emitter.flush(120)
+            if phases:
+                timer.leave()
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            probe._wait(max(0.0, interval_s - wall), stop)
+            interval_wall, interval_cpu = time.perf_counter() - w0, time.process_time() - c0
+            per_cycle.append({
+                "cycle_wall_s": wall, "cycle_cpu_s": cpu, "interval_wall_s": interval_wall,
+                "interval_cpu_s": interval_cpu, "events": probe.emitter._seq - seq0,
+                "dropped": probe.emitter.dropped - dropped0, "undelivered": left,
+                "broker_cpu_s": mc.cpu_s() - broker0, "rss_mb": rss_mb(),
+                "phases": timer.snapshot() if phases else {},
+            })
+    finally:
+        if probe is not None:
             probe.close()
-    n = len(topics) * TOPIC_PARTITIONS
-    return {
+        uninstall()
+        mc.stop()
+    med = lambda key: statistics.median(c[key] for c in per_cycle)  # noqa: E731
+    out = {
         "partitions": n,
-        "events_per_cycle": statistics.median(evs),
-        "cycle_wall_s": statistics.median(walls),
-        "events_per_s": statistics.median(e / w for e, w in zip(evs, walls)),
-        "cpu_s_per_1000_partitions_per_cycle": statistics.median(c / (n / 1000) for c in cpus),
-        "dropped": probe.emitter.dropped,
+        "group_partitions": sum(len(v) for v in groups.values()),
+        "groups": len(groups),
+        "events_per_cycle": med("events"),
+        "cycle_wall_s": med("cycle_wall_s"),
+        "cycle_cpu_s": med("cycle_cpu_s"),
+        "interval_cpu_s": med("interval_cpu_s"),
+        "cpu_s_per_1000_partitions_per_cycle": med("interval_cpu_s") / (n / 1000),
+        "events_per_s": statistics.median(c["events"] / c["cycle_wall_s"] for c in per_cycle),
+        "broker_cpu_s_per_cycle": med("broker_cpu_s"),
+        "dropped": sum(c["dropped"] for c in per_cycle),
+        "rss_mb": max(c["rss_mb"] for c in per_cycle),
+        "first_cycle": first,
+        "cycles": per_cycle,
     }
+    if phases:
+        out["phases"] = {p: {k: statistics.median(c["phases"].get(p, {}).get(k, 0.0) for c in per_cycle)
+                             for k in ("wall_s", "cpu_s", "main_thread_cpu_s")} for p in PHASES}
+    return out
+
+
+def median_of_runs(runs: list[dict]) -> dict:
+    keys = ["partitions", "group_partitions", "groups", "events_per_cycle", "cycle_wall_s", "cycle_cpu_s", "interval_cpu_s",
+            "cpu_s_per_1000_partitions_per_cycle", "events_per_s", "broker_cpu_s_per_cycle"]
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in keys}
+    out["dropped"] = sum(r["dropped"] for r in runs)
+    out["rss_mb"] = max(r["rss_mb"] for r in runs)
+    out["first_cycle_wall_s"] = statistics.median(r["first_cycle"]["wall_s"] for r in runs)
+    out["first_cycle_cpu_s"] = statistics.median(r["first_cycle"]["cpu_s"] for r in runs)
+    if all("phases" in r for r in runs):
+        out["phases"] = {p: {k: statistics.median(r["phases"][p][k] for r in runs)
+                             for k in ("wall_s", "cpu_s", "main_thread_cpu_s")} for p in PHASES}
+    out["runs"] = runs
+    return out
+
+
+def machine() -> dict:
+    info: dict[str, Any] = {"platform": platform.platform()}
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        info["loadavg_at_start"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        pass
+    import confluent_kafka
+    info["confluent_kafka"] = confluent_kafka.version()[0]
+    info["librdkafka"] = confluent_kafka.libversion()[0]
+    info["code"] = str(pathlib.Path(probe_mod.__file__).parent)
+    return info
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 10000])
+    ap.add_argument("--partitions", type=int, nargs="+", default=[10000, 30000, 100000])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--interval", type=float, default=10.0, help="the probe's interval_s (default 10, its default)")
+    ap.add_argument("--no-phases", action="store_true", help="do not time phases (no wrappers)")
+    ap.add_argument("--label", default="", help="a name for this code version (before, after, ...)")
+    ap.add_argument("--baseline", help="a results file of this benchmark to include as the comparison")
+    ap.add_argument("--note", default="", help="free text stored with the results (load on the machine, ...)")
+    ap.add_argument("--group-topics", type=int, default=GROUP_TOPICS,
+                    help=f"topics per consumer group (default {GROUP_TOPICS}: 1,000 group partitions each)")
+    ap.add_argument("--max-rss-mb", type=float, default=8000, help="stop (saving what was measured) above this RSS")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "probe.json"))
     args = ap.parse_args()
-    results = []
+    mach = machine()
+    extra: dict[str, Any] = {}
+    if args.baseline:
+        base = json.loads(pathlib.Path(args.baseline).read_text())
+        extra["baseline"] = {"file": os.path.relpath(args.baseline, ROOT), "label": base.get("label"),
+                             "when": base.get("when"), "note": base.get("note"),
+                             "results": [{k: v for k, v in r.items() if k != "runs"} for r in base["results"]]}
+    results: list[dict] = PARTIAL["results"]
+
+    def save(stopped: str = "") -> None:
+        mach["loadavg_at_end"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]
+        more = dict(extra)
+        if stopped:
+            more["stopped"] = stopped
+            more["incomplete_run"] = PARTIAL["current"]
+        report.write(args.out, "probe", machine=mach, label=args.label, note=args.note, runs=args.runs,
+                     cycles=args.cycles, interval_s=args.interval, group_topics=args.group_topics,
+                     broker="librdkafka mock cluster, own process",
+                     results=results, **more)
+
+    watchdog(args.max_rss_mb, save)
     for n in args.partitions:
         runs = []
         for r in range(args.runs):
             print(f"[bench] {n} partitions, run {r + 1}/{args.runs} ...", file=sys.stderr, flush=True)
-            runs.append(one_run(n, args.cycles))
-        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-        med["runs"] = runs
-        results.append(med)
-    print(f"{'partitions':>10} {'events/cycle':>12} {'cycle s':>8} {'events/s':>9} {'CPU s/1k part/cycle':>20}")
+            runs.append(one_run(n, args.cycles, args.interval, not args.no_phases, args.group_topics))
+            x = runs[-1]
+            print(f"[bench]   cycle {x['cycle_wall_s']:.2f} s wall, {x['cycle_cpu_s']:.2f} CPU-s; "
+                  f"{x['cpu_s_per_1000_partitions_per_cycle']:.4f} CPU-s/1k partitions/interval",
+                  file=sys.stderr, flush=True)
+        results.append(median_of_runs(runs))
+        save()
+    print(f"{'partitions':>10} {'events/cycle':>12} {'cycle wall s':>12} {'cycle CPU s':>11} "
+          f"{'CPU s/1k part/cycle':>20} {'dropped':>8}")
     for m in results:
-        print(f"{m['partitions']:>10} {m['events_per_cycle']:>12.0f} {m['cycle_wall_s']:>8.3f} "
-              f"{m['events_per_s']:>9.0f} {m['cpu_s_per_1000_partitions_per_cycle']:>20.4f}")
-    report.write(args.out, "probe", runs=args.runs, cycles=args.cycles, results=results)
+        print(f"{m['partitions']:>10} {m['events_per_cycle']:>12.0f} {m['cycle_wall_s']:>12.2f} "
+              f"{m['cycle_cpu_s']:>11.2f} {m['cpu_s_per_1000_partitions_per_cycle']:>20.4f} {m['dropped']:>8}")
+        for p, v in m.get("phases", {}).items():
+            if v["wall_s"] or v["cpu_s"]:
+                print(f"{'':>10}   {p:<14} {v['wall_s']:>7.3f} s wall {v['cpu_s']:>7.3f} CPU-s "
+                      f"({v['main_thread_cpu_s']:.3f} in the main thread)")
     return 0
 
 

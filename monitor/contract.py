@@ -15,6 +15,14 @@ changed meaning is a new ``schema`` version, and readers keep reading the old on
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
 never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
 is what a MetadataResponse says and the job alerts on it.
+
+Limits: the streaming job quarantines (with the reason in brackets) a record longer than 64 KiB
+(``oversized``; the job's ``max_event_bytes``), an identifier (``event_id``, ``cluster``,
+``source``, ``topic``, ``group``, ``member_id``, a group's ``state``, a phase or reason) longer
+than 1,024 characters (``field_too_long``), an integer beyond +-(2^53 - 1) (``out_of_range``),
+and an ``observed_at`` more than 5 minutes after or before the Kafka timestamp of its record
+(``event_time_ahead`` / ``event_time_behind``; the job's ``max_clock_skew_s``).  Free text
+(``error``, ``cause``) is cut to 1,024 characters.
 """
 
 from __future__ import annotations
@@ -214,6 +222,15 @@ class Heartbeat:
     events_dropped: int = _doc("Events dropped since the source started (buffer full, delivery failed).")
     watching: list[str] = _doc("What the source watches (topics, groups or patterns).", default_factory=list)
     started_at: Optional[int] = _doc("When the source started (epoch ms): a change means seq restarted.", default=None)
+    cycle_duration_ms: Optional[int] = _doc(
+        "How long the observation cycle this heartbeat ends took, in milliseconds: for a probe, the metadata "
+        "refresh that ran with it, the committed offsets, the watermarks and the events. Above interval_ms the "
+        "source cannot keep its interval and its observations fall behind. Null for sources without cycles "
+        "(instrumented clients).", default=None)
+    observation_lag_ms: Optional[int] = _doc(
+        "How late that cycle's observation started after the time its schedule set for it, in milliseconds "
+        "(about the metadata refresh before it when on time); it grows past interval_ms when cycles overrun. "
+        "Null when the source keeps no schedule.", default=None)
 
 
 #: type name -> (payload class, fields that make up the entity key after the cluster)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import functools
 import logging
 import threading
 import time
@@ -146,7 +147,20 @@ def cause_for_error(error: Union[str, int, Any, None]) -> Optional[str]:
 
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+    return tuple(map(int, values))
+
+
+def _confluent_partition_type() -> Optional[type]:
+    try:
+        from confluent_kafka.admin import PartitionMetadata
+    except ImportError:  # pragma: no cover - the project depends on confluent-kafka
+        return None
+    return PartitionMetadata
+
+
+#: confluent_kafka's partition metadata class: ints and lists of ints, no leader epoch, no
+#: offline replicas (ClusterView.from_confluent reads it without per-attribute probing)
+_CONFLUENT_PARTITION = _confluent_partition_type()
 
 
 def _error_name(error: Any) -> Optional[str]:
@@ -200,6 +214,12 @@ class TopicView:
     def partition_count(self) -> int:
         return len(self.partitions)
 
+    @functools.cached_property
+    def leader_ids(self) -> frozenset[int]:
+        """Every partition's leader id (-1 included): lets ClusterView.leaderless() skip a topic
+        whose leaders are all live brokers without looking at its partitions."""
+        return frozenset(p.leader for p in self.partitions)
+
 
 class BrokerView(NamedTuple):
     node_id: int
@@ -233,7 +253,8 @@ class ClusterView:
         object.__setattr__(self, "topics", types.MappingProxyType(topics))
 
     @classmethod
-    def from_confluent(cls, md: Any, leader_epochs: Optional[Mapping[tuple[str, int], int]] = None) -> "ClusterView":
+    def from_confluent(cls, md: Any, leader_epochs: Optional[Mapping[tuple[str, int], int]] = None,
+                       previous: Optional["ClusterView"] = None) -> "ClusterView":
         """Build a view from confluent_kafka's ``ClusterMetadata`` (``AdminClient.list_topics()``).
 
         librdkafka's metadata objects carry no leader epoch, rack, offline replicas or
@@ -245,30 +266,71 @@ class ClusterView:
 
         The controller: a KRaft cluster's MetadataResponse names a random live broker, not its
         active controller (which is not a broker at all where controllers run apart), so
-        ``controller_id`` is ``None``: no answer rather than a wrong one."""
+        ``controller_id`` is ``None``: no answer rather than a wrong one.
+
+        ``previous``: the view of the previous response.  A partition that says exactly what it
+        said there is that same (immutable) :class:`PartitionView` object, and a topic all of
+        whose partitions are is the same :class:`TopicView`: the view is equal to one built
+        without ``previous``, and comparing it with ``previous`` (``diff_views``, the probe's
+        "changed since sent") costs an identity test where nothing changed."""
         epochs = leader_epochs or {}
         brokers = tuple(BrokerView(int(b.id), str(b.host), int(b.port), getattr(b, "rack", None))
                         for b in md.brokers.values())
         live = {b.node_id for b in brokers}
+        all_live = live.issuperset
+        prev_topics = previous.topics if previous is not None else {}
+        fast_type = _CONFLUENT_PARTITION
 
         def offline(pmd: Any) -> tuple[int, ...]:
             reported = getattr(pmd, "offline_replicas", None)
             if reported is not None:
                 return _ints(reported)
             return tuple(r for r in _ints(pmd.replicas) if r not in live)
+
+        def build(name: str, pmd: Any) -> PartitionView:
+            return PartitionView(topic=name, partition=int(pmd.id), leader=int(pmd.leader),
+                                 leader_epoch=getattr(pmd, "leader_epoch", None)
+                                 if getattr(pmd, "leader_epoch", None) is not None
+                                 else epochs.get((name, int(pmd.id))),
+                                 replicas=_ints(pmd.replicas), isr=_ints(pmd.isrs),
+                                 offline_replicas=offline(pmd),
+                                 error=_error_name(pmd.error))
+
         topics = []
         for name, tmd in md.topics.items():
             name = getattr(tmd, "topic", None) or name
-            parts = tuple(PartitionView(topic=name, partition=int(pmd.id), leader=int(pmd.leader),
-                                        leader_epoch=getattr(pmd, "leader_epoch", None)
-                                        if getattr(pmd, "leader_epoch", None) is not None
-                                        else epochs.get((name, int(pmd.id))),
-                                        replicas=_ints(pmd.replicas), isr=_ints(pmd.isrs),
-                                        offline_replicas=offline(pmd),
-                                        error=_error_name(pmd.error))
-                          for pmd in tmd.partitions.values())
-            topics.append(TopicView(name=name, partitions=parts, error=_error_name(tmd.error),
-                                    is_internal=bool(getattr(tmd, "is_internal", name in INTERNAL_TOPICS))))
+            old_topic = prev_topics.get(name)
+            old_parts = old_topic.partitions if old_topic is not None else ()
+            n_old = len(old_parts)
+            by_id: Optional[dict[int, PartitionView]] = None
+            parts = []
+            same = 0  # partitions that are the previous view's objects
+            for pmd in tmd.partitions.values():
+                if type(pmd) is not fast_type or not n_old:
+                    parts.append(build(name, pmd))
+                    continue
+                pid = pmd.id
+                o = old_parts[pid] if 0 <= pid < n_old and old_parts[pid].partition == pid else None
+                if o is None:
+                    if by_id is None:
+                        by_id = {p.partition: p for p in old_parts}
+                    o = by_id.get(pid)
+                reps = pmd.replicas
+                if (o is not None and pmd.error is None and o.error is None and o.leader == pmd.leader
+                        and o.leader_epoch == epochs.get((name, pid)) and o.replicas == tuple(reps)
+                        and o.isr == tuple(pmd.isrs)
+                        and o.offline_replicas == (() if all_live(reps) else tuple(r for r in reps if r not in live))):
+                    parts.append(o)
+                    same += 1
+                else:
+                    parts.append(build(name, pmd))
+            error = _error_name(tmd.error)
+            internal = bool(getattr(tmd, "is_internal", name in INTERNAL_TOPICS))
+            if (old_topic is not None and same == len(parts) == n_old and old_topic.error == error
+                    and old_topic.is_internal == internal):
+                topics.append(old_topic)
+            else:
+                topics.append(TopicView(name=name, partitions=tuple(parts), error=error, is_internal=internal))
         return cls(cluster_id=md.cluster_id, controller_id=None, brokers=brokers, topics=topics)
 
     @property
@@ -283,8 +345,12 @@ class ClusterView:
         """Partitions with no known leader: ``leader == -1``, or a leader id that is not among the
         brokers (Java's ``Cluster`` then has no leader ``Node`` for the partition either)."""
         ids = self.broker_ids
-        return tuple((p.topic, p.partition) for p in self.partitions()
-                     if p.leader == NO_LEADER or p.leader not in ids)
+        out: list[tuple[str, int]] = []
+        for t in self.topics.values():
+            if NO_LEADER not in t.leader_ids and t.leader_ids <= ids:
+                continue
+            out.extend((p.topic, p.partition) for p in t.partitions if p.leader == NO_LEADER or p.leader not in ids)
+        return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,12 +425,16 @@ def diff_views(previous: Optional[ClusterView], current: ClusterView) -> tuple[
     old_topics = previous.topics if previous is not None else {}
     new_topics = tuple(sorted(set(current.topics) - set(old_topics)))
     removed = tuple(sorted(set(old_topics) - set(current.topics)))
-    old_parts = {(p.topic, p.partition): p for p in previous.partitions()} if previous is not None else {}
     leaders = []
-    for p in current.partitions():
-        o = old_parts.get((p.topic, p.partition))
-        if o is not None and (o.leader, o.leader_epoch) != (p.leader, p.leader_epoch):
-            leaders.append(LeaderChange(p.topic, p.partition, o.leader, p.leader, o.leader_epoch, p.leader_epoch))
+    for name, t in current.topics.items():
+        old = old_topics.get(name)
+        if old is None or old is t:  # a new topic, or one the view took over unchanged
+            continue
+        old_parts = {o.partition: o for o in old.partitions}
+        for p in t.partitions:
+            o = old_parts.get(p.partition)
+            if o is not None and o is not p and (o.leader, o.leader_epoch) != (p.leader, p.leader_epoch):
+                leaders.append(LeaderChange(p.topic, p.partition, o.leader, p.leader, o.leader_epoch, p.leader_epoch))
     return new_topics, removed, tuple(leaders)
 
 

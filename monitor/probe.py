@@ -37,6 +37,9 @@ Watermarks come from one of two places (``offsets_via``):
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import gc
 import json
 import logging
 import re
@@ -45,21 +48,77 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
+
+try:  # the C implementation under AdminClient.list_offsets: one future per request, not per partition
+    from confluent_kafka.admin import _AdminClientImpl
+except ImportError:  # pragma: no cover - present in every confluent-kafka with list_offsets
+    _AdminClientImpl = None
 
 from monitor.contract import (
     Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
 from monitor.emitter import EventEmitter
+from monitor.contract import NO_LEADER
+from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.metadata import ClusterView, MetadataCache, cause_for_error
 
 log = logging.getLogger(__name__)
 
 OFFSETS_VIA = ("list_offsets", "fetch")
+
+#: partitions per ListOffsets request (see Probe._list_offsets)
+LIST_OFFSETS_BATCH = 500
+
+#: the timestamp near the start of a statistics document: ``{ "name": ..., "ts":12345, ...``
+_STATS_TS = re.compile(r', "ts":\s*(\d+)\s*,')
+_STATS_TOPIC = '{ "topic":"'
+_STATS_PARTITION = re.compile(r'"partition":(-?\d+), "broker":-?\d+, "leader":(-?\d+),')
+_STATS_EPOCH = re.compile(r'"leader_epoch":(-?\d+)')
+
+
+def epochs_from_stats(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
+    """(topic, partition) -> (leader, leader epoch) for every partition of a librdkafka statistics
+    document that has an epoch — what ``json.loads(raw)["topics"][t]["partitions"][p]`` says,
+    without building the whole document (a 75 MB one at 100,000 partitions takes ~0.6 s to
+    parse, this ~0.2 s).  It reads the layout librdkafka writes (each topic object opens with
+    ``{ "topic":"<name>"``, each partition with ``"partition":N, "broker":B, "leader":L,`` and has
+    one ``"leader_epoch":E``); where a topic does not look like that it parses the document."""
+    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
+    start = raw.find('"topics":{')
+    if start < 0:
+        return _epochs_from_json(raw)
+    bounds = []
+    i = raw.find(_STATS_TOPIC, start)
+    while i >= 0:
+        bounds.append(i)
+        i = raw.find(_STATS_TOPIC, i + len(_STATS_TOPIC))
+    bounds.append(len(raw))
+    find_parts, find_epochs, count = _STATS_PARTITION.findall, _STATS_EPOCH.findall, raw.count
+    for b, e in zip(bounds, bounds[1:]):
+        name_at = b + len(_STATS_TOPIC)
+        name = raw[name_at:raw.index('"', name_at)]
+        parts, epochs = find_parts(raw, b, e), find_epochs(raw, b, e)
+        if "\\" in name or not len(parts) == len(epochs) == count('"partition":', b, e):
+            return _epochs_from_json(raw)
+        for (pid, leader), epoch in zip(parts, epochs):
+            if pid[0] != "-" and epoch[0] != "-":
+                out[(name, int(pid))] = (int(leader), int(epoch))
+    return out
+
+
+def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
+    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
+    for tname, t in json.loads(raw).get("topics", {}).items():
+        for pid, p in t.get("partitions", {}).items():
+            epoch = p.get("leader_epoch")
+            if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
+                out[(tname, int(pid))] = (p.get("leader"), epoch)
+    return out
 
 
 #: ConsumerGroupState names as the brokers' protocol spells them
@@ -96,6 +155,22 @@ def describe_group_state(d: Any) -> str:
     reconciling = any(parts(m.assignment) != parts(getattr(m, "target_assignment", None))
                       for m in d.members if getattr(m, "target_assignment", None) is not None)
     return "Reconciling" if reconciling else "Assigning"
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: a cycle at 100,000 partitions allocates a few hundred
+    thousand short-lived tuples, which set off collections that walk every long-lived object
+    (the cluster view, the last statistics' epochs: ~7% of the probe's CPU).  What it allocates
+    is freed by reference counting; collection resumes afterwards."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class ConfigError(ValueError):
@@ -162,6 +237,9 @@ class ProbeConfig:
 
 
 class Probe:
+    #: set by an error retrying cannot fix (credentials refused, fatal producer): run() stops with it
+    fatal_error: Optional[str] = None
+
     def __init__(self, cfg: ProbeConfig, *, emitter: Optional[EventEmitter] = None, admin: Optional[Any] = None,
                  clock: Callable[[], float] = time.time):
         """``emitter`` and ``admin`` (the slice of AdminClient the probe calls) can be injected;
@@ -173,8 +251,18 @@ class Probe:
             "error_cb": self._on_client_error,
             # leader epochs are only in the client's statistics (not in list_topics' objects)
             "statistics.interval.ms": int(cfg.stats_interval_s * 1000), "stats_cb": self._on_stats})
-        self._epochs: dict[tuple[str, int], int] = {}
+        # The admin client above holds a handle for every watched topic (for their leader epochs in
+        # its statistics), and with them a partition object each that its broker threads walk
+        # every time they wake up: at 100,000 partitions, ListOffsets through it cost three times
+        # what they cost through a client without them.  So everything but the metadata refresh
+        # (offsets, groups, configurations) goes through this second one.
+        self._ops = admin if admin is not None else AdminClient({
+            **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
+            "error_cb": self._on_client_error})
+        #: (topic, partition) -> (leader, leader epoch) as the last statistics document read said
+        self._epochs: dict[tuple[str, int], tuple[Optional[int], int]] = {}
         self._stats_ts = 0.0              # librdkafka's monotonic clock of the last statistics, s
+        self._stats_raw: Optional[str] = None  # the last statistics document, until it is read
         self._epoch_support: Optional[bool] = None
         self._registered: set[str] = set()
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
@@ -197,8 +285,23 @@ class Probe:
         self._topics_out = re.compile(cfg.topics_exclude)
         self._groups_in = re.compile(cfg.groups_include)
         self._groups_out = re.compile(cfg.groups_exclude)
+        self._watched_cache: dict[str, bool] = {}
+        #: ListOffsets requests for _watched_partitions, built again only when those change
+        self._lo_for: Optional[list[tuple[str, int]]] = None
+        self._lo_requests: tuple[list, list, list] = ([], [], [])
         self.cycles = 0
         self.warnings: dict[str, int] = {}
+        #: (start, end) of the last metadata refresh attempt, monotonic s
+        self._last_refresh: Optional[tuple[float, float]] = None
+        #: when the observation about to run was due (run()'s schedule), monotonic s
+        self._scheduled_at: Optional[float] = None
+        #: the last cycle's duration and its observation's lag behind schedule, seconds
+        self.last_cycle_s: Optional[float] = None
+        self.last_lag_s: Optional[float] = None
+        #: cycles that took longer than interval_s, since start
+        self.overruns = 0
+        self._overrunning_since: Optional[float] = None
+        self._overrun_logged_at = float("-inf")
 
     @property
     def emitter(self) -> EventEmitter:
@@ -212,36 +315,80 @@ class Probe:
     def cycle(self) -> None:
         """One full cycle: a metadata refresh, then one observation.  ``run()`` schedules the
         two separately (a refresh also runs as soon as the metadata is invalidated)."""
+        self._scheduled_at = None
         self.refresh_metadata()
         self.observe()
 
     def observe(self) -> None:
         """Committed offsets, then watermarks (so HW >= committed within one observation), then
-        the events; and a heartbeat."""
+        the events; and a heartbeat with how long the cycle took and how late it started."""
+        started = time.monotonic()
+        # the cycle: this observation, and the refresh that ran right before it (if one did)
+        refreshed = self._last_refresh
+        cycle_start = refreshed[0] if refreshed is not None and 0 <= started - refreshed[1] <= 1.0 else started
+        scheduled, self._scheduled_at = self._scheduled_at, None
+        lag = max(0.0, started - scheduled) if scheduled is not None else None
+        with _gc_paused():
+            self._observe()
+        duration = time.monotonic() - cycle_start
+        self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
+                                     events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
+                                     watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
+                                     started_at=self._started_at, cycle_duration_ms=int(duration * 1000),
+                                     observation_lag_ms=int(lag * 1000) if lag is not None else None))
+        self._emitter.poll(0)
+        self.cycles += 1
+        self.last_cycle_s, self.last_lag_s = duration, lag
+        self._check_overrun(duration, lag)
+
+    def _observe(self) -> None:
         if self.metadata.cluster is not None:
             partitions = self._watched_partitions
             committed = self._committed_offsets()
             self._group_states(sorted(committed))
             offsets, offsets_at = self._watermarks(partitions)
-            for (topic, part), (lo, hi, lso) in offsets.items():
-                self._emitter.emit(PartitionOffsets(topic=topic, partition=part, high_watermark=hi,
-                                                    log_start_offset=lo, last_stable_offset=lso,
-                                                    via=self.cfg.offsets_via, metadata_at=self._watched_at),
-                                   observed_at=offsets_at)
+            via, metadata_at = self.cfg.offsets_via, self._watched_at
+            self._emit_rows(PartitionOffsets, [(topic, part, hi, via, lo, lso, metadata_at)
+                                               for (topic, part), (lo, hi, lso) in offsets.items()], offsets_at)
+            rows = []
+            get = offsets.get
             for group, tps in committed.items():
                 for (topic, part), off in tps.items():
-                    hw = offsets.get((topic, part))
-                    self._emitter.emit(GroupOffsets(group=group, topic=topic, partition=part,
-                                                    committed_offset=off,
-                                                    high_watermark=hw[1] if hw else None,
-                                                    hw_observed_at=offsets_at if hw else None),
-                                       observed_at=offsets_at)
-        self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
-                                     events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
-                                     watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
-                                     started_at=self._started_at))
-        self._emitter.poll(0)
-        self.cycles += 1
+                    hw = get((topic, part))
+                    rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None) if hw is not None
+                                else (group, topic, part, off, None, None, None, None, None))
+            self._emit_rows(GroupOffsets, rows, offsets_at)
+
+    def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
+        """A cycle longer than the interval means observations fall behind their schedule: say
+        so at WARNING when it starts, then at most every 5 minutes while it lasts, and at INFO
+        when cycles fit again."""
+        interval = self.cfg.interval_s
+        now = time.monotonic()
+        if duration > interval:
+            self.overruns += 1
+            if self._overrunning_since is None:
+                self._overrunning_since = now
+            if now - self._overrun_logged_at >= 300:
+                self._overrun_logged_at = now
+                log.warning("probe cycle took %.1fs, longer than the interval (%.1fs; observation %.1fs behind "
+                            "schedule): observations fall behind (%d overrun(s) since start) — watch fewer "
+                            "topics or groups, or raise interval_s", duration, interval, lag or 0.0, self.overruns)
+        elif self._overrunning_since is not None:
+            log.info("probe cycles fit in the interval again (%.1fs of %.1fs) after overrunning for %.0fs",
+                     duration, interval, now - self._overrunning_since)
+            self._overrunning_since = None
+            self._overrun_logged_at = float("-inf")
+
+    def _emit_rows(self, cls: type, rows: Sequence[tuple], observed_at: int) -> list[int]:
+        """Rows of one payload type through the emitter's bulk path (an injected emitter without
+        one gets them one by one); returns the indexes of the rows not enqueued."""
+        if not rows:
+            return []
+        bulk = getattr(self._emitter, "emit_rows", None)
+        if bulk is not None:
+            return bulk(cls, rows, observed_at)
+        return [i for i, row in enumerate(rows) if self._emitter.emit(cls(*row), observed_at=observed_at) is None]
 
     def invalidate(self, error: Any, where: str) -> Optional[str]:
         """Kafka's rule: any error that suggests the metadata may be wrong marks it stale
@@ -255,15 +402,40 @@ class Probe:
 
     def _on_client_error(self, err: KafkaError) -> None:
         """error_cb of the probe's clients (served from their poll)."""
+        if self._fatal(err):
+            return
         if self.invalidate(err, "client error") is None:
             self._warn_once(f"client:{err.name()}", "client error: %s", err)
 
+    def _fatal(self, e: Any) -> bool:
+        """An error retrying cannot fix (monitor.access.fatal_reason): logged once; run() stops."""
+        reason = fatal_reason(e, self.cfg.events_topic)
+        if reason is not None and self.fatal_error is None:
+            self.fatal_error = reason
+            log.error("%s", reason)
+        return reason is not None
+
     def _watched(self, topic: str) -> bool:
-        return bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
+        hit = self._watched_cache.get(topic)
+        if hit is None:
+            if len(self._watched_cache) > 1_000_000:
+                self._watched_cache.clear()
+            hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
+                                                and not self._topics_out.search(topic))
+        return hit
 
     def refresh_metadata(self) -> bool:
-        """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and one
-        ``partition_metadata`` per watched partition when it succeeded)."""
+        """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and a
+        ``partition_metadata`` per watched partition that changed or whose snapshot is due, when
+        it succeeded)."""
+        started = time.monotonic()
+        try:
+            with _gc_paused():
+                return self._refresh_metadata()
+        finally:
+            self._last_refresh = (started, time.monotonic())
+
+    def _refresh_metadata(self) -> bool:
         reason, cause = self.metadata.next_reason()
         t0 = time.monotonic()
         try:
@@ -279,10 +451,11 @@ class Probe:
             return False
         duration_ms = (time.monotonic() - t0) * 1000
         watched_now = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
-        epochs = self._leader_epochs(watched_now, {(n, int(p.id)): int(p.leader) for n in watched_now
-                                                   for p in md.topics[n].partitions.values() if p.leader >= 0})
+        epochs = self._leader_epochs(watched_now, {(n, p.id): p.leader for n in watched_now
+                                                   for p in md.topics[n].partitions.values()})
         previous_ok = self.metadata.last_successful_refresh_ms
-        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs))
+        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
+                                                                 previous=self.metadata.cluster))
         now = change.at_ms
         view = self.metadata.cluster
         if not change.ok:
@@ -291,6 +464,8 @@ class Probe:
             return False
         if self.cfg.cluster is None and view.cluster_id:
             self._emitter.cluster = view.cluster_id
+        if change.leader_changes and self._ops is not self._admin:
+            self._sync_ops_metadata()
         n_parts = sum(t.partition_count for t in view.topics.values())
         self._emitter.emit(MetadataRefresh(
             version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
@@ -304,31 +479,53 @@ class Probe:
                 for t, (old, new) in sorted(change.partition_count_changes.items())],
             leaderless_partitions=len(change.no_leader),
             metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
-        topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]
+        topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
+        if not topics:
+            self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
+                            "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
+                            "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
+                            self.cfg.topics_include, self.cfg.topics_exclude)
         min_isr = self._topic_min_isr(topics)
-        watched = []
-        sent: dict[tuple[str, int], tuple[tuple, int]] = {}
-        for name in sorted(topics):
-            for pv in sorted(view.topics[name].partitions, key=lambda p: p.partition):
+        # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
+        # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
+        # same object while nothing changed, so "unchanged" is mostly an identity test.
+        watched: list[tuple[str, int]] = []
+        md_sent, sent = self._md_sent, {}
+        rows, pending = [], []
+        version = change.version
+        for name in topics:
+            mi = min_isr.get(name)
+            for pv in view.topics[name].partitions:  # sorted by partition
                 tp = (name, pv.partition)
                 watched.append(tp)
-                shown = (pv.leader, pv.leader_epoch, tuple(pv.replicas), tuple(pv.isr), tuple(pv.offline_replicas),
-                         min_isr.get(name), pv.error)
-                last = self._md_sent.get(tp)
-                if last is not None and last[0] == shown and now < last[1]:
+                shown = (pv, mi)
+                last = md_sent.get(tp)
+                if last is not None and now < last[1] and last[0] == shown:
                     sent[tp] = last
                     continue
-                ev = self._emitter.emit(PartitionMetadata(
-                    topic=name, partition=pv.partition, leader=pv.leader, leader_epoch=pv.leader_epoch,
-                    replicas=list(pv.replicas), isr=list(pv.isr), offline_replicas=list(pv.offline_replicas),
-                    metadata_version=change.version, min_insync_replicas=min_isr.get(name), error=pv.error),
-                    observed_at=now)
-                if ev is not None:  # not enqueued: tried again at the next refresh
-                    sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=last is None))
+                rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
+                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error))
+                pending.append((tp, shown, last is None))
+        failed = set(self._emit_rows(PartitionMetadata, rows, now))
+        for i, (tp, shown, first) in enumerate(pending):
+            if i not in failed:  # not enqueued: tried again at the next refresh
+                sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=first))
         self._md_sent = sent  # partitions no longer watched are forgotten
-        self._watched_partitions = watched
+        if watched != self._watched_partitions:
+            self._watched_partitions = watched
         self._watched_at = now
         return True
+
+    def _sync_ops_metadata(self) -> None:
+        """Leaders moved: bring the second client's metadata to what the probe just saw, so that
+        its ListOffsets go to the new leaders (it would learn them only from a
+        NOT_LEADER_OR_FOLLOWER answer, and the probe would see that error where the single
+        client it had before did not)."""
+        try:
+            self._ops.list_topics(timeout=self.cfg.request_timeout_s)
+        except KafkaException as e:
+            self.invalidate(e.args[0] if e.args else e, "metadata request (offsets client)")
+            self._warn_once("ops_metadata", "metadata refresh of the offsets client failed: %s", e)
 
     def _snapshot_after_ms(self, tp: tuple[str, int], first: bool) -> int:
         """How long after sending a partition's metadata it is sent again unchanged: the snapshot
@@ -340,15 +537,30 @@ class Probe:
         return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
 
     def _on_stats(self, raw: str) -> None:
-        """stats_cb of the admin client: keep each partition's leader epoch."""
+        """stats_cb of the admin client: keep the document, unread, and its timestamp.  It holds
+        every partition of every registered topic (~750 bytes each: 75 MB at 100,000
+        partitions, every statistics interval); only a refresh needs it, and then only its
+        latest one (``_read_stats``)."""
+        m = _STATS_TS.search(raw, 0, 4096)
+        if m is None:
+            try:
+                ts = json.loads(raw).get("ts", 0)
+            except (ValueError, AttributeError) as e:
+                self._warn_once("stats", "unreadable client statistics: %s", e)
+                return
+        else:
+            ts = int(m.group(1))
+        self._stats_raw = raw
+        self._stats_ts = ts / 1e6
+
+    def _read_stats(self) -> None:
+        """Take each partition's leader and leader epoch from the latest statistics document, if
+        it has not been read yet."""
+        raw, self._stats_raw = self._stats_raw, None
+        if raw is None:
+            return
         try:
-            stats = json.loads(raw)
-            for tname, t in stats.get("topics", {}).items():
-                for pid, p in t.get("partitions", {}).items():
-                    epoch = p.get("leader_epoch")
-                    if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
-                        self._epochs[(tname, int(pid))] = (p.get("leader"), epoch)
-            self._stats_ts = stats.get("ts", 0) / 1e6
+            self._epochs.update(epochs_from_stats(raw))
         except (ValueError, AttributeError, TypeError) as e:
             self._warn_once("stats", "unreadable client statistics: %s", e)
 
@@ -362,12 +574,15 @@ class Probe:
         wait (at most 2.5 statistics intervals) for statistics stamped after now — librdkafka's
         ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
         carry no epochs at all (seen once) is not waited for again; epochs then stay null.
+        Only that one document is read (``epochs_from_stats``), not every one the client sends.
 
         On a real cluster the statistics can still describe the partition as it was before the
         response (seen: a leader moved 2 -> 3, the first statistics after the response still said
         leader 2, epoch 0).  An epoch counts only where the statistics name the response's leader
-        (``leaders``); the probe waits a little longer for those, then reports the rest as
-        unknown (None) rather than the previous leader's epoch."""
+        (``leaders``: each partition of the response's watched topics -> its leader, -1 where it
+        has none; a partition without a leader takes the statistics' epoch as it is); the probe
+        waits a little longer for those, then reports the rest as unknown (None) rather than the
+        previous leader's epoch."""
         if self._epoch_support is False:
             return {}
         for t in topics:
@@ -377,7 +592,6 @@ class Probe:
                     self._registered.add(t)
                 except KafkaException as e:
                     self._warn_once("register", "topic %s: %s", t, e)
-        self._registered &= set(topics) | set(self._registered)
         mark = time.monotonic()
         deadline = mark + 2.5 * self.cfg.stats_interval_s
         while self._stats_ts < mark and time.monotonic() < deadline:
@@ -388,20 +602,32 @@ class Probe:
             return {}
         if self._stats_ts < mark:
             self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
-        wanted = set(topics)
+        self._read_stats()
+        stats = self._epochs
+        if leaders is None:
+            wanted = set(topics)
+            leaders = {k: NO_LEADER for k in stats if k[0] in wanted}
 
-        def agreeing() -> dict[tuple[str, int], int]:
-            return {k: epoch for k, (leader, epoch) in self._epochs.items()
-                    if k[0] in wanted and (leaders is None or leaders.get(k) in (None, leader))}
+        def agreeing(keys: Any) -> dict[tuple[str, int], int]:
+            out = {}
+            for k in keys:
+                e = stats.get(k)
+                if e is not None:
+                    leader = leaders[k]
+                    if leader < 0 or e[0] == leader:
+                        out[k] = e[1]
+            return out
 
-        epochs = agreeing()
-        if leaders is not None and self._stats_ts >= mark:
-            missing = [k for k in leaders if k[0] in wanted and k in self._epochs and k not in epochs]
+        epochs = agreeing(leaders)
+        if self._stats_ts >= mark and len(epochs) < len(leaders):
+            missing = [k for k in leaders if k in stats and k not in epochs]
             deadline = time.monotonic() + 5 * self.cfg.stats_interval_s
             while missing and time.monotonic() < deadline:
                 self._admin.poll(0.05)
-                epochs = agreeing()
-                missing = [k for k in missing if k not in epochs]
+                if self._stats_raw is not None:
+                    self._read_stats()
+                    epochs.update(agreeing(missing))
+                    missing = [k for k in missing if k not in epochs]
             if missing:
                 self._warn_once("stats_leader", "client statistics disagree with the metadata on %d partition(s)' "
                                 "leader (e.g. %s): their leader epochs are reported as unknown", len(missing),
@@ -425,7 +651,7 @@ class Probe:
                 self._min_isr_at[t] = now
                 self._min_isr.setdefault(t, None)
             try:
-                futs = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in stale],
+                futs = self._ops.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in stale],
                                                     request_timeout=self.cfg.request_timeout_s)
                 for res, fut in futs.items():
                     try:
@@ -433,7 +659,8 @@ class Probe:
                         self._min_isr[res.name] = int(entry.value) if entry is not None and entry.value else None
                     except Exception as e:
                         self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
-                                        "unavailable, reported as unknown: %s", e)
+                                        "unavailable, reported as unknown: %s%s", e,
+                                        missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
             except Exception as e:
                 self._warn_once("describe_configs", "describe_configs failed: %s", e)
         return {t: self._min_isr.get(t) for t in topics}
@@ -446,35 +673,46 @@ class Probe:
 
     def _committed_offsets(self) -> dict[str, dict[tuple[str, int], Optional[int]]]:
         try:
-            listing = self._admin.list_consumer_groups(request_timeout=self.cfg.request_timeout_s).result()
+            listing = self._ops.list_consumer_groups(request_timeout=self.cfg.request_timeout_s).result()
         except Exception as e:
-            log.warning("listing consumer groups failed: %s", e)
+            log.warning("listing consumer groups failed: %s%s", e, missing_acl(e, cluster=("DESCRIBE", "kafka-cluster")))
             return {}
+        if not any(self._groups_in.search(g.group_id) and not self._groups_out.search(g.group_id) for g in listing.valid):
+            self._warn_once("no_groups", "no consumer group matching groups_include %r / groups_exclude %r is listed: "
+                            "none exists, or the probe's user may not see them (ListGroups leaves out the groups a "
+                            "user lacks DESCRIBE on) -- permission missing?: DESCRIBE on Group:<name>",
+                            self.cfg.groups_include, self.cfg.groups_exclude)
         out: dict[str, dict[tuple[str, int], Optional[int]]] = {}
         for g in sorted(listing.valid, key=lambda g: g.group_id):
             gid = g.group_id
             if not self._groups_in.search(gid) or self._groups_out.search(gid):
                 continue
             try:
-                futs = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)],
+                futs = self._ops.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)],
                                                                request_timeout=self.cfg.request_timeout_s)
                 res = futs[gid].result()
             except Exception as e:
-                log.warning("committed offsets of group %s: %s", gid, e)
+                log.warning("committed offsets of group %s: %s%s", gid, e,
+                            missing_acl(e, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
                 continue
             known = self.metadata.cluster.topics if self.metadata.cluster is not None else {}
             tps: dict[tuple[str, int], Optional[int]] = {}
+            watched = self._watched
             for tp in res.topic_partitions:
                 if tp.error is not None:
-                    self.invalidate(tp.error, f"committed offsets of {gid}")
+                    if self.invalidate(tp.error, f"committed offsets of {gid}") is None:
+                        self._warn_once(f"offsets:{gid}", "committed offsets of group %s on %s/%d: %s%s", gid, tp.topic,
+                                        tp.partition, tp.error, missing_acl(tp.error, topic=("DESCRIBE", tp.topic)))
                     continue
-                if not self._watched(tp.topic):
+                topic = tp.topic
+                if not watched(topic):
                     continue
-                if tp.topic not in known:
+                if topic not in known:
                     # a topic this client has not seen yet (created, or deleted under the group):
                     # Kafka's add(topic) forces a metadata update
-                    self.metadata.add_topic(tp.topic)
-                tps[(tp.topic, tp.partition)] = kafka_offset(tp.offset)
+                    self.metadata.add_topic(topic)
+                off = tp.offset
+                tps[(topic, tp.partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
             out[gid] = tps
         return out
 
@@ -484,16 +722,17 @@ class Probe:
         if not groups:
             return
         try:
-            futs = self._admin.describe_consumer_groups(groups, request_timeout=self.cfg.request_timeout_s)
+            futs = self._ops.describe_consumer_groups(groups, request_timeout=self.cfg.request_timeout_s)
         except Exception as e:
-            log.warning("describing consumer groups failed: %s", e)
+            log.warning("describing consumer groups failed: %s%s", e, missing_acl(e, group=("DESCRIBE", "<the watched groups>")))
             return
         at = self._now_ms()
         for gid, fut in futs.items():
             try:
                 d = fut.result()
             except Exception as e:
-                self._warn_once("describe_group", "describing group %s: %s", gid, e)
+                self._warn_once("describe_group", "describing group %s: %s%s", gid, e,
+                                missing_acl(e, group=("DESCRIBE", gid)))
                 continue
             members = [GroupMember(member_id=m.member_id, client_id=m.client_id, host=m.host,
                                    assignment=[f"{tp.topic}/{tp.partition}" for tp in
@@ -513,29 +752,84 @@ class Probe:
         out = {}
         if not partitions:
             return out, self._now_ms()
-        tps = [TopicPartition(t, p) for t, p in partitions]
         try:
-            latest = self._admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
-                                              request_timeout=self.cfg.request_timeout_s)
-            earliest = self._admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
-                                                request_timeout=self.cfg.request_timeout_s)
-            at = self._now_ms()
-            for tp in tps:
-                try:
-                    hi = latest[tp].result().offset
-                    lo = earliest[tp].result().offset
-                except KafkaException as e:
-                    err = e.args[0] if e.args else e
-                    if self.invalidate(err, f"offsets of {tp.topic}/{tp.partition}") is None:
-                        self._warn_once("list_offsets", "offsets of %s/%d: %s", tp.topic, tp.partition, err)
-                    continue
-                if hi is not None and hi >= 0:
-                    out[(tp.topic, tp.partition)] = (kafka_offset(lo), hi, None)
+            at, latest, earliest = self._list_offsets(partitions)
         except KafkaException as e:
             self.invalidate(e.args[0] if e.args else e, "list_offsets")
             self._warn_once("list_offsets", "list_offsets failed: %s", e)
-            at = self._now_ms()
+            return out, self._now_ms()
+        for tp, (topic, part) in zip(self._lo_requests[0], partitions):
+            hi, lo = latest.get(tp), earliest.get(tp)
+            err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
+            if err is not None:
+                if self.invalidate(err, f"offsets of {topic}/{part}") is None:
+                    self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, err,
+                                    missing_acl(err, topic=("DESCRIBE", topic)))
+                continue
+            hi, lo = hi.offset, lo.offset
+            if hi is not None and hi >= 0:
+                out[(topic, part)] = (kafka_offset(lo), hi, None)
         return out, at
+
+    def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict]:
+        """ListOffsets latest and earliest for ``partitions``, and when the requests were sent (the
+        observation's time).  Each result: TopicPartition -> ListOffsetsResultInfo, or the error
+        of that partition; a request-level failure raises KafkaException.
+
+        Two costs are avoided here.  AdminClient.list_offsets makes a future per partition and
+        settles each from a Python callback (~25 us a partition); the probe hands its request
+        lists to the C implementation under it, with one future per request, and builds those
+        lists only when the watched partitions change.  And librdkafka merges the answers of a
+        request's brokers by a linear search per partition (``rd_kafka_ListOffsets_response_merge``),
+        so a request's cost grows with the square of its partitions (20,000 in one request:
+        1.5 CPU-s; in requests of 500: 0.1): the probe sends requests of ``LIST_OFFSETS_BATCH``
+        partitions, all at once.  A request that fails is an error for each of its partitions,
+        as AdminClient.list_offsets reports it.  An injected admin (tests) goes through its
+        list_offsets."""
+        if self._lo_for is not partitions:
+            latest, earliest = OffsetSpec.latest()._value, OffsetSpec.earliest()._value
+            keys = [TopicPartition(t, p) for t, p in partitions]
+            batches = [partitions[i:i + LIST_OFFSETS_BATCH] for i in range(0, len(partitions), LIST_OFFSETS_BATCH)]
+            self._lo_requests = (keys, [[TopicPartition(t, p, latest) for t, p in b] for b in batches],
+                                 [[TopicPartition(t, p, earliest) for t, p in b] for b in batches])
+            self._lo_for = partitions
+        keys, latest_reqs, earliest_reqs = self._lo_requests
+        timeout = self.cfg.request_timeout_s
+        if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
+            sent = []
+            for reqs in (latest_reqs, earliest_reqs):
+                futures = []
+                for req in reqs:
+                    f: concurrent.futures.Future = concurrent.futures.Future()
+                    f.set_running_or_notify_cancel()
+                    _AdminClientImpl.list_offsets(self._ops, req, f, request_timeout=timeout)
+                    futures.append(f)
+                sent.append(futures)
+            at = self._now_ms()
+            results = []
+            for reqs, futures in zip((latest_reqs, earliest_reqs), sent):
+                merged: dict = {}
+                for req, f in zip(reqs, futures):
+                    try:
+                        merged.update(f.result())
+                    except KafkaException as e:  # the request failed: each of its partitions did
+                        err = e.args[0] if e.args else e
+                        merged.update(dict.fromkeys(req, err))
+                results.append(merged)
+            return at, results[0], results[1]
+        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout)
+                for spec in (OffsetSpec.latest(), OffsetSpec.earliest())]
+        at = self._now_ms()
+
+        def settled(fmap: dict) -> dict:
+            out = {}
+            for tp, f in fmap.items():
+                try:
+                    out[tp] = f.result()
+                except KafkaException as e:
+                    out[tp] = e.args[0] if e.args else e
+            return out
+        return at, settled(futs[0]), settled(futs[1])
 
     # -- fetch mode: a tail consumer ------------------------------------------------------------
 
@@ -585,7 +879,9 @@ class Probe:
                 err = m.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     if self.invalidate(err, "tail consumer fetch") is None:
-                        self._warn_once(f"tail:{err.name()}", "tail consumer: %s", err)
+                        self._warn_once(f"tail:{err.name()}", "tail consumer: %s%s", err, missing_acl(
+                            err, topic=("READ", m.topic() or "<watched topics>"),
+                            group=("DESCRIBE", f"kafka-monitor-probe-{self.cfg.source}")))
             if remaining <= 0:
                 return
 
@@ -598,30 +894,44 @@ class Probe:
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s,
                  self.cfg.offsets_via, self.cfg.events_topic)
         next_observation = 0.0
-        while not stop.is_set():
+        while not stop.is_set() and self.fatal_error is None:
             try:
+                started = time.monotonic()
                 if self.metadata.should_refresh():
                     self.refresh_metadata()
-                if time.monotonic() >= next_observation:
-                    next_observation = time.monotonic() + self.cfg.interval_s
+                now = time.monotonic()
+                if now >= next_observation:
+                    # when it was due (the first one: when the probe started), for its lag
+                    self._scheduled_at = next_observation if next_observation else started
+                    next_observation = now + self.cfg.interval_s
                     self.observe()
-            except Exception:
+            except Exception as e:
+                if self._fatal(e):  # e.g. a fatal producer error, raised once from its poll()
+                    break
                 log.exception("probe cycle failed; retrying")
                 next_observation = time.monotonic() + self.cfg.interval_s
             until_refresh = self.metadata.time_to_next_update() / 1000.0
             self._wait(max(0.05, min(until_refresh, next_observation - time.monotonic())), stop)
+        if self.fatal_error is not None:
+            raise FatalClientError(self.fatal_error)
 
     def _wait(self, seconds: float, stop: threading.Event) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set() and time.monotonic() < deadline and self.fatal_error is None:
             step = min(0.5, deadline - time.monotonic())
             if self._tail is not None:
                 self._drain_tail(step)
             else:
                 stop.wait(step)
-            self._emitter.poll(0)
+            try:
+                self._emitter.poll(0)
+            except KafkaException as e:  # a fatal producer error is raised once, from poll()
+                if not self._fatal(e):
+                    raise
             if self._admin is not None:
                 self._admin.poll(0)  # serves error_cb
+            if self._ops is not None and self._ops is not self._admin:
+                self._ops.poll(0)
 
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""
@@ -631,4 +941,4 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        self._admin = None
+        self._admin = self._ops = None

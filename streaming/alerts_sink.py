@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from typing import Any, Iterable, Optional
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from monitor.access import fatal_reason, missing_acl
 
 log = logging.getLogger(__name__)
 
+#: the read-back consumer's group id prefix (never joins nor commits; FindCoordinator still needs
+#: DESCRIBE on it: README "Security")
+READER_GROUP_PREFIX = "kafka-monitor-alerts-reader-"
 SEQUENCE_STRIDE = 1_000_000  # transitions per batch at most (a batch with more fails loudly)
 TAIL_RECORDS = 5_000         # per partition, read back at start-up
 
@@ -51,13 +57,14 @@ class AlertsTopicSink:
     # -- start-up: what is already in the topic ------------------------------------------------
 
     def recover(self) -> None:
-        c = Consumer({**self.kafka, "group.id": f"kafka-monitor-alerts-reader-{uuid.uuid4().hex[:8]}",
+        c = Consumer({**self.kafka, "group.id": f"{READER_GROUP_PREFIX}{uuid.uuid4().hex[:8]}",
                       "enable.auto.commit": False, "enable.partition.eof": True})
         try:
             md = c.list_topics(self.topic, timeout=30)
             t = md.topics.get(self.topic)
             if t is None or t.error is not None:
-                raise AlertsSinkError(f"alerts topic {self.topic!r} is not available: {t.error if t else 'absent'}; "
+                raise AlertsSinkError(f"alerts topic {self.topic!r} is not available: {t.error if t else 'absent'}"
+                                      f"{missing_acl(t.error, topic=('READ', self.topic)) if t else ''}; "
                                       f"create it or pass another --alerts-topic")
             assign = []
             for p in t.partitions:
@@ -71,12 +78,13 @@ class AlertsTopicSink:
             c.assign(assign)
             eof: set[int] = set()
             while len(eof) < len(assign):
-                for m in c.consume(1000, timeout=5):
+                for m in c.consume(1000, timeout=0.5):  # returns at its timeout unless 1000 came: short
                     if m.error():
                         if m.error().code() == KafkaError._PARTITION_EOF:
                             eof.add(m.partition())
                             continue
-                        raise AlertsSinkError(f"reading the alerts topic back: {m.error()}")
+                        raise AlertsSinkError(f"reading the alerts topic back: {m.error()}" + missing_acl(
+                            m.error(), topic=("READ", self.topic), group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
                     try:
                         rec = json.loads(m.value())
                         b, i = int(rec["batch_id"]), int(rec["index"])
@@ -113,8 +121,31 @@ class AlertsTopicSink:
 
         def on_delivery(err: Any, msg: Any) -> None:
             if err is not None:
-                failures.append(str(err))
+                failures.append(f"{err}{missing_acl(err, topic=('WRITE', self.topic))}")
 
+        n = 0
+        try:
+            n = self._produce(batch_id, rows, already, on_delivery)
+            left = self._flush()
+        except KafkaException as e:  # a fatal producer error (e.g. no WRITE: no idempotent producer id) is raised
+            raise AlertsSinkError(f"batch {batch_id}: the alerts producer failed: "
+                                  f"{fatal_reason(e, self.topic) or e}") from None
+        if left or failures:
+            raise AlertsSinkError(f"batch {batch_id}: {left} alert records undelivered, {len(failures)} failed "
+                                  f"({failures[:1]}); the batch will be retried")
+        self._last_batch, self._published_in_last = batch_id, set(range(len(rows)))
+        self.published += n
+        return n
+
+    def _flush(self) -> int:
+        """flush() by polling: confluent-kafka 2.16 raises a fatal producer error from poll() as a
+        KafkaException, but from flush() as a SystemError without the error."""
+        deadline = time.monotonic() + self.flush_timeout_s
+        while len(self._producer) and time.monotonic() < deadline:
+            self._producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+        return len(self._producer)
+
+    def _produce(self, batch_id: int, rows: list, already: set, on_delivery: Any) -> int:
         n = 0
         for i, r in enumerate(rows):
             if i in already:
@@ -131,12 +162,6 @@ class AlertsTopicSink:
                                    on_delivery=on_delivery)
             self._producer.poll(0)
             n += 1
-        left = self._producer.flush(self.flush_timeout_s)
-        if left or failures:
-            raise AlertsSinkError(f"batch {batch_id}: {left} alert records undelivered, {len(failures)} failed "
-                                  f"({failures[:1]}); the batch will be retried")
-        self._last_batch, self._published_in_last = batch_id, set(range(len(rows)))
-        self.published += n
         return n
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ series is capped (``max_series``); what the cap refuses is counted, never silent
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from typing import Any, Iterable, Optional
@@ -25,8 +26,9 @@ P = "kafka_monitor_"
 #: lag status name -> gauge value (streaming.rules_lag.LagStatus, in severity order)
 LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
-QUARANTINE_REASONS = ("malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
-                      "out_of_range", *quality.RULES)
+QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope",
+                      "missing_field", "out_of_range", "field_too_long", "event_time_ahead", "event_time_behind",
+                      *quality.RULES)  # parsing.REASONS, then the gate's rules
 #: why the state drops a valid event (streaming.state.admit)
 DROP_REASONS = ("duplicate", "out_of_order")
 PART = ("cluster", "topic", "partition")
@@ -53,7 +55,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "group_partition_lag_seconds": ("gauge", "Consumer lag in seconds: how long ago the partition's HW was at the committed offset (interpolated; never negative, bounded extrapolation).", GPART),
     P + "group_partition_lag_status": ("gauge", "Burrow-style lag status evaluated at each observation: 0 OK, 1 WARN, 2 STALL, 3 STOP, 4 REWIND.", GPART),
     P + "group_members": ("gauge", "Members of the consumer group as its coordinator reports them.", ("cluster", "group")),
-    P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead, Unknown).", ("cluster", "group", "state")),
+    P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead; Assigning, Reconciling for the consumer protocol; Unknown).", ("cluster", "group", "state")),
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
@@ -332,10 +334,26 @@ class Exporter:
     def set_up(self, up: bool) -> None:
         self.m("job_up").set(1 if up else 0)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics; returns the bound port (pass 0 for a free one)."""
+    def serve(self, port: int, host: str = "127.0.0.1", certfile: Optional[str] = None, keyfile: Optional[str] = None,
+              client_cafile: Optional[str] = None) -> int:
+        """Serve /metrics (on loopback unless ``host`` says otherwise); returns the bound port (pass 0
+        for a free one).  With ``certfile`` and ``keyfile`` (PEM, key not encrypted) over HTTPS; with
+        ``client_cafile`` too, a scraper must present a client certificate that CA signed
+        (prometheus-client's TLS; it offers no basic auth)."""
+        tls = {}
+        if certfile or keyfile:
+            try:  # checked first: prometheus-client binds the port before it loads these
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                ctx.load_cert_chain(certfile, keyfile, password=lambda: b"")  # an encrypted key fails, no prompt
+                if client_cafile:
+                    ctx.load_verify_locations(client_cafile)
+            except (OSError, ValueError, TypeError) as e:  # ssl.SSLError is an OSError
+                raise OSError(f"cannot serve metrics over TLS (certificate {certfile!r}, key {keyfile!r}"
+                              f"{f', client CA {client_cafile!r}' if client_cafile else ''}): {e}") from None
+            tls = {"certfile": certfile, "keyfile": keyfile, "client_cafile": client_cafile,
+                   "client_auth_required": bool(client_cafile)}
         try:
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry, **tls)
         except OSError as e:
             raise OSError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}; "
                           f"choose another port with --metrics-port") from None

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -34,6 +35,7 @@ from streaming.exporter import ROW_COLUMNS, Exporter
 from streaming.gcpause import gc_paused
 from streaming.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
 from streaming.source import FORMAT, KafkaEventSource
+from streaming.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,14 @@ STATE_STORES = {
 
 class JobConfigError(ValueError):
     pass
+
+
+class JobFailed(RuntimeError):
+    """The streaming query failed (its exception is in the message)."""
+
+
+class JobStalled(JobFailed):
+    """No micro-batch completed for ``stall_timeout_s`` (``streaming.watchdog``)."""
 
 
 @dataclass
@@ -64,6 +74,11 @@ class JobConfig:
     entity_ttl_s: float = 900.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9465
+    #: /metrics over HTTPS: PEM certificate (chain) and key files; with a client CA, scrapers must
+    #: present a certificate it signed (prometheus-client's TLS; it has no basic auth)
+    metrics_tls_cert: Optional[str] = None
+    metrics_tls_key: Optional[str] = None
+    metrics_tls_client_ca: Optional[str] = None
     #: entity series the exporter keeps at most (6 per partition, 4 per group partition, ...);
     #: what the cap refuses is counted in kafka_monitor_exporter_series_refused_total
     max_series: int = 200_000
@@ -75,6 +90,13 @@ class JobConfig:
     #: quarantined events (with their reason) are written here as JSON lines, one file per
     #: micro-batch; default: <checkpoint_dir>/quarantine
     quarantine_dir: Optional[str] = None
+    #: a record value longer than this is quarantined (oversized) without being decoded
+    max_event_bytes: int = 65_536
+    #: observed_at may be this far after / before the record's Kafka timestamp (else
+    #: event_time_ahead / event_time_behind); 0: not checked
+    max_clock_skew_s: float = 300.0
+    #: no micro-batch completed for this long: job_up 0 and the job exits (status 3); 0: off
+    stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> "JobConfig":
@@ -102,7 +124,22 @@ class JobConfig:
             raise JobConfigError(f"job.max_series: must be >= 0, got {self.max_series}")
         if not 0 <= self.metrics_port <= 65535:
             raise JobConfigError("job.metrics_port: must be a TCP port (0 = any free port)")
+        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key) or (self.metrics_tls_client_ca and not self.metrics_tls_cert):
+            raise JobConfigError("job.metrics_tls_cert and job.metrics_tls_key: give both (HTTPS) or neither; "
+                                 "job.metrics_tls_client_ca needs them")
+        if not 1024 <= self.max_event_bytes <= (64 << 20):
+            raise JobConfigError(f"job.max_event_bytes: must be in 1024..67108864, got {self.max_event_bytes}")
+        if not self.max_clock_skew_s >= 0:
+            raise JobConfigError(f"job.max_clock_skew_s: must be >= 0 (0 = not checked), "
+                                 f"got {self.max_clock_skew_s}")
+        if self.stall_timeout_s != 0 and not self.stall_timeout_s >= 3 * self.trigger_s:
+            raise JobConfigError(f"job.stall_timeout_s: must be 0 (off) or at least 3 triggers "
+                                 f"({3 * self.trigger_s:g}s), got {self.stall_timeout_s}")
         return self
+
+    def limits(self) -> parsing.Limits:
+        return parsing.Limits(max_event_bytes=self.max_event_bytes,
+                              max_clock_skew_ms=int(self.max_clock_skew_s * 1000))
 
 
 def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSession:
@@ -167,18 +204,22 @@ ENTITY_OF_TYPE = {
 }
 
 
-def parse(raw: DataFrame) -> DataFrame:
-    """Raw records (a ``value`` column of JSON text) -> one flat row per observation
+def parse(raw: DataFrame, cfg: Optional[JobConfig] = None) -> DataFrame:
+    """Raw records (a ``value`` column of JSON text, and the record ``timestamp`` in ms when
+    the frame has one) -> one flat row per observation
     (FLAT_COLUMNS), plus one per partition-count change a good metadata refresh reports, with
     ``reason`` set when the event breaks the contract (decoding, then the great-expectations
-    suite): one Python pass over Arrow per task (``streaming.parsing``).
-    A row with a reason keeps its raw text, for the quarantine sink.
+    suite): one Python pass over Arrow per task (``streaming.parsing``, with ``cfg``'s limits).
+    A row with a reason keeps a sample of its raw text and its size, for the quarantine sink.
 
     ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
     into a grouping key: a group's partitions share the group's bucket key so group rules can
     see their lags; a client and a source share theirs."""
-    return raw.select(F.col("value").cast("string").alias("value")).mapInArrow(parsing.parse_batches,
-                                                                                parsing.FLAT_DDL)
+    cols = [F.col("value").cast("string").alias("value")]
+    if "timestamp" in raw.columns:
+        cols.append(F.col("timestamp").cast("long").alias("timestamp"))
+    limits = cfg.limits() if cfg is not None else parsing.LIMITS
+    return raw.select(*cols).mapInArrow(partial(parsing.parse_batches, limits=limits), parsing.FLAT_DDL)
 
 
 def spark_hash_int(v: int, seed: int = 42) -> int:
@@ -272,10 +313,13 @@ class ExporterSink:
         self.exporter = exporter
         self.alerts = alerts
         self.quarantine_dir = quarantine_dir
+        self.on_batch: Optional[Any] = None  # called after each batch (the watchdog)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with gc_paused():  # a batch's rows (up to ~10^5 dicts) against ~10^5-10^6 live series
             self._apply(df, batch_id)
+        if self.on_batch is not None:
+            self.on_batch()
 
     def _apply(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
@@ -335,8 +379,9 @@ def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for r in rows:
+            # raw: the first characters of the value (none past the batch's sample budget)
             f.write(json.dumps({"batch_id": batch_id, "reason": r["alert"], "observed_at": r["at"],
-                                "raw": r["evidence"]}, ensure_ascii=False) + "\n")
+                                "raw": r["evidence"], "raw_bytes": r.get("count")}, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -398,7 +443,7 @@ class ProgressListener(StreamingQueryListener):
 
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:
     cfg.validate()
-    out = stateful(parse(read_events(spark, cfg)), cfg)
+    out = stateful(parse(read_events(spark, cfg), cfg), cfg)
     alerts = None
     if cfg.alerts_topic:
         alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
@@ -443,13 +488,19 @@ def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
             sink.alerts.close()  # its producer would otherwise live on, reconnecting to the cluster
 
 
-def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
-    """Run the job until ``stop_event`` is set (or forever); serve metrics meanwhile."""
+def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exit: Any = None,
+        exporter: Optional[Exporter] = None) -> None:
+    """Run the job until ``stop_event`` is set (or forever); serve metrics meanwhile.  Raises
+    ``JobFailed`` when the query fails and ``JobStalled`` when no batch completes for
+    ``cfg.stall_timeout_s`` (``kafka_monitor_job_up`` is 0 by then).  ``hard_exit``: called if
+    the process is still running a minute after a stall (the command line's ``os._exit``).
+    ``exporter``: the one to serve (default: a new one)."""
     cfg.validate()
-    exporter = Exporter(max_series=cfg.max_series)
-    port = exporter.serve(cfg.metrics_port, cfg.metrics_host)
+    exporter = exporter or Exporter(max_series=cfg.max_series)
+    port = exporter.serve(cfg.metrics_port, cfg.metrics_host, certfile=cfg.metrics_tls_cert,
+                          keyfile=cfg.metrics_tls_key, client_cafile=cfg.metrics_tls_client_ca)
     exporter.set_up(True)  # starting counts as up: a start-up that never ends is KafkaMonitorJobFallingBehind's
-    log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+    log.info("metrics on %s://%s:%d/metrics", "https" if cfg.metrics_tls_cert else "http", cfg.metrics_host, port)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -457,15 +508,42 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None) -> None:
     for s, h in handlers.items():  # SparkContext replaced SIGINT with its cancel-all-jobs handler
         signal.signal(s, h)
     q = start(spark, cfg, exporter)
+
+    def stalled(msg: str) -> None:
+        exporter.set_up(False)
+        log.error("%s", msg)
+
+    watchdog = Watchdog(cfg.stall_timeout_s, stalled, hard_exit=hard_exit)
+    _QUERIES[str(q.id)][2].on_batch = watchdog.batch_done
+    watchdog.start()
     if on_started:
         on_started(port)
+    stuck = False
     try:
-        while q.isActive and not (stop_event is not None and stop_event.is_set()):
-            q.awaitTermination(1)
+        while not (stop_event is not None and stop_event.is_set()):
+            if watchdog.fired.wait(1.0):  # Python only: fires even if the JVM does not answer
+                stuck = True
+                raise JobStalled(watchdog.message)
+            if not q.isActive:
+                break
         if q.exception() is not None:
             exporter.set_up(False)
-            raise RuntimeError(f"streaming query failed: {q.exception()}")
+            raise JobFailed(f"streaming query failed: {q.exception()}")
     finally:
-        if q.isActive:
-            stop_query(q)
+        if stuck:
+            _stop_within(q, 30.0)  # the watchdog stays armed: its hard exit if this hangs
+        else:
+            watchdog.stop()  # a stop waits for the running batch: not a stall
+            if q.isActive:
+                stop_query(q)
+        watchdog.stop()
         exporter.shutdown()
+
+
+def _stop_within(q: StreamingQuery, timeout_s: float) -> None:
+    """Stop a stuck query at once (no wait for its batch to end); give up after ``timeout_s``."""
+    t = threading.Thread(target=stop_query, args=(q, 0.0), name="stop-stuck-query", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        log.error("the stuck query did not stop within %.0fs; leaving it to the process exit", timeout_s)

@@ -157,3 +157,27 @@ def test_partition_metadata_is_sent_on_change_and_as_a_spread_snapshot(mock):
         assert sent_md(mark) == [0, 1, 2]
     finally:
         p.close(flush_timeout=5)
+
+
+def test_leader_epochs_read_from_librdkafkas_statistics_as_json_would(mock, probe):
+    """The probe reads the epochs out of the statistics text (epochs_from_stats) instead of
+    parsing the whole document; on a real librdkafka document it finds what json.loads finds."""
+    import time
+
+    from monitor.probe import _epochs_from_json, epochs_from_stats
+    probe.refresh_metadata()  # registers "orders"
+    deadline = time.monotonic() + 10
+    while probe._stats_raw is None and time.monotonic() < deadline:
+        probe._admin.poll(0.05)
+    raw = probe._stats_raw
+    assert raw is not None, "no statistics from the admin client"
+    epochs = epochs_from_stats(raw)
+    assert epochs == _epochs_from_json(raw)
+    assert {k for k in epochs if k[0] == "orders"} == {("orders", 0), ("orders", 1), ("orders", 2)}
+
+
+def test_the_heartbeat_says_how_long_the_cycle_took(mock, probe):
+    probe.cycle()
+    hb = latest_of(events(mock, probe), "heartbeat")
+    assert hb.data.cycle_duration_ms is not None and 0 <= hb.data.cycle_duration_ms < 30_000
+    assert probe.last_cycle_s is not None and probe.overruns == 0

@@ -79,3 +79,34 @@ def test_job_max_series_flag_reaches_the_config(monkeypatch):
     monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
     assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--max-series", "700000"]) == 0
     assert seen["cfg"].max_series == 700_000
+
+
+def test_job_hostile_input_and_stall_flags_reach_the_config(monkeypatch):
+    import signal
+
+    import streaming.job
+
+    seen = {}
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.update(cfg=cfg, **kw))
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c"]) == 0
+    assert (seen["cfg"].max_event_bytes, seen["cfg"].max_clock_skew_s, seen["cfg"].stall_timeout_s) == (65_536, 300, 600)
+    assert callable(seen["hard_exit"])  # a stuck JVM cannot keep the process alive
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--max-event-bytes", "4096",
+                     "--max-clock-skew", "0", "--stall-timeout", "60"]) == 0
+    assert (seen["cfg"].max_event_bytes, seen["cfg"].max_clock_skew_s, seen["cfg"].stall_timeout_s) == (4096, 0, 60)
+    assert seen["cfg"].limits() == streaming.job.parsing.Limits(max_event_bytes=4096, max_clock_skew_ms=0)
+
+
+def test_a_failed_query_exits_1_with_the_reason(monkeypatch, capsys):
+    import signal
+
+    import streaming.job
+
+    def fail(cfg, **kw):
+        raise streaming.job.JobFailed("streaming query failed: boom")
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(streaming.job, "run", fail)
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c"]) == 1
+    assert "error: job failed: streaming query failed: boom" in capsys.readouterr().err

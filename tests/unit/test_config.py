@@ -72,3 +72,17 @@ def test_job_source_and_fail_on_data_loss(tmp_path):
 def test_missing_file_is_a_clear_error():
     with pytest.raises(ConfigError, match="not found"):
         read_file("/nonexistent/km.toml")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"KAFKA_MONITOR_JOB_MAX_EVENT_BYTES": "100"}, "job.max_event_bytes: must be in 1024..67108864"),
+    ({"KAFKA_MONITOR_JOB_MAX_CLOCK_SKEW_S": "-1"}, "job.max_clock_skew_s: must be >= 0"),
+    ({"KAFKA_MONITOR_JOB_STALL_TIMEOUT_S": "10"}, r"job.stall_timeout_s: must be 0 \(off\) or at least 3 triggers \(15s\)"),
+])
+def test_hostile_input_and_stall_settings_are_validated(env, message):
+    base = {"bootstrap_servers": "b:1", "checkpoint_dir": "/c"}
+    with pytest.raises(ConfigError, match=message):
+        build(JobConfig, "job", env=env, flags=base)
+    cfg = build(JobConfig, "job", env={"KAFKA_MONITOR_JOB_STALL_TIMEOUT_S": "0", "KAFKA_MONITOR_JOB_MAX_EVENT_BYTES": "2048"},
+                flags=base)
+    assert (cfg.stall_timeout_s, cfg.max_event_bytes, cfg.max_clock_skew_s) == (0, 2048, 300)

@@ -1,0 +1,62 @@
+"""librdkafka's mock cluster in a process of its own, for benchmarks that must not count the
+brokers' CPU as the client's.
+
+    python bench/mock_cluster_server.py --brokers 3 --topic bench-0:100:3 --topic kafka-monitor.events:6:3
+    python bench/mock_cluster_server.py --topics bench- 300 100 3     # bench-0 .. bench-299, 100 partitions each
+
+Creates the topics, prints one line ``BOOTSTRAP <host:port,...>`` on stdout, then stays up until
+it is killed (SIGTERM/SIGINT) or its stdin is closed (so it goes away with the benchmark that
+started it even if that one dies).  The brokers listen on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import signal
+import sys
+import threading
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.mock_cluster import MockCluster  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--topic", action="append", default=[], metavar="NAME:PARTITIONS:RF",
+                    help="a topic to create (repeatable)")
+    ap.add_argument("--topics", nargs=4, action="append", default=[], metavar=("PREFIX", "COUNT", "PARTITIONS", "RF"),
+                    help="COUNT topics PREFIX0.. with PARTITIONS partitions each (repeatable)")
+    ap.add_argument("--no-stdin-watch", action="store_true", help="do not exit when stdin closes")
+    args = ap.parse_args()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with MockCluster(brokers=args.brokers) as mc:
+        for spec in args.topic:
+            name, parts, rf = spec.rsplit(":", 2)
+            mc.create_topic(name, int(parts), int(rf))
+        for prefix, count, parts, rf in args.topics:
+            for i in range(int(count)):
+                mc.create_topic(f"{prefix}{i}", int(parts), int(rf))
+        print(f"BOOTSTRAP {mc.bootstrap}", flush=True)
+        if not args.no_stdin_watch:
+            def watch() -> None:
+                try:
+                    while os.read(0, 4096):
+                        pass
+                except OSError:
+                    pass
+                stop.set()
+            threading.Thread(target=watch, daemon=True).start()
+        while not stop.wait(1.0):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
