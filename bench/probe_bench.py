@@ -9,23 +9,27 @@ implement ListGroups (librdkafka 2.16), so the benchmark answers the probe's gro
 those groups; their committed offsets come from the mock (OffsetFetch, with the partitions
 named: the mock answers nothing to "all partitions").
 
-Each run: start the mock cluster, a warm-up cycle (bootstrap: registration of every topic, every
-partition's metadata sent), then ``--cycles`` cycles on the probe's real schedule: a cycle is a
-metadata refresh + one observation (committed offsets, group states, watermarks, events) + the
-wait until every event of the cycle is acknowledged ("delivery"); the probe then idles as its
-``run()`` loop does (polling its clients: statistics, delivery reports) until ``--interval``
-seconds after the cycle started.  Per cycle:
+Each run starts the mock cluster and lets the probe run as ``kafka-monitor probe`` does
+(``Probe.run()``: its own schedule of metadata refreshes and observations every ``--interval``
+seconds, and its polling in between); the first two cycles are warm-up (bootstrap:
+registration of every topic, every partition's metadata sent; then the schedule settles), the
+next ``--cycles`` are measured.  A cycle's work is the metadata refreshes since the previous
+observation, the observation, and the wait until every event of it is acknowledged; its
+interval runs from its observation's start to the next one's.  Per cycle:
 
-- ``cycle_wall_s``: refresh + observation + delivery, wall clock;
+- ``cycle_wall_s``: refreshes + observation + delivery, wall clock (idle time between them left out);
 - ``cycle_cpu_s``: the process's CPU time (all threads) during that;
-- ``interval_cpu_s``: the process's CPU time from the cycle's start to the next cycle's start
-  (what the probe costs per interval, idle work such as statistics included);
+- ``interval_cpu_s``: the process's CPU time over the interval (what the probe costs per
+  interval, idle work such as the client's statistics included);
 - ``cpu_s_per_1000_partitions_per_cycle``: ``interval_cpu_s`` per 1,000 partitions;
-- ``phases``: wall, process CPU and main-thread CPU per phase, exclusive (a phase's time does
-  not include the phases called from it): metadata (the refresh and its partition_metadata
-  events), leader_epochs (waiting for and reading the client's statistics), stats (the
-  statistics callback, wherever it runs, idle time included), min_isr, committed, group_states,
-  watermarks, events (serializing and enqueueing events), delivery, other, idle.
+- ``observation_lag_s``: how late the observation started after its schedule (the heartbeat's
+  ``observation_lag_ms``);
+- ``phases``: wall, process CPU and main-thread CPU per phase over the interval, exclusive (a
+  phase's time does not include the phases called from it): metadata (the refresh and its
+  partition_metadata events), leader_epochs (waiting for and reading the client's statistics),
+  stats (the statistics callback, wherever it runs), min_isr, committed, group_states,
+  watermarks, events (serializing and enqueueing events), delivery, other, idle (the probe's
+  wait between cycles: librdkafka's threads writing statistics and sending, delivery reports).
 
 Figures are medians over the cycles of a run, and medians over runs.  The phase timers wrap
 the probe's methods (a few microseconds per call; with the per-event ``emit`` of the old code
@@ -226,6 +230,67 @@ def watchdog(max_rss_mb: float, save: Callable[[str], None]) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+WARMUP_CYCLES = 2  # the bootstrap cycle, and one for the refresh schedule to settle
+
+
+def drive(probe: Probe, mc: "MockClusterProcess", timer: Optional[PhaseTimer], warmup: int, cycles: int,
+          out: list[dict], first: dict[str, float]) -> None:
+    """Run ``probe.run()`` — its own schedule of refreshes and observations, and its idle polling —
+    and measure each cycle.  A cycle's work is the refreshes since the previous observation,
+    the observation, and the wait until its events are all acknowledged (the flush: the
+    "delivery" phase); its interval runs from one observation's start to the next one's, so
+    that it holds everything the probe does per interval, idle time included."""
+    stop = threading.Event()
+    refresh, observe = probe.refresh_metadata, probe.observe
+    state: dict[str, Any] = {"done": 0, "work_wall": 0.0, "work_cpu": 0.0, "pending": None,
+                             "seq0": probe.emitter._seq, "dropped0": probe.emitter.dropped, "broker0": mc.cpu_s()}
+
+    def timed_refresh() -> bool:
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            return refresh()
+        finally:
+            state["work_wall"] += time.perf_counter() - w0
+            state["work_cpu"] += time.process_time() - c0
+
+    def timed_observe() -> None:
+        w0, c0 = time.perf_counter(), time.process_time()
+        pending = state["pending"]
+        if pending is not None:  # the previous cycle's interval ends here
+            pending["interval_wall_s"] = w0 - pending.pop("_w0")
+            pending["interval_cpu_s"] = c0 - pending.pop("_c0")
+            pending["phases"] = timer.snapshot() if timer else {}
+            out.append(pending)
+            state["pending"] = None
+            if len(out) >= cycles:
+                stop.set()
+                return
+        if timer:
+            timer.reset()
+        observe()
+        if timer:
+            timer.enter("delivery")
+        left = probe.emitter.flush(120)
+        if timer:
+            timer.leave()
+        wall = state["work_wall"] + time.perf_counter() - w0
+        cpu = state["work_cpu"] + time.process_time() - c0
+        seq, dropped, broker = probe.emitter._seq, probe.emitter.dropped, mc.cpu_s()
+        cycle = {"_w0": w0, "_c0": c0, "cycle_wall_s": wall, "cycle_cpu_s": cpu,
+                 "probe_cycle_s": probe.last_cycle_s, "observation_lag_s": probe.last_lag_s,
+                 "events": seq - state["seq0"], "dropped": dropped - state["dropped0"], "undelivered": left,
+                 "broker_cpu_s": broker - state["broker0"], "rss_mb": rss_mb()}
+        state.update(work_wall=0.0, work_cpu=0.0, seq0=seq, dropped0=dropped, broker0=broker)
+        state["done"] += 1
+        if state["done"] == 1:
+            first.update(wall_s=wall, cpu_s=cpu)
+        if state["done"] > warmup:
+            state["pending"] = cycle
+
+    probe.refresh_metadata, probe.observe = timed_refresh, timed_observe  # type: ignore[method-assign]
+    probe.run(stop)
+
+
 def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, group_topics: int = GROUP_TOPICS) -> dict:
     n_topics = max(1, n_partitions // TOPIC_PARTITIONS)
     n = n_topics * TOPIC_PARTITIONS
@@ -250,41 +315,17 @@ def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, gro
         fetch_offsets = ops.list_consumer_group_offsets
         ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
             [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
-        stop = threading.Event()
-        w0, c0 = time.perf_counter(), time.process_time()
-        probe.cycle()  # bootstrap: connections, registration, every partition's metadata
-        probe.emitter.flush(120)
-        first = {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
-        probe._wait(max(0.0, interval_s - first["wall_s"]), stop)
         per_cycle: list[dict] = []
+        first: dict[str, float] = {}
         PARTIAL["current"] = {"partitions": n, "first_cycle": first, "cycles": per_cycle}
-        for _ in range(cycles):
-            seq0, dropped0 = probe.emitter._seq, probe.emitter.dropped
-            broker0 = mc.cpu_s()
-            timer.reset()
-            w0, c0 = time.perf_counter(), time.process_time()
-            probe.cycle()
-            if phases:
-                timer.enter("delivery")
-            left = probe.emitter.flush(120)
-            if phases:
-                timer.leave()
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            probe._wait(max(0.0, interval_s - wall), stop)
-            interval_wall, interval_cpu = time.perf_counter() - w0, time.process_time() - c0
-            per_cycle.append({
-                "cycle_wall_s": wall, "cycle_cpu_s": cpu, "interval_wall_s": interval_wall,
-                "interval_cpu_s": interval_cpu, "events": probe.emitter._seq - seq0,
-                "dropped": probe.emitter.dropped - dropped0, "undelivered": left,
-                "broker_cpu_s": mc.cpu_s() - broker0, "rss_mb": rss_mb(),
-                "phases": timer.snapshot() if phases else {},
-            })
+        drive(probe, mc, timer if phases else None, WARMUP_CYCLES, cycles, per_cycle, first)
     finally:
         if probe is not None:
             probe.close()
         uninstall()
         mc.stop()
     med = lambda key: statistics.median(c[key] for c in per_cycle)  # noqa: E731
+    lags = [c["observation_lag_s"] for c in per_cycle if c["observation_lag_s"] is not None]
     out = {
         "partitions": n,
         "group_partitions": sum(len(v) for v in groups.values()),
@@ -296,6 +337,7 @@ def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, gro
         "cpu_s_per_1000_partitions_per_cycle": med("interval_cpu_s") / (n / 1000),
         "events_per_s": statistics.median(c["events"] / c["cycle_wall_s"] for c in per_cycle),
         "broker_cpu_s_per_cycle": med("broker_cpu_s"),
+        "observation_lag_s": statistics.median(lags) if lags else None,
         "dropped": sum(c["dropped"] for c in per_cycle),
         "rss_mb": max(c["rss_mb"] for c in per_cycle),
         "first_cycle": first,

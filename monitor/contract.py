@@ -223,14 +223,14 @@ class Heartbeat:
     watching: list[str] = _doc("What the source watches (topics, groups or patterns).", default_factory=list)
     started_at: Optional[int] = _doc("When the source started (epoch ms): a change means seq restarted.", default=None)
     cycle_duration_ms: Optional[int] = _doc(
-        "How long the observation cycle this heartbeat ends took, in milliseconds: for a probe, the metadata "
-        "refresh that ran with it, the committed offsets, the watermarks and the events. Above interval_ms the "
-        "source cannot keep its interval and its observations fall behind. Null for sources without cycles "
-        "(instrumented clients).", default=None)
+        "How long the source worked on the observation cycle this heartbeat ends, in milliseconds: for a probe, "
+        "the metadata refreshes since its previous observation, then the committed offsets, the watermarks and "
+        "the events. Above interval_ms the source cannot keep its interval and its observations fall behind. "
+        "Null for sources without cycles (instrumented clients).", default=None)
     observation_lag_ms: Optional[int] = _doc(
         "How late that cycle's observation started after the time its schedule set for it, in milliseconds "
-        "(about the metadata refresh before it when on time); it grows past interval_ms when cycles overrun. "
-        "Null when the source keeps no schedule.", default=None)
+        "(near 0 when on time); it grows when cycles overrun the interval. Null when the source keeps no "
+        "schedule.", default=None)
 
 
 #: type name -> (payload class, fields that make up the entity key after the cluster)

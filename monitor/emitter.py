@@ -103,30 +103,17 @@ class EventEmitter:
                 if not self._produce(ev.key().encode(), ev.to_json(), ev.type):
                     failed.append(i)
             return failed
-        ids = _event_ids(n)
         head = f',"cluster":{_json_str(cluster)},"source":{_json_str(self.source)},"seq":'
-        source = self.source
-        produce, poll, topic, on_delivery = self._producer.produce, self._producer.poll, self.topic, self._on_delivery
-        failed = []
-        for i, row in enumerate(rows):
-            key, value = enc(row, ids[i], head, seq + i, observed_at, cluster, source)
-            try:
-                produce(topic, key=key.encode(), value=value.encode(), on_delivery=on_delivery)
-            except BufferError:
-                self.dropped += 1
-                failed.append(i)
-                poll(0)
-                continue
-            except Exception as e:
-                self.dropped += 1
-                failed.append(i)
-                if self.last_error != str(e):
-                    log.warning("could not enqueue %s event: %s", c.TYPE_OF_PAYLOAD[cls], e)
-                self.last_error = str(e)
-                continue
-            if not i & 1023:
-                poll(0)  # serve delivery reports as it goes
-        poll(0)
+        etype = c.TYPE_OF_PAYLOAD[cls]
+
+        def refused(e: Exception) -> None:  # anything but a full queue (BufferError)
+            if self.last_error != str(e):
+                log.warning("could not enqueue %s event: %s", etype, e)
+            self.last_error = str(e)
+        failed = enc(rows, _event_ids(n), head, seq, observed_at, cluster, self.source, self._producer.produce,
+                     self._producer.poll, self.topic, self._on_delivery, refused)
+        self.dropped += len(failed)
+        self._producer.poll(0)
         return failed
 
     def _produce(self, key: bytes, value: bytes, etype: str) -> bool:
@@ -208,13 +195,15 @@ def _field_expr(name: str, typ: Any) -> Optional[str]:
     return f"('null' if {name} is None else {expr})" if optional else expr
 
 
-_ENCODERS: dict[type, Optional[Callable[..., tuple[str, str]]]] = {}
+_ENCODERS: dict[type, Optional[Callable[..., list[int]]]] = {}
 
 
-def _encoder(cls: type) -> Optional[Callable[..., tuple[str, str]]]:
-    """For payload class ``cls``: ``enc(row, event_id, head, seq, observed_at, cluster, source)
-    -> (record key, record value)``, generated from the dataclass (cached); None when a field
-    is of a type it does not handle (nested payloads)."""
+def _encoder(cls: type) -> Optional[Callable[..., list[int]]]:
+    """For payload class ``cls``: ``emit_all(rows, ids, head, seq, observed_at, cluster, source,
+    produce, poll, topic, on_delivery, refused) -> indexes of the rows not enqueued``, which
+    serializes each row (``ids[i]`` its event id, ``seq + i`` its seq) and produces it, generated
+    from the dataclass (cached); None when a field is of a type it does not handle (nested
+    payloads)."""
     if cls in _ENCODERS:
         return _ENCODERS[cls]
     etype = c.TYPE_OF_PAYLOAD[cls]
@@ -232,14 +221,31 @@ def _encoder(cls: type) -> Optional[Callable[..., tuple[str, str]]]:
     key_parts = ["source" if f == "@source" else f"v_{f}" for f in c.PAYLOADS[etype][1]]
     key_template = "/".join(["%s"] * (1 + len(key_parts)))  # entity_key(): cluster/field/...
     unpack = "".join(f"v_{f}, " for f in fields)
+    # one loop per payload type, the serialization inline: no call, tuple or dict per event
     src = "\n".join([
-        "def enc(row, eid, head, seq, at, cluster, source):",
-        f"    ({unpack}) = row",
-        f"    return {key_template!r} % (cluster, {', '.join(key_parts)}), {template!r} % ({', '.join(args)},)",
+        "def emit_all(rows, ids, head, seq, at, cluster, source, produce, poll, topic, on_delivery, refused):",
+        "    failed = []",
+        "    i = 0",
+        f"    for ({unpack}) in rows:",
+        "        eid = ids[i]",
+        "        try:",
+        f"            produce(topic, key=({key_template!r} % (cluster, {', '.join(key_parts)})).encode(),",
+        f"                    value=({template!r} % ({', '.join(args)},)).encode(), on_delivery=on_delivery)",
+        "        except BufferError:",
+        "            failed.append(i)",
+        "            poll(0)",
+        "        except Exception as e:",
+        "            failed.append(i)",
+        "            refused(e)",
+        "        i += 1",
+        "        seq += 1",
+        "        if not i & 1023:",
+        "            poll(0)  # serve delivery reports as it goes",
+        "    return failed",
         ""])
     namespace: dict[str, Any] = {"_s": _json_str, "_v": _json_value}
     exec(compile(src, f"<encoder {etype}>", "exec"), namespace)  # noqa: S102  (generated from the contract)
-    enc = namespace["enc"]
+    enc = namespace["emit_all"]
     enc.source = src  # type: ignore[attr-defined]  (for reading)
     _ENCODERS[cls] = enc
     return enc

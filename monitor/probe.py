@@ -33,6 +33,23 @@ Watermarks come from one of two places (``offsets_via``):
   is not — Tansu answers "latest" with the base offset of the last record batch + 1, so a
   partition whose last batch holds several records looks shorter than it is.  The embedded
   default uses ``fetch`` for that reason.
+
+What a cycle costs (``bench/probe_bench.py``, README "Benchmarks"): at 100,000 partitions about
+4 s of work and 0.045 CPU-s per 1,000 partitions per interval, where it took minutes before.
+What it takes: two admin clients — one for the metadata refresh, holding a handle per watched
+topic for their leader epochs in its statistics, and one for everything else, whose broker
+threads do not walk 100,000 partition objects each time they wake; ListOffsets in requests of
+``LIST_OFFSETS_BATCH`` partitions with one future each (librdkafka merges a request's answers
+in quadratic time); a cluster view that takes over what did not change from the previous one,
+so that "changed since sent" is an identity test; one statistics document read per refresh,
+by a text scan, every ``stats_interval()`` (5 s by default: each document costs ~2 us per
+partition to write), with periodic refreshes timed to land just before one; events serialized
+in bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
+
+The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
+refreshes since the previous observation, and this observation) and ``observation_lag_ms``
+(how late the observation started after its schedule), and a cycle longer than ``interval_s``
+is logged at WARNING (then at most every 5 minutes while it lasts).
 """
 
 from __future__ import annotations
@@ -42,6 +59,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import re
 import socket
 import threading
@@ -51,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResultInfo, OffsetSpec, ResourceType
 
 try:  # the C implementation under AdminClient.list_offsets: one future per request, not per partition
     from confluent_kafka.admin import _AdminClientImpl
@@ -65,7 +83,7 @@ from monitor.contract import (
 from monitor.emitter import EventEmitter
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
-from monitor.metadata import ClusterView, MetadataCache, cause_for_error
+from monitor.metadata import ClusterView, MetadataCache, Reason, cause_for_error
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +91,10 @@ OFFSETS_VIA = ("list_offsets", "fetch")
 
 #: partitions per ListOffsets request (see Probe._list_offsets)
 LIST_OFFSETS_BATCH = 500
+#: cycles between two full garbage collections, and the watched partitions from which the probe
+#: freezes what survives a cycle (see Probe._gc_settle)
+GC_FULL_EVERY = 60
+GC_FREEZE_FROM = 10_000
 
 #: the timestamp near the start of a statistics document: ``{ "name": ..., "ts":12345, ...``
 _STATS_TS = re.compile(r', "ts":\s*(\d+)\s*,')
@@ -195,8 +217,9 @@ class ProbeConfig:
     metadata_max_age_s: Optional[float] = None
     #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
     refresh_backoff_s: float = 1.0
-    #: statistics interval of the probe's admin client, where leader epochs come from
-    stats_interval_s: float = 1.0
+    #: statistics interval of the probe's metadata client, where leader epochs come from; default
+    #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
+    stats_interval_s: Optional[float] = None
     #: how often each topic's configuration (min.insync.replicas) is read again
     config_refresh_s: float = 300.0
     #: a partition's metadata is sent when it changes, and at least this often when it does not
@@ -216,7 +239,7 @@ class ProbeConfig:
             raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
         if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
             raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
-        if not 0.05 <= self.stats_interval_s <= 60:
+        if self.stats_interval_s is not None and not 0.05 <= self.stats_interval_s <= 60:
             raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
         if not self.metadata_snapshot_s >= 0:
             raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
@@ -231,6 +254,18 @@ class ProbeConfig:
             except re.error as e:
                 raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
         return self
+
+    def stats_interval(self) -> float:
+        """The statistics interval in effect: ``stats_interval_s``, or by default the largest
+        fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
+        costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
+        partitions); the probe reads one per refresh, and times its periodic refreshes so
+        that one comes right after each (``Probe._refresh_start_in``), which works when the
+        statistics interval divides the refresh period."""
+        if self.stats_interval_s is not None:
+            return self.stats_interval_s
+        k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
+        return min(60.0, max(0.05, self.interval_s / k))
 
     def client_conf(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
@@ -250,7 +285,7 @@ class Probe:
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
             "error_cb": self._on_client_error,
             # leader epochs are only in the client's statistics (not in list_topics' objects)
-            "statistics.interval.ms": int(cfg.stats_interval_s * 1000), "stats_cb": self._on_stats})
+            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._on_stats})
         # The admin client above holds a handle for every watched topic (for their leader epochs in
         # its statistics), and with them a partition object each that its broker threads walk
         # every time they wake up: at 100,000 partitions, ListOffsets through it cost three times
@@ -259,6 +294,16 @@ class Probe:
         self._ops = admin if admin is not None else AdminClient({
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
             "error_cb": self._on_client_error})
+        self._stats_s = cfg.stats_interval()
+        #: the time between two statistics documents as seen (librdkafka restarts its timer after
+        #: writing one, so it is the interval plus the writing), and a refresh's request time
+        self._stats_period = self._stats_s
+        self._list_s: Optional[float] = None
+        #: from the statistics a refresh used to its end (their writing, reading them, the view)
+        self._after_stats_s = 0.5
+        self._stats_used_ts: Optional[float] = None
+        #: when run()'s next observation is due, monotonic s (None outside run())
+        self._next_observation: Optional[float] = None
         #: (topic, partition) -> (leader, leader epoch) as the last statistics document read said
         self._epochs: dict[tuple[str, int], tuple[Optional[int], int]] = {}
         self._stats_ts = 0.0              # librdkafka's monotonic clock of the last statistics, s
@@ -291,8 +336,8 @@ class Probe:
         self._lo_requests: tuple[list, list, list] = ([], [], [])
         self.cycles = 0
         self.warnings: dict[str, int] = {}
-        #: (start, end) of the last metadata refresh attempt, monotonic s
-        self._last_refresh: Optional[tuple[float, float]] = None
+        #: time spent in metadata refreshes since the last observation, s
+        self._refresh_busy_s = 0.0
         #: when the observation about to run was due (run()'s schedule), monotonic s
         self._scheduled_at: Optional[float] = None
         #: the last cycle's duration and its observation's lag behind schedule, seconds
@@ -300,6 +345,7 @@ class Probe:
         self.last_lag_s: Optional[float] = None
         #: cycles that took longer than interval_s, since start
         self.overruns = 0
+        self._gc_cycles = 0
         self._overrunning_since: Optional[float] = None
         self._overrun_logged_at = float("-inf")
 
@@ -321,16 +367,15 @@ class Probe:
 
     def observe(self) -> None:
         """Committed offsets, then watermarks (so HW >= committed within one observation), then
-        the events; and a heartbeat with how long the cycle took and how late it started."""
+        the events; and a heartbeat with how long the cycle took (this observation and the
+        refreshes since the previous one) and how late it started after its schedule."""
         started = time.monotonic()
-        # the cycle: this observation, and the refresh that ran right before it (if one did)
-        refreshed = self._last_refresh
-        cycle_start = refreshed[0] if refreshed is not None and 0 <= started - refreshed[1] <= 1.0 else started
         scheduled, self._scheduled_at = self._scheduled_at, None
         lag = max(0.0, started - scheduled) if scheduled is not None else None
         with _gc_paused():
             self._observe()
-        duration = time.monotonic() - cycle_start
+        # the cycle's work: the refreshes since the previous observation, and this observation
+        duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
                                      events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
                                      watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
@@ -340,6 +385,23 @@ class Probe:
         self.cycles += 1
         self.last_cycle_s, self.last_lag_s = duration, lag
         self._check_overrun(duration, lag)
+        self._gc_settle()
+
+    def _gc_settle(self) -> None:
+        """After a cycle, move what survived it (the cluster view, what was last sent, the
+        epochs) out of the collector's way (``gc.freeze``): otherwise each full collection walks
+        those million-odd objects again (~0.4 CPU-s a cycle at 100,000 partitions).  They are
+        acyclic and freed by reference counting when replaced; every ``GC_FULL_EVERY`` cycles
+        everything is unfrozen and collected, so that cyclic garbage from elsewhere in the
+        process is still reclaimed.  Only where it pays: from ``GC_FREEZE_FROM`` watched
+        partitions on."""
+        if not gc.isenabled() or len(self._watched_partitions) < GC_FREEZE_FROM:
+            return
+        self._gc_cycles += 1
+        if self._gc_cycles % GC_FULL_EVERY == 0:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
 
     def _observe(self) -> None:
         if self.metadata.cluster is not None:
@@ -360,9 +422,9 @@ class Probe:
             self._emit_rows(GroupOffsets, rows, offsets_at)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
-        """A cycle longer than the interval means observations fall behind their schedule: say
-        so at WARNING when it starts, then at most every 5 minutes while it lasts, and at INFO
-        when cycles fit again."""
+        """A cycle whose work takes longer than the interval means observations fall behind their
+        schedule: say so at WARNING when it starts, then at most every 5 minutes while it lasts,
+        and at INFO when cycles fit again."""
         interval = self.cfg.interval_s
         now = time.monotonic()
         if duration > interval:
@@ -433,7 +495,7 @@ class Probe:
             with _gc_paused():
                 return self._refresh_metadata()
         finally:
-            self._last_refresh = (started, time.monotonic())
+            self._refresh_busy_s += time.monotonic() - started
 
     def _refresh_metadata(self) -> bool:
         reason, cause = self.metadata.next_reason()
@@ -450,6 +512,7 @@ class Probe:
             self._warn_once("metadata", "metadata refresh failed: %s", err)
             return False
         duration_ms = (time.monotonic() - t0) * 1000
+        self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
         watched_now = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
         epochs = self._leader_epochs(watched_now, {(n, p.id): p.leader for n in watched_now
                                                    for p in md.topics[n].partitions.values()})
@@ -514,7 +577,40 @@ class Probe:
         if watched != self._watched_partitions:
             self._watched_partitions = watched
         self._watched_at = now
+        if self._stats_used_ts is not None:
+            after = time.monotonic() - self._stats_used_ts
+            if 0 <= after < self._stats_s:
+                self._after_stats_s += 0.3 * (after - self._after_stats_s)
+            self._stats_used_ts = None
         return True
+
+    def _refresh_start_in(self) -> float:
+        """Seconds until the next metadata refresh should start (0: now).
+
+        Kafka's rules say when one is due (``MetadataCache.time_to_next_update``), and a refresh
+        for any reason but the periodic one (bootstrap, invalidated, new topic) starts then.  A
+        periodic one starts a little early — never by more than one statistics period — at the
+        moment that makes its response arrive just before one of the metadata client's
+        statistics documents, and that document arrive before the next observation is due: it
+        then waits a fraction of a second for the leader epochs instead of half a statistics
+        interval on average (which lets that interval be long: its documents are what cost), and
+        the observation stays on its schedule."""
+        due = self.metadata.time_to_next_update() / 1000.0
+        if due <= 0:
+            return 0.0
+        if (self._list_s is None or self._stats_ts <= 0 or self._epoch_support is False
+                or self.metadata.next_reason()[0] != Reason.PERIODIC):
+            return due
+        period, lead = self._stats_period, 1.5 * self._list_s + 0.25
+        if lead + self._after_stats_s >= period:
+            return due
+        now = time.monotonic()
+        latest = now + due + lead  # the statistics it waits for: not after this ...
+        if self._next_observation is not None and self._next_observation > now + due:
+            latest = min(latest, self._next_observation - self._after_stats_s)  # ... nor after this
+        tick = self._stats_ts + math.floor((latest - self._stats_ts) / period) * period
+        backoff = (self.metadata.last_refresh_ms + self.metadata.refresh_backoff_ms - self._now_ms()) / 1000.0
+        return max(0.0, tick - lead - now, backoff)
 
     def _sync_ops_metadata(self) -> None:
         """Leaders moved: bring the second client's metadata to what the probe just saw, so that
@@ -550,8 +646,11 @@ class Probe:
                 return
         else:
             ts = int(m.group(1))
+        previous, self._stats_ts = self._stats_ts, ts / 1e6
         self._stats_raw = raw
-        self._stats_ts = ts / 1e6
+        gap = self._stats_ts - previous
+        if previous > 0 and 0.5 * self._stats_s < gap < 2 * self._stats_s:
+            self._stats_period += 0.2 * (gap - self._stats_period)
 
     def _read_stats(self) -> None:
         """Take each partition's leader and leader epoch from the latest statistics document, if
@@ -593,7 +692,7 @@ class Probe:
                 except KafkaException as e:
                     self._warn_once("register", "topic %s: %s", t, e)
         mark = time.monotonic()
-        deadline = mark + 2.5 * self.cfg.stats_interval_s
+        deadline = mark + 2.5 * self._stats_s
         while self._stats_ts < mark and time.monotonic() < deadline:
             self._admin.poll(0.05)
         if self._stats_ts == 0.0:
@@ -603,6 +702,7 @@ class Probe:
         if self._stats_ts < mark:
             self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
         self._read_stats()
+        self._stats_used_ts = self._stats_ts
         stats = self._epochs
         if leaders is None:
             wanted = set(topics)
@@ -621,7 +721,7 @@ class Probe:
         epochs = agreeing(leaders)
         if self._stats_ts >= mark and len(epochs) < len(leaders):
             missing = [k for k in leaders if k in stats and k not in epochs]
-            deadline = time.monotonic() + 5 * self.cfg.stats_interval_s
+            deadline = time.monotonic() + 5 * self._stats_s
             while missing and time.monotonic() < deadline:
                 self._admin.poll(0.05)
                 if self._stats_raw is not None:
@@ -758,8 +858,15 @@ class Probe:
             self.invalidate(e.args[0] if e.args else e, "list_offsets")
             self._warn_once("list_offsets", "list_offsets failed: %s", e)
             return out, self._now_ms()
-        for tp, (topic, part) in zip(self._lo_requests[0], partitions):
-            hi, lo = latest.get(tp), earliest.get(tp)
+        get_hi, get_lo, ok = latest.get, earliest.get, ListOffsetsResultInfo
+        for tp, key in zip(self._lo_requests[0], partitions):
+            hi, lo = get_hi(tp), get_lo(tp)
+            if type(hi) is ok and type(lo) is ok:  # the common case, without the checks below
+                h, lo = hi.offset, lo.offset
+                if h is not None and h >= 0:
+                    out[key] = (lo if lo is not None and lo >= 0 else None, h, None)  # kafka_offset(lo)
+                continue
+            topic, part = key
             err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
             if err is not None:
                 if self.invalidate(err, f"offsets of {topic}/{part}") is None:
@@ -897,20 +1004,20 @@ class Probe:
         while not stop.is_set() and self.fatal_error is None:
             try:
                 started = time.monotonic()
-                if self.metadata.should_refresh():
+                if self._refresh_start_in() <= 0:
                     self.refresh_metadata()
                 now = time.monotonic()
                 if now >= next_observation:
                     # when it was due (the first one: when the probe started), for its lag
                     self._scheduled_at = next_observation if next_observation else started
-                    next_observation = now + self.cfg.interval_s
+                    next_observation = self._next_observation = now + self.cfg.interval_s
                     self.observe()
             except Exception as e:
                 if self._fatal(e):  # e.g. a fatal producer error, raised once from its poll()
                     break
                 log.exception("probe cycle failed; retrying")
                 next_observation = time.monotonic() + self.cfg.interval_s
-            until_refresh = self.metadata.time_to_next_update() / 1000.0
+            until_refresh = self._refresh_start_in()
             self._wait(max(0.05, min(until_refresh, next_observation - time.monotonic())), stop)
         if self.fatal_error is not None:
             raise FatalClientError(self.fatal_error)
