@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import gc
 import json
 import os
 import pathlib
@@ -294,6 +295,7 @@ def drive(probe: Probe, mc: "MockClusterProcess", timer: Optional[PhaseTimer], w
 def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, group_topics: int = GROUP_TOPICS) -> dict:
     n_topics = max(1, n_partitions // TOPIC_PARTITIONS)
     n = n_topics * TOPIC_PARTITIONS
+    gc.collect()  # the previous run's clients (in cycles with the answers patched in below) and their threads
     mc = MockClusterProcess(n_topics, TOPIC_PARTITIONS)
     timer = PhaseTimer()
     uninstall = timer.install() if phases else (lambda: None)

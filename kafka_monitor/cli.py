@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Optional
 
+from kafka_monitor.supervise import CHILD_ENV
+
 DESCRIPTION = """\
 Kafka health monitor. A probe watches a cluster the way Kafka's clients see it (metadata,
 watermarks, committed offsets) and writes each observation as an event to a Kafka topic; a
@@ -93,7 +95,11 @@ def _parser() -> argparse.ArgumentParser:
                        description="Refresh metadata, read watermarks and committed offsets on an interval and "
                                    "produce contract events (keyed by entity) to the events topic.\n\n"
                                    "Settings come from flags, then KAFKA_MONITOR_PROBE_<SETTING> environment "
-                                   "variables, then the [probe] table of --config, then the defaults shown.")
+                                   "variables, then the [probe] table of --config, then the defaults shown.\n\n"
+                                   "The probe runs as a child of this process and is started again (after 1 s, "
+                                   "doubling up to 60 s) when it crashes: librdkafka can abort a client whose "
+                                   "group coordinator goes away mid-request. Status 2 (a setting or credentials "
+                                   "refused) is final. SIGTERM/SIGINT stop both.")
     p.add_argument("--config", help="TOML file with a [probe] table (and [probe.kafka] librdkafka properties)")
     p.add_argument("--bootstrap-servers", help="the cluster to watch (host:port,...); required")
     p.add_argument("--events-topic", help="where events go (default kafka-monitor.events)")
@@ -234,6 +240,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+        if args.cmd == "probe" and os.environ.get(CHILD_ENV) != "1":
+            # the probe runs as a child of this process, started again when librdkafka crashes it
+            from kafka_monitor.supervise import supervise
+            child = [sys.executable, "-m", "kafka_monitor.cli", *(sys.argv[1:] if argv is None else argv)]
+            return supervise(child, stop, name="probe", env={**os.environ, CHILD_ENV: "1"})
         if args.cmd == "probe":
             from monitor.access import FatalClientError
             probe = Probe(cfg)

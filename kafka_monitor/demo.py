@@ -490,33 +490,15 @@ def _popen(cmd: list, **kw):
 
 
 def _supervise_probe(args: list, stop: threading.Event) -> None:
-    """Run ``kafka-monitor probe <args>`` until ``stop``, starting it again when it crashes (a
-    signal, or status 1); stop it by PID (SIGTERM: it flushes and exits)."""
-    import subprocess
+    """Run ``kafka-monitor probe <args>`` until ``stop``, started again when it crashes
+    (``kafka_monitor.supervise``); stopped by PID (SIGTERM: it flushes and exits)."""
+    from kafka_monitor.supervise import CHILD_ENV, supervise
 
-    from kafka_monitor.broker import stop_process
-
-    env = {**os.environ, "KAFKA_MONITOR_PROBE_REQUEST_TIMEOUT_S": "5", "KAFKA_MONITOR_PROBE_REFRESH_BACKOFF_S": "0.5"}
+    env = {**os.environ, CHILD_ENV: "1",
+           "KAFKA_MONITOR_PROBE_REQUEST_TIMEOUT_S": "5", "KAFKA_MONITOR_PROBE_REFRESH_BACKOFF_S": "0.5"}
     cmd = [sys.executable, "-m", "kafka_monitor.cli", "--log-level", "WARNING", "probe", *args]
-    while not stop.is_set():
-        proc = _popen(cmd, stdin=subprocess.DEVNULL, env=env)
-        print(f"[demo] probe running as its own process, pid {proc.pid}", flush=True)
-        while proc.poll() is None and not stop.wait(0.5):
-            pass
-        if stop.is_set():
-            stop_process(proc, 10)
-            return
-        rc = proc.returncode
-        why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"status {rc}"
-        if rc >= 0 and rc != 1:  # 2: a setting or credentials refused; retrying cannot help
-            print(f"[demo] {time.strftime('%H:%M:%S')} the probe (pid {proc.pid}) exited with {why}; not "
-                  "starting it again", flush=True)
-            return
-        print(f"[demo] {time.strftime('%H:%M:%S')} the probe (pid {proc.pid}) exited with {why}"
-              + (" (probably librdkafka's crash when a group coordinator goes away mid-request, its issue #4605)"
-                 if rc in (-signal.SIGABRT, -signal.SIGSEGV) else "")
-              + "; starting it again (SourceSilent may open until it reports again)", flush=True)
-        stop.wait(1.0)
+    supervise(cmd, stop, name="the probe", env=env, stop_timeout_s=10,
+              on_start=lambda pid: print(f"[demo] probe running as its own process, pid {pid}", flush=True))
 
 
 # -- the real cluster's own process -----------------------------------------------------------

@@ -1049,3 +1049,6 @@ class Probe:
             self._tail.close()
             self._tail = None
         self._admin = self._ops = None
+        if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
+            gc.unfreeze()
+            self._gc_cycles = 0

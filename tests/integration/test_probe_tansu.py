@@ -224,3 +224,52 @@ def test_cli_probe_stops_cleanly_on_sigterm_with_a_final_flush(tansu, tmp_path):
     evs = [e for e in read_events(tansu.bootstrap, events) if e.source == "cli-probe"]
     seqs = sorted(e.seq for e in evs)
     assert seqs == list(range(len(seqs)))  # everything emitted before SIGTERM was delivered
+
+
+def test_cli_probe_started_again_after_librdkafka_aborts_it(tansu, tmp_path):
+    """`kafka-monitor probe` runs the probe as its child: a child killed by SIGABRT (what
+    librdkafka's assertion does when a group coordinator goes away mid-request) is started
+    again, its heartbeats resume with a new started_at, and SIGTERM stops both."""
+    import json as _json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    events = unique("events")
+    create_topics(tansu.bootstrap, {events: 1})
+    env = {**os.environ, "KAFKA_MONITOR_PROBE_EVENTS_TOPIC": events}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafka_monitor.cli", "--log-format", "json", "probe", "--bootstrap-servers",
+         tansu.bootstrap, "--interval", "0.5", "--source", "sup-probe", "--offsets-via", "fetch"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[dict] = []
+    threading.Thread(target=lambda: [lines.append(_json.loads(x)) for x in proc.stderr if x.startswith("{")],
+                     daemon=True).start()
+
+    def child_pids() -> list[int]:
+        return [int(m.split("pid ")[1].split()[0]) for m in (x["message"] for x in list(lines))
+                if m.startswith("probe running as pid")]
+
+    def heartbeat_starts() -> set:
+        return {e.data.started_at for e in read_events(tansu.bootstrap, events)
+                if e.type == "heartbeat" and e.source == "sup-probe"}
+    try:
+        first = wait_for(child_pids, timeout=30, what="the supervisor's child")[0]
+        wait_for(heartbeat_starts, timeout=30, what="the first probe's heartbeats")
+        os.kill(first, signal.SIGABRT)
+        wait_for(lambda: len(child_pids()) >= 2, timeout=30, what="the probe started again")
+        wait_for(lambda: len(heartbeat_starts()) >= 2, timeout=30, what="heartbeats of the restarted probe")
+        assert proc.poll() is None
+        second = child_pids()[1]
+        assert second != first
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
+    crash = [x["message"] for x in lines if "starting it again" in x["message"]]
+    assert len(crash) == 1 and "signal SIGABRT" in crash[0], crash
