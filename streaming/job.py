@@ -150,6 +150,9 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # pandas warns inside PySpark's worker when it concatenates frames with all-null columns
     os.environ.setdefault("PYTHONWARNINGS", "ignore:The behavior of DataFrame concatenation:FutureWarning")
+    # py4j logs every command it sends at DEBUG, the Kafka options (SASL passwords) among them
+    if logging.getLogger("py4j").getEffectiveLevel() < logging.INFO:
+        logging.getLogger("py4j").setLevel(logging.INFO)
     b = SparkSession.builder.appName(app_name)
     # Under spark-submit the JVM already runs with its --master (and it set PYSPARK_GATEWAY_PORT).
     if cfg.master or not os.environ.get("PYSPARK_GATEWAY_PORT"):

@@ -62,6 +62,7 @@ Nothing past this module grows with a record's size:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -399,11 +400,27 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "type": etype, "event_id": env["event_id"], "cluster": cl, "source": src_name, "seq": env["seq"],
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
+        "members_sig": _members_sig(d["members"], is_type["group_state"]),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
     derived = _count_changes(env, d, client_type & pd.isna(reasons), raw, size)
     return pa.concat_tables([out, derived]) if derived.num_rows else out
+
+
+def _members_sig(members: pa.Array, rows: np.ndarray) -> pa.Array:
+    """For each ``group_state`` row, a fingerprint of its members and their assignments (member
+    ids and partitions, sorted): two settled observations with different fingerprints mean the
+    group went through a rebalance between them (membership only changes through one).  Few
+    rows (one per group per probe cycle): a Python loop."""
+    out: list[Optional[str]] = [None] * len(members)
+    for i in np.flatnonzero(rows):
+        ms = members[int(i)].as_py()
+        if ms is None:
+            continue
+        key = sorted(((m or {}).get("member_id") or "", sorted(str(a) for a in (m or {}).get("assignment") or [])) for m in ms)
+        out[i] = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+    return pa.array(out, type=pa.string())
 
 
 def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array, size: pa.Array) -> pa.Table:

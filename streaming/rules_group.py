@@ -28,7 +28,9 @@ Group (cluster/group) -- ``group_state`` and ``rebalance`` events
       rebalancing states (the poll missed PreparingRebalance); for the consumer protocol
       (KIP-848) Assigning (a new group epoch) and Reconciling the same way, or goes Empty -> Stable or
       Stable -> Empty (the polls missed the whole rebalance: the coordinator changes membership
-      only through one).  PreparingRebalance -> CompletingRebalance is the same rebalance;
+      only through one), or stays Stable with other members or assignments than at its
+      previous observation (``members_sig``: a rebalance went by between two polls; counted
+      unless a witness already put one in that gap).  PreparingRebalance -> CompletingRebalance is the same rebalance;
       transitions between Dead and Empty/Stable are not counted (Dead is also what a coordinator
       that is unloading or has lost the group answers).  The first observation of an entity is
       never an entry (nothing says what came before); Unknown is no information (the next known
@@ -274,6 +276,7 @@ def new_group(cluster: str, group: str) -> dict:
         "state_seen_at": None,
         "late_reports": 0,        # group_state reports older than the latest one (ignored)
         "members": None,          # member count in the last report
+        "members_sig": None,      # fingerprint of the members and assignments last reported
         "coord_generation": None,  # last generation a group_state carried
         "generation": None,       # last generation known from any witness
         # RebalanceStuck
@@ -336,6 +339,14 @@ def _rebalance_done(state: dict, now: int, gen: Optional[int], cfg: GroupRulesCo
     _insert_rebalance(state, [now, gen, now], cfg)
 
 
+def _members_changed(state: dict, since: int, now: int, cfg: GroupRulesConfig) -> None:
+    """Two Stable observations (``since``, ``now``) with different members or assignments: a
+    rebalance went by between two polls.  Counted unless a witness already put one there."""
+    if any(since < e[0] <= now or (e[2] is not None and since < e[2] <= now) for e in state["rebalances"]):
+        return
+    _insert_rebalance(state, [now, None, now], cfg)
+
+
 def _storm(state: dict, now: int, entity: str, labels: dict, cfg: GroupRulesConfig) -> list[Transition]:
     window = state["rebalances"] = _prune(state["rebalances"], now, cfg.storm_window_ms)
     count = len(window)
@@ -375,6 +386,7 @@ def on_group_state(state: dict, obs: dict, now: int, entity: str,
     st = reported if reported in KNOWN_GROUP_STATES else UNKNOWN
     gen = _generation(obs.get("generation"))
     members = _member_count(obs.get("members"))
+    seen_before = state["state_seen_at"]
     state.update(state=st, state_seen_at=now, members=members)
     if state["last_seen"] is None or now > state["last_seen"]:
         state["last_seen"] = now
@@ -387,8 +399,14 @@ def on_group_state(state: dict, obs: dict, now: int, entity: str,
 
     prev = state["known_state"]
     rebalancing = st in REBALANCING
+    sig, prev_sig = obs.get("members_sig"), state.get("members_sig")
+    if sig is not None:
+        state["members_sig"] = sig
     if _enters_rebalance(prev, st):
         _rebalance_started(state, now, cfg)
+    elif prev == st == "Stable" and prev_sig is not None and sig is not None and sig != prev_sig \
+            and seen_before is not None:
+        _members_changed(state, seen_before, now, cfg)
     if gen is not None:
         if state["coord_generation"] is not None and gen != state["coord_generation"]:
             _rebalance_done(state, now, gen, cfg)

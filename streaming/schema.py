@@ -56,7 +56,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
     ("committed_offset", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
-    ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"),
+    ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"), ("members_sig", "string"),
     ("phase", "string"), ("member_id", "string"), ("duration_ms", "double"),
     ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
     ("version", "bigint"), ("metadata_max_age_ms", "bigint"),

@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from monitor.probe import ProbeConfig
 from tests.conftest import unique
@@ -285,3 +285,59 @@ def test_consumer_groups_of_both_protocols_with_members_and_assignments(kafka_cl
     finally:
         member.stop()
         probe.close(flush_timeout=1)
+
+
+def test_rebalances_between_two_polls_are_counted_from_the_members(kafka_cluster):
+    """Members join and leave between two of the probe's polls, so it never sees the group
+    rebalancing (and librdkafka gives it no generation): the members and assignments it reports
+    differ, and the job counts a rebalance each time -- through its own parser and rules, on the
+    events the probe emitted -- until RebalanceStorm opens."""
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient
+
+    from streaming import parsing
+    from streaming import rules_group as rg
+
+    c = kafka_cluster
+    topic, group = unique("real.storm"), unique("real-storm")
+    c.create_topic(topic, partitions=4, rf=3)
+    admin = AdminClient({"bootstrap.servers": c.bootstrap_servers, "log_level": 0})
+    probe, cap = probe_for(c, f"^{topic}$", groups=f"^{group}$")
+
+    def settled(n: int) -> bool:
+        try:
+            d = admin.describe_consumer_groups([group])[group].result(10)
+        except KafkaException:  # the group not there yet, its coordinator not loaded yet
+            return False
+        return d.state.name == "STABLE" and len(d.members) == n and all(m.assignment.topic_partitions
+                                                                        for m in d.members)
+
+    def observe_when(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while not settled(n):
+            assert time.monotonic() < deadline, f"group {group} not Stable with {n} members"
+            time.sleep(0.3)
+        probe.refresh_metadata()
+        probe.observe()
+
+    first = Member(c.bootstrap_servers, topic, group, "classic")
+    try:
+        observe_when(1)
+        for _ in range(3):  # 6 rebalances: a member joins, then leaves
+            second = Member(c.bootstrap_servers, topic, group, "classic")
+            observe_when(2)
+            second.stop()
+            observe_when(1)
+    finally:
+        first.stop()
+        probe.close(flush_timeout=1)
+    polls = of_type(cap.events, "group_state", group=group)
+    assert [len(e.data.members) for e in polls] == [1, 2, 1, 2, 1, 2, 1]
+    assert {e.data.state for e in polls} == {"Stable"}  # the polls never saw a rebalance under way
+    rows = parsing.parse_values(pa.array([e.to_json() for e in polls], pa.binary()), gate=True).to_pylist()
+    assert all(r["reason"] is None for r in rows)
+    state, opened = rg.new_group("real", group), []
+    for r in rows:
+        opened += rg.on_group_state(state, {**r, "state": r["group_state"]}, r["observed_at"], f"real/{group}")
+    assert state["rebalances_total"] == 6
+    assert [(t.alert.value, t.action) for t in opened] == [("RebalanceStorm", "open")]

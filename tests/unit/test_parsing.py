@@ -298,3 +298,18 @@ def test_parse_batches_chunks_by_bytes_and_passes_timestamps(monkeypatch):
 def test_reasons_are_listed_once_for_the_exporter():
     from streaming import exporter, quality
     assert exporter.QUARANTINE_REASONS == parsing.REASONS + tuple(quality.RULES)
+
+
+def test_group_state_rows_carry_a_fingerprint_of_members_and_assignments():
+    from monitor.contract import GroupMember, GroupState
+
+    def gs(*members):
+        return ev(GroupState(group="g", state="Stable", members=[GroupMember(member_id=m, assignment=list(a))
+                                                                   for m, a in members]))
+    a = one(gs(("m1", ["t/0", "t/1"]), ("m2", ["t/2"])))
+    assert a["members"] == 2 and a["members_sig"]
+    same = one(gs(("m2", ["t/2"]), ("m1", ["t/1", "t/0"])))  # order does not matter
+    assert same["members_sig"] == a["members_sig"]
+    assert one(gs(("m1", ["t/0", "t/1"]), ("m3", ["t/2"])))["members_sig"] != a["members_sig"]  # another member
+    assert one(gs(("m1", ["t/0"]), ("m2", ["t/1", "t/2"])))["members_sig"] != a["members_sig"]  # reassigned
+    assert one(offsets())["members_sig"] is None  # other types: none

@@ -699,3 +699,38 @@ def test_defaults_are_the_catalogue_values():
 def test_invalid_config_names_the_setting(kwargs, field):
     with pytest.raises(ValueError, match=rf"GroupRulesConfig\.{field}:"):
         rg.GroupRulesConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rebalances between two polls: the members or their assignments changed (members_sig)
+# ---------------------------------------------------------------------------------------------
+
+
+def gss(t, state, sig, gen=None):
+    """A group_state observation as the job parses it: with the members' fingerprint."""
+    return ("gs", t, {"group": "g", "state": state, "generation": gen, "members": 2, "members_sig": sig})
+
+
+@pytest.mark.parametrize("name, steps, expected, counted", [
+    ("a member joins or leaves between polls, 5 times in 10 min: a storm",
+     [gss(0, "Stable", "a")] + [gss(i * M, "Stable", "ab"[i % 2]) for i in range(1, 6)],
+     [(5 * M, STORM, "open")], 5),
+    ("the same members and assignments: nothing",
+     [gss(i * M, "Stable", "a") for i in range(8)], [], 0),
+    ("Dead -> Stable with other members: not counted (a coordinator unloading answers Dead)",
+     [gss(0, "Stable", "a"), gss(1 * M, "Dead", "e"), gss(2 * M, "Stable", "b")], [], 0),
+    ("a change seen through PreparingRebalance counts once, not again for the fingerprint",
+     [gss(0, "Stable", "a"), gss(1 * M, "PreparingRebalance", "a"), gss(2 * M, "Stable", "b")], [], 1),
+    ("no fingerprint (an older job's state, or a broker that names no members): nothing",
+     [gss(0, "Stable", None), gss(1 * M, "Stable", "b"), gss(2 * M, "Stable", None)], [], 0),
+])
+def test_members_changed_between_polls(name, steps, expected, counted):
+    got, s = run_group(steps)
+    assert got == expected, name
+    assert s["rebalances_total"] == counted, name
+
+
+def test_a_member_report_in_the_gap_is_not_counted_twice():
+    steps = [gss(0, "Stable", "a"), rb(30 * S, gen=8), gss(1 * M, "Stable", "b")]
+    _, s = run_group(steps)
+    assert s["rebalances_total"] == 1
