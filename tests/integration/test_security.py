@@ -249,9 +249,23 @@ def cli(*args: str, env: Optional[dict] = None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _effective(check, what: str, timeout: float = 30.0, times: int = 3) -> None:
+    """Each broker applies an ACL change from the metadata log on its own, a moment after the
+    controller: wait until ``check()`` (True, or no exception) holds ``times`` times in a row."""
+    def ok() -> bool:
+        try:
+            return check() is not False
+        except Exception:  # noqa: BLE001 - not yet
+            return False
+    wait_for(lambda: all(ok() for _ in range(times)), timeout=timeout, interval=0.3, what=what)
+
+
 def test_probe_command_works_with_exactly_the_documented_acls(secure):
     secure.add_acls("monitor", PROBE_ACLS)
     assert secure.acls("monitor") == set(PROBE_ACLS)
+    from confluent_kafka.admin import AdminClient
+    monitor = AdminClient({"bootstrap.servers": secure.bootstrap_servers, **secure.client_conf("monitor")})
+    _effective(lambda: ORDERS in monitor.list_topics(timeout=5).topics, "the monitor's ACLs to take effect")
     args = ["--log-level", "DEBUG", "probe", "--bootstrap-servers", secure.bootstrap_servers, "--cluster", "sec",
             "--source", "probe-sec", "--interval", "1", "--topics", r"^sec\.", "--groups", "^sec-"]
     for kv in x_settings(secure, "monitor") + ["debug=conf,security"]:  # + librdkafka's debug output
@@ -387,9 +401,7 @@ def _job_round(cfg: JobConfig) -> tuple[int, int]:
     events topic (with the options streaming.job.read_events gives it), then the alerts sink as
     streaming.job.start builds it (read back the topic's tail, publish one transition).
     Returns (records read, alert records published)."""
-    opts = {"subscribe": cfg.events_topic, "kafka.bootstrap.servers": cfg.bootstrap_servers,
-            **{f"kafka.{k}": v for k, v in cfg.kafka.items()}}
-    reader = KafkaStreamReader(opts)
+    reader = KafkaStreamReader(_source_opts(cfg))
     try:
         start = reader.initialOffset()
         end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -410,6 +422,18 @@ def _job_round(cfg: JobConfig) -> tuple[int, int]:
     return rows, published
 
 
+def _ok_round(cfg: JobConfig) -> Optional[tuple[int, int]]:
+    try:
+        return _job_round(cfg)
+    except (SourceError, AlertsSinkError):
+        return None  # an ACL change not applied by every broker yet
+
+
+def _source_opts(cfg: JobConfig) -> dict:
+    return {"subscribe": cfg.events_topic, "kafka.bootstrap.servers": cfg.bootstrap_servers,
+            **{f"kafka.{k}": v for k, v in cfg.kafka.items()}}
+
+
 def test_the_job_reads_and_publishes_with_exactly_its_acls(secure, tmp_path):
     seed = EventEmitter({"bootstrap.servers": secure.bootstrap_servers, **secure.client_conf("admin")}, EVENTS,
                         cluster="sec", source="seed")  # the events topic is not empty when this test runs alone
@@ -418,7 +442,7 @@ def test_the_job_reads_and_publishes_with_exactly_its_acls(secure, tmp_path):
     secure.add_acls("job", JOB_ACLS)
     assert secure.acls("job") == set(JOB_ACLS)
     cfg = _job_cfg(secure, tmp_path)
-    rows, published = wait_for(lambda: _job_round(cfg), timeout=30, what="a job round")
+    rows, published = wait_for(lambda: _ok_round(cfg), timeout=30, what="a job round")
     assert rows > 0 and published == 1
     assert any(json.loads(m.value()).get("alert_id") == f"sec-{_BATCH[0]}" for m in read_topic(secure, ALERTS))
 
@@ -443,7 +467,7 @@ def test_the_job_reads_and_publishes_with_exactly_its_acls(secure, tmp_path):
     assert f"permission missing: WRITE on Topic:{ALERTS}" in codes[f"WRITE on Topic:{ALERTS}"], codes
     assert ("permission missing: DESCRIBE on Group:kafka-monitor-alerts-reader-*"
             in codes["DESCRIBE on Group:kafka-monitor-alerts-reader-*"]), codes
-    assert wait_for(lambda: _job_round(cfg), timeout=45, what="the job with all its ACLs again")[1] == 1
+    assert wait_for(lambda: _ok_round(cfg), timeout=45, what="the job with all its ACLs again")[1] == 1
 
 
 def test_the_job_runs_in_spark_over_sasl_ssl(secure, spark, tmp_path, caplog):
@@ -465,6 +489,8 @@ def test_the_job_runs_in_spark_over_sasl_ssl(secure, spark, tmp_path, caplog):
     assert bad.flush(30) == 0
     cfg = _job_cfg(secure, tmp_path, trigger_s=1, buckets=2, quarantine_dir=str(tmp_path / "quarantine"),
                    alerts_topic=ALERTS_SPARK)
+    _effective(lambda: AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, ALERTS_SPARK).recover(),
+               "the job's ACLs on the Spark run's alerts topic")
     exporter = Exporter()
     port = exporter.serve(0)
     q = job.start(spark, cfg, exporter, query_name="secure-job")
@@ -487,6 +513,13 @@ def test_the_job_runs_in_spark_over_sasl_ssl(secure, spark, tmp_path, caplog):
     secure.remove_acls("job", [JOB_ACLS[0]])
     failing, error = None, None
     try:
+        def refused():
+            try:
+                KafkaStreamReader(_source_opts(cfg)).initialOffset()
+            except SourceError:
+                return True
+            return False
+        _effective(refused, "READ on the events topic to be gone")
         failing = job.start(spark, _job_cfg(secure, tmp_path / "2", alerts_topic="", trigger_s=1), Exporter(),
                             query_name="secure-job-denied")
         try:
