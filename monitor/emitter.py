@@ -16,6 +16,7 @@ test holds it to that), with event ids drawn in one ``os.urandom`` call.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -25,12 +26,17 @@ import time
 import typing
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from monitor import contract as c
 from monitor.contract import Event, Payload
 
 log = logging.getLogger(__name__)
+
+#: fatal producer errors a new producer would meet again: credentials and permissions
+_FATAL_FOR_GOOD = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
+                             KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                             KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
 
 
 class EventEmitter:
@@ -45,6 +51,8 @@ class EventEmitter:
             "message.timeout.ms": 120_000,
         }
         conf.update(producer_conf)
+        self._conf = conf
+        self._producer_given = producer is not None  # a test's stand-in: never replaced
         self._producer = producer if producer is not None else Producer(conf)
         self.topic = topic
         self.cluster = cluster
@@ -55,6 +63,8 @@ class EventEmitter:
         self.sent = 0          # delivered and acknowledged
         self.dropped = 0       # refused locally (queue full) or failed delivery
         self.last_error: Optional[str] = None
+        #: producers replaced after a fatal error that a new producer cures (see _renew_after)
+        self.renewals = 0
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -70,14 +80,17 @@ class EventEmitter:
                                    on_delivery=self._on_delivery)
         except BufferError:
             self.dropped += 1
-            self._producer.poll(0)
+            self.poll(0)
             return None
         except Exception as e:  # KafkaException for e.g. an unknown topic in strict configs
+            if isinstance(e, KafkaException) and self._renew_after(e):
+                self.dropped += 1
+                return None
             self.dropped += 1
             self.last_error = str(e)
             log.warning("could not enqueue %s event: %s", ev.type, e)
             return None
-        self._producer.poll(0)
+        self.poll(0)
         return ev
 
     def emit_rows(self, cls: type, rows: Sequence[tuple], observed_at: int,
@@ -111,9 +124,9 @@ class EventEmitter:
                 log.warning("could not enqueue %s event: %s", etype, e)
             self.last_error = str(e)
         failed = enc(rows, _event_ids(n), head, seq, observed_at, cluster, self.source, self._producer.produce,
-                     self._producer.poll, self.topic, self._on_delivery, refused)
+                     self.poll, self.topic, self._on_delivery, refused)
         self.dropped += len(failed)
-        self._producer.poll(0)
+        self.poll(0)
         return failed
 
     def _produce(self, key: bytes, value: bytes, etype: str) -> bool:
@@ -121,7 +134,7 @@ class EventEmitter:
             self._producer.produce(self.topic, key=key, value=value, on_delivery=self._on_delivery)
         except BufferError:
             self.dropped += 1
-            self._producer.poll(0)
+            self.poll(0)
             return False
         except Exception as e:
             self.dropped += 1
@@ -140,7 +153,31 @@ class EventEmitter:
             self.last_error = str(err)
 
     def poll(self, timeout: float = 0) -> None:
-        self._producer.poll(timeout)
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as e:  # a fatal error is raised once, from poll()
+            if not self._renew_after(e):
+                raise
+
+    def _renew_after(self, e: KafkaException) -> bool:
+        """A fatal error of the idempotent producer that a new producer cures -- the events
+        cluster lost the producer's state (UNKNOWN_PRODUCER_ID after a topic was recreated or a
+        broker's data lost; sequence or epoch errors): replace the producer, counting what it
+        still held as dropped, and go on.  False for anything else, and for fatal errors of
+        credentials and permissions, which a new producer would meet again."""
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        if err is None or not err.fatal() or err.code() in _FATAL_FOR_GOOD or self._producer_given:
+            return False
+        lost = len(self._producer)
+        with contextlib.suppress(Exception):
+            self._producer.purge()
+        self._producer = Producer(self._conf)
+        self.renewals += 1
+        self.dropped += lost
+        self.last_error = str(err)
+        log.warning("events producer stopped by a fatal error (%s): replaced by a new one; %d buffered events "
+                    "lost (renewal %d)", err, lost, self.renewals)
+        return True
 
     def flush(self, timeout: float = 10.0) -> int:
         """Wait for outstanding deliveries; returns how many are still undelivered."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -273,3 +274,61 @@ def test_cli_probe_started_again_after_librdkafka_aborts_it(tansu, tmp_path):
         os.kill(second, 0)
     crash = [x["message"] for x in lines if "starting it again" in x["message"]]
     assert len(crash) == 1 and "signal SIGABRT" in crash[0], crash
+
+
+def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
+    """Its events cluster gone: the probe's cycles go on at their pace (producing never blocks),
+    the client's queue stays within ``max_buffered``, what does not fit is counted, and once the
+    events cluster is back the heartbeats say how many were dropped."""
+    from kafka_monitor.broker import TansuBroker
+    from monitor.contract import Event
+    from monitor.emitter import EventEmitter
+
+    topic, events = unique("watched"), unique("events")
+    create_topics(tansu.bootstrap, {topic: 2})
+    sink = TansuBroker().start()
+    create_topics(sink.bootstrap, {events: 1})
+    cfg = ProbeConfig(bootstrap_servers=tansu.bootstrap, interval_s=0.3, offsets_via="fetch", topics_include=f"^{topic}$",
+                      groups_include="^$", events_topic=events, source="buffered-probe", cluster="c")
+    emitter = EventEmitter({"bootstrap.servers": sink.bootstrap, "message.timeout.ms": 3000, "log_level": 0},
+                           events, cluster="c", source="buffered-probe", max_buffered=40)
+    probe = Probe(cfg, emitter=emitter)
+    stop = threading.Event()
+    t = threading.Thread(target=probe.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: read_events(sink.bootstrap, events), timeout=30, what="events on the events cluster")
+        sink.stop()
+        down_at, cycles = probe.cycles, []
+        deadline = time.monotonic() + 60
+        while probe.cycles < down_at + 15 or emitter.dropped == 0:
+            assert time.monotonic() < deadline, f"cycles {probe.cycles - down_at}, dropped {emitter.dropped}"
+            cycles.append(probe.last_cycle_s)
+            assert len(emitter._producer) <= 40  # queued + in flight, never beyond the bound
+            time.sleep(0.1)
+        assert t.is_alive()
+        assert max(c for c in cycles if c is not None) < 2.0  # emitting did not block a cycle
+        dropped, away = emitter.dropped, probe.cycles - down_at
+        sink = TansuBroker(port=sink.port).start()  # the events cluster back (empty: Tansu keeps it in memory)
+        create_topics(sink.bootstrap, {events: 1})
+        # read as it comes (not to an end: Tansu reports a multi-record batch's end as its base offset + 1)
+        reader = Consumer({"bootstrap.servers": sink.bootstrap, "group.id": unique("r"), "auto.offset.reset": "earliest",
+                           "log_level": 0})
+        reader.subscribe([events])
+        try:
+            def counted() -> bool:
+                m = reader.poll(0.5)
+                if m is None or m.error():
+                    return False
+                e = Event.from_json(m.value())
+                return e.type == "heartbeat" and e.data.events_dropped >= dropped
+            wait_for(counted, timeout=60, interval=0, what="a heartbeat counting the dropped events")
+        finally:
+            reader.close()
+        assert emitter.renewals >= 1  # the events cluster came back without the producer's state
+    finally:
+        stop.set()
+        t.join(30)
+        probe.close(flush_timeout=2)
+        sink.stop()
+    print(f"\nevents cluster away for {away} cycles: {dropped} events dropped, queue bound 40")

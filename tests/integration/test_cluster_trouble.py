@@ -1,0 +1,144 @@
+"""The watched cluster in trouble (issue 19.2): a rolling restart of the 3 brokers, one broker gone
+for a while, then the whole cluster unreachable.  The probe keeps running throughout, says when
+its refreshes fail and resumes; the job's rules -- its own parser and state function over the
+events the probe emitted (tests/support/local_job.py) -- raise what each phase calls for and
+nothing else, and say how long the monitor was blind.
+
+Durations are reduced by default; ``KAFKA_MONITOR_TROUBLE_SCALE=4`` runs the issue's (one broker
+gone for 2 minutes, the cluster unreachable for 60 s... times 4 of the reduced ones)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import unique, wait_for
+from tests.integration.test_probe_kafka import Writer, probe_for
+from tests.support.local_job import LocalJob
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+SCALE = float(os.environ.get("KAFKA_MONITOR_TROUBLE_SCALE", "1"))
+GONE_S = 30 * SCALE      # one broker away
+OUTAGE_S = 20 * SCALE    # every broker away
+INTERVAL_S = 2.0
+#: MetadataStale opens after 2 x this without a successful refresh; a cycle whose requests wait
+#: for a broker that just went away (request_timeout_s each) stays well within it
+MAX_AGE_S = 5.0
+
+
+def in_sync(cluster, topic: str) -> bool:
+    try:
+        parts = cluster.partitions(topic)
+    except Exception:  # noqa: BLE001 - not answering yet
+        return False
+    return bool(parts) and all(leader >= 0 and len(isr) == len(replicas) == 3
+                               for leader, replicas, isr in parts.values())
+
+
+def batches(events):
+    """The captured events in seq order, one micro-batch per probe cycle (ends at a heartbeat)."""
+    out, cur = [], []
+    for e in sorted(events, key=lambda e: e.seq):
+        cur.append(e)
+        if e.type == "heartbeat":
+            out.append(cur)
+            cur = []
+    return out + ([cur] if cur else [])
+
+
+def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster):
+    c = kafka_cluster
+    topic = unique("trouble")
+    c.create_topic(topic, partitions=3, rf=3, config={"min.insync.replicas": "2"})
+    wait_for(lambda: in_sync(c, topic), timeout=60, what="the topic in sync")
+    probe, cap = probe_for(c, f"^{topic}$", interval_s=INTERVAL_S, metadata_max_age_s=MAX_AGE_S,
+                           request_timeout_s=3, stats_interval_s=1)
+    stop = threading.Event()
+    crashed: list[BaseException] = []
+
+    def run():
+        try:
+            probe.run(stop)
+        except BaseException as e:  # noqa: BLE001 - the test's verdict
+            crashed.append(e)
+    thread = threading.Thread(target=run, name="probe", daemon=True)
+    marks: dict[str, float] = {}
+    thread.start()
+    try:
+        with Writer(c.bootstrap_servers, topic):
+            wait_for(lambda: any(e.type == "partition_offsets" for e in cap.events), timeout=30,
+                     what="the probe's first observation")
+            marks["rolling"] = time.time()
+            for b in (1, 2, 3):
+                c.restart_broker(b)
+                wait_for(lambda: in_sync(c, topic), timeout=120, what=f"ISR full after restarting broker {b}")
+            marks["gone"] = time.time()
+            c.stop_broker(2)
+            time.sleep(GONE_S)  # the scenario: a broker away this long
+            c.start_broker(2)
+            wait_for(lambda: in_sync(c, topic), timeout=120, what="ISR full after broker 2 returned")
+            marks["outage"] = time.time()
+            with ThreadPoolExecutor(3) as pool:
+                list(pool.map(c.stop_broker, (1, 2, 3)))
+            marks["outage_stopped"] = time.time()
+            time.sleep(OUTAGE_S)  # the scenario: nothing to talk to for this long
+            marks["outage_end"] = time.time()
+            for b in (1, 2, 3):  # from this thread: a broker dies with the thread that started it
+                c.start_broker(b)
+            wait_for(lambda: in_sync(c, topic), timeout=180, what="the cluster back in sync")
+            marks["recovered"] = time.time()
+        refreshed = len([e for e in cap.events if e.type == "metadata_refresh" and e.data.ok])
+        wait_for(lambda: len([e for e in cap.events if e.type == "metadata_refresh" and e.data.ok]) >= refreshed + 3,
+                 timeout=60, what="the probe refreshing again")
+        time.sleep(3 * INTERVAL_S)  # a few healthy cycles for the rules to resolve on
+    finally:
+        stop.set()
+        thread.join(60)
+        probe.close(flush_timeout=1)
+        for b in (1, 2, 3):  # leave the session's cluster whole for the next test
+            if not c.is_running(b):
+                c.start_broker(b)
+
+    # the probe never stopped
+    assert not crashed, crashed
+    assert not thread.is_alive()
+    beats = sorted(e.observed_at / 1000 for e in cap.events if e.type == "heartbeat")
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    print(f"\nheartbeats: {len(beats)}, longest gap {max(gaps):.1f} s (interval {INTERVAL_S:g} s); phases: "
+          + ", ".join(f"{k} +{v - marks['rolling']:.0f}s" for k, v in marks.items()))
+    failed = [e for e in cap.events if e.type == "metadata_refresh" and not e.data.ok]
+    assert any(marks["outage_stopped"] <= e.observed_at / 1000 <= marks["outage_end"] for e in failed), \
+        "no failed refresh reported while every broker was away"
+
+    if os.environ.get("KAFKA_MONITOR_TROUBLE_DUMP"):
+        with open(os.environ["KAFKA_MONITOR_TROUBLE_DUMP"], "wb") as f:
+            f.write(b"\n".join(e.to_json() for e in cap.events))
+            f.write(("\n" + __import__("json").dumps(marks)).encode())
+    job = LocalJob()
+    for b in batches(cap.events):
+        job.batch(b)
+    assert not job.quarantined, job.quarantined
+    seen = {(t["alert"], t["action"]) for t in job.transitions}
+    print("transitions:", sorted(seen))
+    stale = [t for t in job.transitions if t["alert"] == "MetadataStale"]
+    for t in job.transitions:
+        print(f"  +{t['at'] / 1000 - marks['rolling']:5.1f}s {t['alert']} {t['action']} partition {t['partition']}")
+    assert [t["action"] for t in stale] == ["open", "resolve"], stale
+    blind_s = (stale[1]["at"] - stale[0]["at"]) / 1000
+    print(f"MetadataStale open {blind_s:.0f} s (every broker away {marks['outage_end'] - marks['outage_stopped']:.0f} s)")
+    assert marks["outage_stopped"] - 5 <= stale[0]["at"] / 1000 <= marks["outage_end"]
+    # what the faults call for
+    assert {("IsrShrink", "open"), ("UnderReplicated", "open"), ("LeaderChanged", "open")} <= seen
+    # and nothing else: no storm of refreshes, no silent source, no lag or group alerts
+    allowed = {"IsrShrink", "UnderReplicated", "AtMinIsr", "UnderMinIsr", "LeaderChanged",
+               "PreferredLeaderImbalance", "MetadataStale", "OfflinePartition"}
+    assert {t["alert"] for t in job.transitions} <= allowed, seen
+    offline = [t for t in job.transitions if t["alert"] == "OfflinePartition" and t["action"] == "open"]
+    assert all(t["at"] / 1000 >= marks["outage"] for t in offline), "offline before every broker was stopped"
+    # recovered: only the alerts that resolve on their own clock may still be open
+    assert {a[0] for a in job.open_alerts()} <= {"LeaderChanged", "PreferredLeaderImbalance"}, job.open_alerts()
