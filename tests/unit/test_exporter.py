@@ -142,7 +142,7 @@ def test_updates_reuse_the_series_and_the_cap_still_holds():
     assert v(e, "group_partition_lag", cluster="k", group="g", topic="t", partition="0") is None
 
 
-def test_only_changed_values_are_written_and_removed_or_refused_series_come_back():
+def test_removed_or_refused_series_come_back():
     e = Exporter(max_series=7)
     lab = {"cluster": "k", "topic": "t", "partition": "0"}
     e.apply([part()], batch_id=0)
@@ -155,10 +155,8 @@ def test_only_changed_values_are_written_and_removed_or_refused_series_come_back
     g = dict(kind="group_partition", cluster="k", consumer_group="g", topic="t", partition=0)
     glab = {"cluster": "k", "group": "g", "topic": "t", "partition": "0"}
     e.apply([row(action="upsert", committed_offset=5, lag=4, **g)], batch_id=3)
-    # unchanged values are not written again: poke a series, then send a row where only the lag changed
-    e._series[("group_partition_committed_offset", ("k", "g", "t", "0"))].set(99)
     e.apply([row(action="upsert", committed_offset=5, lag=None, **g)], batch_id=4)
-    assert v(e, "group_partition_committed_offset", **glab) == 99  # unchanged in the row: not written again
+    assert v(e, "group_partition_committed_offset", **glab) == 5
     e.apply([row(action="upsert", committed_offset=6, lag=None, **g)], batch_id=40)
     e.apply([row(action="upsert", committed_offset=5, lag=None, **g)], batch_id=41)
     assert v(e, "group_partition_lag", **glab) is None and v(e, "group_partition_committed_offset", **glab) == 5
@@ -296,3 +294,42 @@ def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
     assert narrow.apply(got) == whole.apply([]) + len(rows)
     assert samples(narrow) == samples(whole)
     assert v(narrow, "partition_high_watermark", cluster="k", topic="t", partition="1") == 100
+
+
+def test_metrics_render_once_per_change_and_match_the_registry():
+    """/metrics: the text (and OpenMetrics) exposition of every series the registry holds,
+    rendered once per change of the exporter and shared by the scrapes in between; gzip on
+    request."""
+    import gzip
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    e = Exporter()
+    e.apply([part(), part(partition=1, topic='we"ird\\topic', high_watermark=7.5),
+             row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
+                 committed_offset=5, lag=4, lag_seconds=1.5, lag_status="OK")], batch_id=0)
+    port = e.serve(0)
+    try:
+        def get(accept=None, gz=False):
+            headers = {**({"Accept": accept} if accept else {}), **({"Accept-Encoding": "gzip"} if gz else {})}
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)) as r:
+                body = r.read()
+                return gzip.decompress(body) if r.headers.get("Content-Encoding") == "gzip" else body
+        text = get()
+        served = sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                        for f in text_string_to_metric_families(text.decode()) for s in f.samples)
+        assert served == sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                                for m in e.registry.collect() for s in m.samples)
+        assert ("kafka_monitor_partition_high_watermark", (("cluster", "k"), ("partition", "1"),
+                                                           ("topic", 'we"ird\\topic')), 7.5) in served
+        assert get(gz=True) == text
+        first = e._rendered[False]
+        assert get() == text and e._rendered[False] is first  # no change: not rendered again
+        om = get(accept="application/openmetrics-text; version=1.0.0")
+        assert om.endswith(b"# EOF\n") and om.count(b"# EOF") == 1
+        assert b'kafka_monitor_group_partition_lag{cluster="k",group="g",topic="t",partition="0"} 4' in om
+        e.apply([part(high_watermark=101)], batch_id=1)
+        assert b'kafka_monitor_partition_high_watermark{cluster="k",topic="t",partition="0"} 101' in get()
+    finally:
+        e.shutdown()
