@@ -1,0 +1,1107 @@
+"""Ground truth, the Prometheus-only baseline and the scoring of ``bench/detection_bench.py``.
+
+Pure functions over what a run recorded (no clock, no I/O), so a run's raw record can be scored
+again (``python bench/detection_bench.py --rescore <raw.json>``):
+
+- ``records``: the controller's ``__cluster_metadata`` records (``KafkaCluster.dump_metadata_log``),
+  each with its CreateTime (the active controller's wall clock, ms);
+- ``polls``: admin polls of the consumer groups (every ~0.5 s: committed offsets, end offsets,
+  the coordinator's group state and member count);
+- ``log``: what the workload did and when (faults, consumers stopped/slowed/started, every
+  member's ``on_assign``, scenario markers);
+- ``episodes``: the monitor's alerts as seen on its ``/metrics`` (a series present = open) and
+  as published on its alerts topic (the job's own ``at``, event time).
+
+Ground truth (GT) per alert type, from the cluster's record, never from the monitor's events:
+
+====================== ============================================================== ===========
+alert                  raw condition (GT)                                              rule minimum
+====================== ============================================================== ===========
+IsrShrink              a replica left the ISR (replica set unchanged) until the ISR is   -
+                       whole again (metadata log)
+UnderReplicated        |ISR| < |replicas| (metadata log)                                 -
+AtMinIsr               |ISR| == min.insync.replicas < |replicas|, partition led          -
+UnderMinIsr            |ISR| < min.insync.replicas, partition led                        -
+OfflinePartition       leader = -1 (metadata log)                                        -
+LeaderChanged          a PartitionChangeRecord that sets the leader (every such record   episodes merged
+                       bumps the leader epoch); changes < 5 min apart are one episode;   like the rule;
+                       it ends 5 min after the last change (the rule's quiet window)     ends +300 s
+PreferredLeaderImbalance leader != replicas[0] while led                                 300 s
+PartitionCountChanged  a PartitionRecord for a topic that already had partitions         ends +900 s
+ConsumerLagHigh        admin polls: lag > 10,000 offsets or lag in seconds > 300 s       60 s held
+ConsumerLagStatus      admin polls: committed offset unchanged with lag > 0 for >= 30 s  STALL 90 s;
+                       ("stuck"), or a window in which the workload made the consumer   WARN: 3 commit
+                       slower than its producer ("slow")                               samples 30 s apart
+GroupEmptyWithLag      admin polls: the group is Empty (ListGroups) and its lag > 0       600 s
+RebalanceStorm         workload: >= 5 rebalances (members' on_assign, and the last       5 in 600 s
+                       member leaving) within 10 minutes
+RebalanceStuck         admin polls: Preparing/CompletingRebalance continuously           300 s
+====================== ============================================================== ===========
+
+The rule minimums are read from the job's own default configs (``RULES``), so they follow the
+code under test.  A condition is *eligible* for recall when it lasted at least its rule minimum plus two probe
+intervals (the monitor samples); one shorter than that but at least the minimum is
+*borderline* (neither credited nor held against); an alert that matches any raw condition of its
+type on its entity is never a false alert.  Matching: a monitor episode of the same alert on the
+same entity that overlaps [condition start - 2 s, condition end + ``MATCH_AFTER_S``].
+
+The Prometheus-only baseline: the GT state sampled every 30 s (kafka_exporter scraped every 30 s;
+its metadata refresh is 30 s too), rules evaluated every 30 s, 15 s after the scrape, with their
+``for:`` as shipped; every figure is pooled over six scrape phases (0, 5, ..., 25 s).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+# ------------------------------------------------------------------------------------------------
+# settings that mirror the job's defaults (streaming/rules_*.py) and the community rules
+# ------------------------------------------------------------------------------------------------
+
+def _rule_settings() -> dict:
+    """The job's rule thresholds, read from its own default configs (the bench runs the job with
+    its defaults), with the values of this file's writing as a fallback."""
+    out = {"leader_quiet_s": 300.0, "imbalance_after_s": 300.0, "count_change_window_s": 900.0,
+           "lag_high_offsets": 10_000, "lag_high_seconds": 300.0, "lag_high_for_s": 60.0, "stall_after_s": 90.0,
+           "stop_after_s": 300.0, "warn_trend_s": 60.0, "storm_min": 5, "storm_window_s": 600.0,
+           "empty_with_lag_s": 600.0, "stuck_after_s": 300.0, "source": "fallback"}
+    try:
+        from streaming import rules_group, rules_lag, rules_partition
+        pc, lc, gc = rules_partition.PartitionRulesConfig(), rules_lag.LagConfig(), rules_group.GroupRulesConfig()
+        out.update(leader_quiet_s=pc.leader_quiet_ms / 1000, imbalance_after_s=pc.imbalance_after_ms / 1000,
+                   count_change_window_s=pc.count_change_window_ms / 1000,
+                   lag_high_offsets=lc.lag_high_offsets, lag_high_seconds=lc.lag_high_seconds,
+                   lag_high_for_s=getattr(lc, "lag_high_for_ms", 0) / 1000,
+                   stall_after_s=getattr(lc, "stall_after_ms", 0) / 1000, stop_after_s=lc.stop_after_ms / 1000,
+                   # WARN: commit samples of the lag in seconds at least TREND_STEP_MS apart, min_points of them
+                   warn_trend_s=(getattr(rules_lag, "TREND_STEP_MS", 0) / 1000) * (lc.min_points - 1),
+                   storm_min=gc.storm_min_rebalances, storm_window_s=gc.storm_window_ms / 1000,
+                   empty_with_lag_s=gc.empty_with_lag_after_ms / 1000, stuck_after_s=gc.stuck_after_ms / 1000,
+                   source="streaming.rules_* defaults")
+    except Exception:  # noqa: BLE001  (scoring a raw record without the job's code)
+        pass
+    return out
+
+
+RULES = _rule_settings()
+LEADER_QUIET_S = RULES["leader_quiet_s"]
+IMBALANCE_AFTER_S = RULES["imbalance_after_s"]
+COUNT_CHANGE_WINDOW_S = RULES["count_change_window_s"]
+LAG_HIGH_OFFSETS = RULES["lag_high_offsets"]
+LAG_HIGH_SECONDS = RULES["lag_high_seconds"]
+STORM_MIN = RULES["storm_min"]
+STORM_WINDOW_S = RULES["storm_window_s"]
+EMPTY_WITH_LAG_S = RULES["empty_with_lag_s"]
+STUCK_AFTER_S = RULES["stuck_after_s"]
+STUCK_GT_MIN_S = 30.0             # a "stuck" consumer GT condition lasts at least this long
+POLL_GAP_S = 5.0                  # admin polls further apart than this: the GT is unknown in between
+REBALANCE_MERGE_S = 3.0           # members' on_assign this close together = one rebalance
+
+MATCH_BEFORE_S = 2.0
+MATCH_AFTER_S = 60.0
+
+SCRAPE_S = 30.0                   # kafka_exporter scraped every 30 s (its metadata refresh: 30 s)
+EVAL_DELAY_S = 15.0               # rule evaluation 15 s after the scrape (evaluation_interval 30 s)
+PHASES_S = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
+
+#: the community rules, as shipped
+BASELINE_RULES = {
+    "strimzi/UnderReplicatedPartition": {
+        "expr": "kafka_topic_partition_under_replicated_partition > 0", "for_s": 10.0, "entity": "partition",
+        "source": "strimzi/strimzi-kafka-operator examples/metrics/prometheus-install/prometheus-rules.yaml "
+                  "(group kafkaExporter)"},
+    "strimzi/TooLargeConsumerGroupLag": {
+        "expr": "kafka_consumergroup_lag > 1000", "for_s": 10.0, "entity": "group_partition",
+        "source": "strimzi/strimzi-kafka-operator examples/metrics/prometheus-install/prometheus-rules.yaml "
+                  "(group kafkaExporter)"},
+    "awesome/KafkaTopicsReplicas": {
+        "expr": "sum(kafka_topic_partition_in_sync_replica) by (topic) < 3", "for_s": 0.0, "entity": "topic",
+        "source": "samber/awesome-prometheus-alerts dist/rules/kafka/danielqsj-kafka-exporter.yml"},
+    "awesome/KafkaConsumersGroup": {
+        "expr": "sum(kafka_consumergroup_lag) by (consumergroup) > 50", "for_s": 60.0, "entity": "group",
+        "source": "samber/awesome-prometheus-alerts dist/rules/kafka/danielqsj-kafka-exporter.yml"},
+    "assumed/OfflinePartition": {
+        "expr": "leader = -1 (kafka_exporter omits the leader series of such a partition; no shipped "
+                "kafka_exporter rule covers offline partitions)", "for_s": 0.0, "entity": "partition",
+        "source": "assumed (the best case for the baseline)"},
+}
+
+#: monitor alerts that are about a consumer falling behind (incident level: any of them)
+MONITOR_LAG_ALERTS = ("ConsumerLagHigh", "ConsumerLagStatus", "GroupEmptyWithLag")
+
+
+# ------------------------------------------------------------------------------------------------
+# data classes
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Condition:
+    kind: str                     # the alert type this condition should raise
+    entity: tuple                 # ("p", topic, partition) | ("gp", group, topic, partition) | ("g", group) | ("t", topic)
+    start: float                  # s, epoch
+    end: Optional[float]          # s, epoch; None = still true at the end of the run
+    rule_min_s: float = 0.0       # how long it must last before the rule may fire
+    resolve_at: Optional[float] = None  # when the rule should resolve (end, or end + a window)
+    scenario: Optional[str] = None
+    repeat: Optional[int] = None
+    pre_existing: bool = False    # true before the monitor was watching: not scored
+    detail: dict = field(default_factory=dict)
+    instant: bool = False         # an event (a leader change, partitions added): always eligible
+
+    @property
+    def duration(self) -> Optional[float]:
+        return None if self.end is None else self.end - self.start
+
+    def eligible(self, interval_s: float, run_end: float) -> bool:
+        """Lasted at least the rule minimum plus two probe intervals."""
+        if self.instant:
+            return not self.pre_existing
+        end = self.end if self.end is not None else run_end
+        return not self.pre_existing and end - self.start >= self.rule_min_s + 2 * interval_s
+
+    def borderline(self, interval_s: float, run_end: float) -> bool:
+        if self.instant:
+            return False
+        end = self.end if self.end is not None else run_end
+        return (not self.pre_existing and self.rule_min_s > 0
+                and self.rule_min_s <= end - self.start < self.rule_min_s + 2 * interval_s)
+
+
+@dataclass
+class Episode:
+    kind: str
+    entity: tuple
+    open: float
+    close: Optional[float]
+    source: str                   # "metrics" | "alerts_topic" | baseline rule name
+    detail: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# ground truth: partitions from the metadata log
+# ------------------------------------------------------------------------------------------------
+
+def partition_timelines(records: list[dict], prefix: str) -> tuple[dict, dict, dict, list]:
+    """``{(topic, partition): [(t_s, leader, replicas, isr, leader_set), ...]}`` for topics named
+    ``prefix...``, the min.insync.replicas of each topic (``{topic: int}``, with the cluster
+    default under ``None``), the time each topic was created, and the partition additions
+    ``[(t_s, topic, old_count, new_count)]``.  ``leader_set``: this record set the leader (an
+    election: the leader epoch went up)."""
+    names: dict[str, str] = {}
+    state: dict[tuple, dict] = {}
+    lines: dict[tuple, list] = {}
+    min_isr: dict[Optional[str], int] = {None: 1}
+    created: dict[str, float] = {}
+    topic_record_at: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    additions: list = []
+    pending_add: dict[str, list] = {}
+    for r in sorted(records, key=lambda r: r["offset"]):
+        typ, d, t = r.get("type"), r.get("data") or {}, r["create_time"] / 1000.0
+        if typ == "TOPIC_RECORD":
+            names[d["topicId"]] = d["name"]
+            topic_record_at[d["name"]] = t
+        elif typ == "CONFIG_RECORD" and d.get("name") == "min.insync.replicas" and d.get("value") is not None:
+            if d.get("resourceType") == 2:
+                min_isr[d["resourceName"]] = int(d["value"])
+            elif d.get("resourceType") == 4 and not d.get("resourceName"):
+                min_isr[None] = int(d["value"])
+        elif typ in ("PARTITION_RECORD", "PARTITION_CHANGE_RECORD"):
+            name = names.get(d.get("topicId"))
+            if name is None or not name.startswith(prefix):
+                continue
+            key = (name, int(d["partitionId"]))
+            if typ == "PARTITION_RECORD":
+                # a CreateTopics writes the topic and its partitions in one batch (one CreateTime);
+                # a PartitionRecord written later is a CreatePartitions
+                if key not in state and t != topic_record_at.get(name):
+                    pending_add.setdefault(name, []).append(t)
+                if name not in created:
+                    created[name] = t
+                counts[name] = max(counts.get(name, 0), key[1] + 1)
+                st = {"leader": int(d["leader"]), "replicas": tuple(d["replicas"]), "isr": tuple(d["isr"])}
+                state[key] = st
+                lines[key] = [(t, st["leader"], st["replicas"], st["isr"], False)]
+                continue
+            st = state.get(key)
+            if st is None:
+                continue
+            leader_set = False
+            if d.get("isr") is not None:
+                st["isr"] = tuple(d["isr"])
+            if d.get("replicas") is not None:
+                st["replicas"] = tuple(d["replicas"])
+            if "leader" in d and int(d["leader"]) != -2:
+                st["leader"] = int(d["leader"])
+                leader_set = True
+            lines[key].append((t, st["leader"], st["replicas"], st["isr"], leader_set))
+    for name, times in pending_add.items():  # one addition per CreatePartitions (records share a batch)
+        times.sort()
+        groups: list[list[float]] = []
+        for t in times:
+            if groups and t - groups[-1][-1] < 2.0:
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        total = counts[name]
+        for g in reversed(groups):  # (counts: the highest partition id + 1 at the end)
+            additions.append((g[0], name, total - len(g), total))
+            total -= len(g)
+    additions.sort()
+    return lines, min_isr, created, additions
+
+
+def _intervals(line: list, pred, t_end: float) -> list[tuple[float, Optional[float], tuple]]:
+    """Maximal intervals of a partition timeline where ``pred(leader, replicas, isr)`` holds:
+    ``[(start, end or None, state at start)]``."""
+    out = []
+    start = None
+    first_state = None
+    for t, leader, replicas, isr, _ in line:
+        v = pred(leader, replicas, isr)
+        if v and start is None:
+            start, first_state = t, (leader, replicas, isr)
+        elif not v and start is not None:
+            out.append((start, t, first_state))
+            start = None
+    if start is not None:
+        out.append((start, None, first_state))
+    return out
+
+
+def partition_conditions(lines: dict, min_isr: dict, additions: list, scope: tuple[float, float]) -> list[Condition]:
+    t0, t_end = scope
+    out: list[Condition] = []
+
+    def add(kind, key, s, e, rule_min=0.0, resolve_at=None, detail=None, instant=False):
+        c = Condition(kind, ("p",) + key, s, e, rule_min, resolve_at if resolve_at is not None else e,
+                      detail=detail or {}, instant=instant)
+        c.pre_existing = s < t0
+        if e is None or e >= t0:
+            out.append(c)
+
+    for key, line in lines.items():
+        mi = min_isr.get(key[0], min_isr[None])
+        for s, e, st in _intervals(line, lambda l, r, i: len(set(i)) < len(set(r)), t_end):
+            add("UnderReplicated", key, s, e, detail={"isr": list(st[2]), "replicas": list(st[1])})
+        # IsrShrink: the ISR lost members with the replica set unchanged, until it is whole again
+        prev = None
+        shrink_start = None
+        for t, leader, replicas, isr, _ in line:
+            if prev is not None:
+                lost = set(prev[2]) - set(isr)
+                if shrink_start is None and lost and set(prev[1]) == set(replicas):
+                    shrink_start = (t, sorted(lost))
+                if shrink_start is not None and set(isr) >= set(replicas):
+                    add("IsrShrink", key, shrink_start[0], t, detail={"removed": shrink_start[1]})
+                    shrink_start = None
+            prev = (leader, replicas, isr)
+        if shrink_start is not None:
+            add("IsrShrink", key, shrink_start[0], None, detail={"removed": shrink_start[1]})
+        for s, e, st in _intervals(line, lambda l, r, i: l >= 0 and len(set(i)) == mi < len(set(r)), t_end):
+            add("AtMinIsr", key, s, e, detail={"isr": list(st[2]), "min_isr": mi})
+        for s, e, st in _intervals(line, lambda l, r, i: l >= 0 and len(set(i)) < mi, t_end):
+            add("UnderMinIsr", key, s, e, detail={"isr": list(st[2]), "min_isr": mi})
+        for s, e, st in _intervals(line, lambda l, r, i: l < 0, t_end):
+            add("OfflinePartition", key, s, e, detail={"isr": list(st[2]), "replicas": list(st[1])})
+        for s, e, st in _intervals(line, lambda l, r, i: l >= 0 and bool(r) and l != r[0], t_end):
+            add("PreferredLeaderImbalance", key, s, e, rule_min=IMBALANCE_AFTER_S,
+                detail={"leader": st[0], "preferred": st[1][0]})
+        # LeaderChanged: leader-setting records after creation, merged like the rule merges them
+        changes = [(t, leader) for t, leader, _, _, leader_set in line[1:] if leader_set]
+        episode: list = []
+        for t, leader in changes + [(math.inf, None)]:
+            if episode and t - episode[-1][0] >= LEADER_QUIET_S:
+                s, last = episode[0][0], episode[-1][0]
+                add("LeaderChanged", key, s, last, resolve_at=last + LEADER_QUIET_S, instant=True,
+                    detail={"changes": len(episode), "leaders": [x[1] for x in episode]})
+                episode = []
+            if t != math.inf:
+                episode.append((t, leader))
+    for t, topic, old, new in additions:
+        c = Condition("PartitionCountChanged", ("t", topic), t, t, 0.0, t + COUNT_CHANGE_WINDOW_S,
+                      detail={"old_count": old, "new_count": new}, instant=True)
+        c.pre_existing = t < t0
+        out.append(c)
+    return out
+
+
+def state_at(line: list, t: float) -> Optional[tuple]:
+    """(leader, replicas, isr) of a partition timeline at time ``t`` (None before it existed)."""
+    times = [x[0] for x in line]
+    i = bisect.bisect_right(times, t) - 1
+    if i < 0:
+        return None
+    return line[i][1:4]
+
+
+# ------------------------------------------------------------------------------------------------
+# ground truth: consumers from admin polls and the workload's log
+# ------------------------------------------------------------------------------------------------
+
+def group_series(polls: list[dict]) -> tuple[dict, dict]:
+    """``({(group, topic, partition): [(t, committed, end)]}, {group: [(t, state, members)]})``
+    from the admin polls (a poll that failed for a group leaves that group out of it)."""
+    gp: dict[tuple, list] = {}
+    gs: dict[str, list] = {}
+    for p in polls:
+        t = p["t"]
+        ends = p.get("end") or {}
+        for g, offs in (p.get("committed") or {}).items():
+            if offs is None:
+                continue
+            for tp, c in offs.items():
+                topic, part = tp.rsplit("/", 1)
+                e = ends.get(tp)
+                if e is None:
+                    continue
+                gp.setdefault((g, topic, int(part)), []).append((t, c, e))
+        for g, st in (p.get("groups") or {}).items():
+            if st is not None:
+                gs.setdefault(g, []).append((t, st[0], st[1]))
+    return gp, gs
+
+
+def _lag_seconds(series: list, i: int) -> float:
+    """How long before sample ``i`` the end offset was at its committed offset (interpolated on the
+    polled end-offset history, never before the first poll)."""
+    t, c, e = series[i]
+    if c is None or c >= e:
+        return 0.0
+    for j in range(i, -1, -1):
+        tj, _, ej = series[j]
+        if ej < c:  # the end offset crossed c between j and j + 1
+            tk, _, ek = series[j + 1]
+            at = tj + (tk - tj) * (c - ej) / max(1, ek - ej)
+            return max(0.0, t - at)
+    return t - series[0][0]
+
+
+def consumer_conditions(gp: dict, gs: dict, log: list[dict], scope: tuple[float, float]) -> list[Condition]:
+    t0, t_end = scope
+    out: list[Condition] = []
+
+    def add(c: Condition):
+        c.pre_existing = c.start < t0
+        if c.end is None or c.end >= t0:
+            out.append(c)
+
+    def runs(times, flags):
+        """Maximal runs of True: [(start, end or None)] (end = first sample where it is False).
+        A run that is true on both sides of a gap in the samples goes on across it (a stuck
+        consumer's committed offset is the same on both sides); one that is false after a gap
+        of more than ``POLL_GAP_S`` ends at the last sample before it; so does a run whose
+        samples stop more than ``POLL_GAP_S`` before the end of the run."""
+        res, s, prev = [], None, None
+        for t, f in zip(times, flags):
+            if s is not None and prev is not None and t - prev > POLL_GAP_S and not f:
+                res.append((s, prev))  # it ended somewhere in the gap: count it to the last sample
+                s = None
+                prev = t
+                continue
+            if f and s is None:
+                s = t
+            elif not f and s is not None:
+                res.append((s, t))
+                s = None
+            prev = t
+        if s is not None:
+            res.append((s, None if prev is None or t_end - prev <= POLL_GAP_S else prev))
+        return res
+
+    for (g, topic, part), series in gp.items():
+        ent = ("gp", g, topic, part)
+        times = [x[0] for x in series]
+        lags = [None if c is None else max(0, e - c) for _, c, e in series]
+        secs = [_lag_seconds(series, i) for i in range(len(series))]
+        high = [lg is not None and (lg > LAG_HIGH_OFFSETS or s > LAG_HIGH_SECONDS) for lg, s in zip(lags, secs)]
+        for s, e in runs(times, high):
+            add(Condition("ConsumerLagHigh", ent, s, e, RULES["lag_high_for_s"], e))
+        # stuck: committed unchanged while lag > 0
+        flags = []
+        for i, (t, c, e) in enumerate(series):
+            prev_c = series[i - 1][1] if i else None
+            flags.append(c is not None and e > c and (i == 0 or c == prev_c))
+        for s, e in runs(times, flags):
+            end = e if e is not None else t_end
+            if end - s >= STUCK_GT_MIN_S:
+                add(Condition("ConsumerLagStatus", ent, s, e, 0.0, e, detail={"why": "stuck"}))
+
+    # slow / stopped windows from the workload, per group partition of the group
+    parts_of: dict[str, list] = {}
+    for (g, topic, part) in gp:
+        parts_of.setdefault(g, []).append((topic, part))
+    for kind, start_ev, end_ev in (("slow", "slow_start", "slow_end"), ("stopped", "consumer_stop", "consumer_start")):
+        opened: dict[str, dict] = {}
+        for ev in log:
+            if ev.get("event") == start_ev:
+                opened[ev["group"]] = ev
+            elif ev.get("event") == end_ev and ev["group"] in opened:
+                s_ev = opened.pop(ev["group"])
+                if kind == "slow":
+                    for topic, part in parts_of.get(ev["group"], []):
+                        add(Condition("ConsumerLagStatus", ("gp", ev["group"], topic, part), s_ev["t"], ev["t"], 0.0,
+                                      ev["t"], scenario=s_ev.get("scenario"), repeat=s_ev.get("repeat"),
+                                      detail={"why": "slow"}))
+        for g, s_ev in opened.items():
+            if kind == "slow":
+                for topic, part in parts_of.get(g, []):
+                    add(Condition("ConsumerLagStatus", ("gp", g, topic, part), s_ev["t"], None, 0.0, None,
+                                  detail={"why": "slow"}))
+
+    # STALL needs the whole window: mark the stuck conditions' rule minimum (set by the caller,
+    # which knows the probe interval) -- see apply_rule_minimums
+
+    # GroupEmptyWithLag: Empty with lag > 0
+    for g, states in gs.items():
+        lag_series = {k: v for k, v in gp.items() if k[0] == g}
+        times = [x[0] for x in states]
+
+        def total_lag(t):
+            tot, known = 0, False
+            for series in lag_series.values():
+                i = bisect.bisect_right([x[0] for x in series], t) - 1
+                if i >= 0 and series[i][1] is not None:
+                    tot += max(0, series[i][2] - series[i][1])
+                    known = True
+            return tot if known else None
+
+        flags = [st == "Empty" and (total_lag(t) or 0) > 0 for t, st, _ in states]
+        for s, e in runs(times, flags):
+            add(Condition("GroupEmptyWithLag", ("g", g), s, e, EMPTY_WITH_LAG_S, e))
+        flags = [st in ("PreparingRebalance", "CompletingRebalance") for t, st, _ in states]
+        for s, e in runs(times, flags):
+            add(Condition("RebalanceStuck", ("g", g), s, e, STUCK_AFTER_S, e))
+
+    # RebalanceStorm from the members' own view
+    for g, times in rebalances(log).items():
+        # condition: count in (t - W, t] >= N; it starts at a rebalance and ends W after the
+        # rebalance that drops out of the window
+        i, n = 0, len(times)
+        start = None
+        events = sorted(set([t for t in times] + [t + STORM_WINDOW_S for t in times]))
+        for t in events:
+            cnt = sum(1 for x in times if t - STORM_WINDOW_S < x <= t)
+            if cnt >= STORM_MIN and start is None:
+                start = t
+            elif cnt < STORM_MIN and start is not None:
+                add(Condition("RebalanceStorm", ("g", g), start, t, 0.0, t,
+                              detail={"rebalances": [round(x - start, 1) for x in times if start - STORM_WINDOW_S < x <= t]}))
+                start = None
+        if start is not None:
+            add(Condition("RebalanceStorm", ("g", g), start, None, 0.0, None))
+    return out
+
+
+def rebalances(log: list[dict]) -> dict[str, list[float]]:
+    """Rebalance completion times per group: members' ``on_assign`` (merged when within
+    ``REBALANCE_MERGE_S``), and a group's last member leaving (the coordinator bumps the
+    generation and goes Empty)."""
+    raw: dict[str, list[float]] = {}
+    for ev in log:
+        if ev.get("event") == "assign" or (ev.get("event") == "member_left" and ev.get("last_member")):
+            raw.setdefault(ev["group"], []).append(ev["t"])
+    out = {}
+    for g, ts in raw.items():
+        ts.sort()
+        merged: list[float] = []
+        for t in ts:
+            if not merged or t - merged[-1] > REBALANCE_MERGE_S:
+                merged.append(t)
+        out[g] = merged
+    return out
+
+
+def incident_conditions(log: list[dict], gp: dict) -> list[Condition]:
+    """Consumer incidents at the group level, from the workload: a consumer stopped (closed) or
+    slowed below its producer's rate.  For the monitor vs baseline comparison."""
+    out = []
+    for kind, a, b in (("ConsumerStopped", "consumer_stop", "consumer_start"), ("ConsumerSlow", "slow_start", "slow_end")):
+        opened: dict[str, dict] = {}
+        for ev in log:
+            if ev.get("event") == a:
+                opened[ev["group"]] = ev
+            elif ev.get("event") == b and ev["group"] in opened:
+                s = opened.pop(ev["group"])
+                out.append(Condition(kind, ("g", ev["group"]), s["t"], ev["t"], 0.0, ev["t"],
+                                     scenario=s.get("scenario"), repeat=s.get("repeat")))
+        for g, s in opened.items():
+            out.append(Condition(kind, ("g", g), s["t"], None, 0.0, None, scenario=s.get("scenario"),
+                                 repeat=s.get("repeat")))
+    return out
+
+
+def apply_rule_minimums(conds: list[Condition], interval_s: float) -> None:
+    """ConsumerLagStatus: a stuck consumer is STALL after ``stall_after_ms`` (at least: the
+    limit grows with a slow commit cadence; the bench's consumers commit every 5 s, so the
+    floor applies); a slow one is WARN once its commit samples of the lag in seconds (at least
+    ``TREND_STEP_MS`` apart, ``min_points`` of them) rise."""
+    for c in conds:
+        if c.kind == "ConsumerLagStatus" and c.detail.get("why") == "stuck":
+            c.rule_min_s = RULES["stall_after_s"]
+        elif c.kind == "ConsumerLagStatus" and c.detail.get("why") == "slow":
+            c.rule_min_s = RULES["warn_trend_s"]
+
+
+#: scenarios whose conditions are found by time (the replication faults hit every topic)
+TIME_SCENARIOS = ("broker_stopped", "follower_paused", "two_replicas_lost", "preferred_election")
+#: a scenario's own topics / groups (PREFIX + "<base>-r<repeat>")
+OWN = {"stop": "consumer_stopped", "slow": "consumer_slow", "storm": "rebalance_storm", "le": "leader_election",
+       "pa": "partitions_added"}
+
+
+def scenario_windows(log: list[dict], after_s: float = 60.0) -> list[tuple]:
+    """``[(start, end + after_s, scenario, repeat)]`` from the workload's scenario markers."""
+    windows = []
+    open_: dict[tuple, dict] = {}
+    for ev in log:
+        if ev.get("event") == "scenario_start":
+            open_[(ev["scenario"], ev["repeat"])] = ev
+        elif ev.get("event") == "scenario_end":
+            s = open_.pop((ev["scenario"], ev["repeat"]), None)
+            if s is not None:
+                windows.append((s["t"], ev["t"] + after_s, ev["scenario"], ev["repeat"]))
+    for (sc, rp), s in open_.items():
+        windows.append((s["t"], math.inf, sc, rp))
+    return sorted(windows)
+
+
+def attribute(conds: list[Condition], log: list[dict], prefix: str, after_s: float = 60.0) -> None:
+    """Scenario (and repeat) of each condition.  A consumer condition belongs to the scenario of
+    its group (``stop-r0`` -> consumer_stopped of repeat 0) while inside that scenario's window
+    (+ ``after_s``); so do the leader-election topic's leader conditions and the
+    partitions-added topic's count change.  Any other partition condition belongs to the
+    replication fault whose window holds its start (the latest one), else to "healthy"."""
+    windows = scenario_windows(log, after_s)
+    by_key = {(w[2], w[3]): w for w in windows}
+    own_kinds = {"leader_election": ("LeaderChanged", "PreferredLeaderImbalance"),
+                 "partitions_added": ("PartitionCountChanged",)}
+    for c in conds:
+        if c.scenario is not None:
+            continue
+        name = c.entity[1][len(prefix):] if c.entity[1].startswith(prefix) else c.entity[1]
+        m = re.match(r"^(\w+)-r(\d+)$", name)
+        own = (OWN.get(m.group(1)), int(m.group(2))) if m else (None, None)
+        if own[0] is not None and (c.entity[0] in ("g", "gp") or c.kind in own_kinds.get(own[0], ())):
+            w = by_key.get(own)
+            if w is not None and w[0] - 2.0 <= c.start <= w[1]:
+                c.scenario, c.repeat = own
+            else:
+                c.scenario = "healthy"
+            continue
+        if c.entity[0] in ("g", "gp"):
+            c.scenario = "healthy"
+            continue
+        hit = [w for w in windows if w[2] in TIME_SCENARIOS and w[0] - 2.0 <= c.start <= w[1]]
+        if hit:
+            c.scenario, c.repeat = hit[-1][2], hit[-1][3]
+        else:
+            c.scenario = "healthy"
+
+
+# ------------------------------------------------------------------------------------------------
+# the monitor's episodes
+# ------------------------------------------------------------------------------------------------
+
+def entity_of(alert: str, labels: dict) -> tuple:
+    topic, part, group = labels.get("topic") or "", labels.get("partition"), labels.get("group") or labels.get("consumer_group") or ""
+    part = None if part in (None, "") else int(part)
+    if group and topic and part is not None:
+        return ("gp", group, topic, part)
+    if group:
+        return ("g", group)
+    if topic and part is not None:
+        return ("p", topic, part)
+    if topic:
+        return ("t", topic)
+    return ("s", labels.get("source") or "")
+
+
+def metrics_episodes(raw: list[dict]) -> list[Episode]:
+    return [Episode(e["alert"], entity_of(e["alert"], e["labels"]), e["open"], e.get("close"), "metrics",
+                    {"severities": e.get("severities", [])}) for e in raw]
+
+
+def topic_episodes(records: list[dict]) -> list[Episode]:
+    """Open/resolve pairs by alert id from the alerts topic (times = the job's ``at``, event time)."""
+    opens: dict[str, dict] = {}
+    out = []
+    for r in sorted(records, key=lambda r: (r.get("sequence") or 0)):
+        if r["action"] == "open":
+            opens[r["alert_id"]] = r
+        elif r["action"] == "resolve":
+            o = opens.pop(r["alert_id"], None)
+            if o is not None:
+                out.append(Episode(o["alert"], entity_of(o["alert"], o["labels"]), o["at"] / 1000.0, r["at"] / 1000.0,
+                                   "alerts_topic", {"status": (o.get("evidence") or {}).get("status")}))
+    for o in opens.values():
+        out.append(Episode(o["alert"], entity_of(o["alert"], o["labels"]), o["at"] / 1000.0, None, "alerts_topic",
+                           {"status": (o.get("evidence") or {}).get("status")}))
+    return out
+
+
+def to_group_level(episodes: Iterable[Episode], kinds: Iterable[str], kind: str) -> list[Episode]:
+    """Episodes of any of ``kinds`` lifted to their group entity, merged when they overlap."""
+    by_group: dict[tuple, list] = {}
+    for e in episodes:
+        if e.kind in kinds and e.entity[0] in ("gp", "g"):
+            by_group.setdefault(("g", e.entity[1]), []).append(e)
+    out = []
+    for ent, eps in by_group.items():
+        eps.sort(key=lambda e: e.open)
+        cur: Optional[list] = None
+        for e in eps:
+            close = e.close if e.close is not None else math.inf
+            if cur is not None and e.open <= cur[1]:
+                cur[1] = max(cur[1], close)
+                cur[2].add(e.kind)
+            else:
+                if cur is not None:
+                    out.append(Episode(kind, ent, cur[0], None if cur[1] == math.inf else cur[1], eps[0].source,
+                                       {"alerts": sorted(cur[2])}))
+                cur = [e.open, close, {e.kind}]
+        if cur is not None:
+            out.append(Episode(kind, ent, cur[0], None if cur[1] == math.inf else cur[1], eps[0].source,
+                               {"alerts": sorted(cur[2])}))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the Prometheus-only baseline
+# ------------------------------------------------------------------------------------------------
+
+def _latest_le(series: list, t: float):
+    i = bisect.bisect_right([x[0] for x in series], t) - 1
+    return series[i] if i >= 0 else None
+
+
+def simulate_rule(evals: list[float], active: dict, for_s: float, kind: str, source: str) -> list[Episode]:
+    """Prometheus' ``for:``: pending at the first evaluation where the expression holds, firing
+    at the first one at least ``for_s`` later while it still holds, resolved at the first one
+    where it does not.  ``active``: {entity: [bool per evaluation]}."""
+    out = []
+    for ent, flags in active.items():
+        since = None
+        fired: Optional[float] = None
+        for t, v in zip(evals, flags):
+            if v:
+                if since is None:
+                    since = t
+                if fired is None and t - since >= for_s:
+                    fired = t
+            else:
+                if fired is not None:
+                    out.append(Episode(kind, ent, fired, t, source))
+                fired, since = None, None
+        if fired is not None:
+            out.append(Episode(kind, ent, fired, None, source))
+    return out
+
+
+def baseline_episodes(lines: dict, gp: dict, scope: tuple[float, float], phase: float) -> list[Episode]:
+    """Every baseline rule's alert episodes for one scrape phase."""
+    t0, t_end = scope
+    scrapes = []
+    t = t0 + phase
+    while t <= t_end:
+        scrapes.append(t)
+        t += SCRAPE_S
+    evals = [s + EVAL_DELAY_S for s in scrapes if s + EVAL_DELAY_S <= t_end]
+    scrape_of_eval = scrapes[:len(evals)]
+    out: list[Episode] = []
+
+    urp: dict = {}
+    offline: dict = {}
+    topic_isr: dict = {}
+    for key, line in lines.items():
+        fl_u, fl_o = [], []
+        for s in scrape_of_eval:
+            st = state_at(line, s)
+            if st is None:
+                fl_u.append(False)
+                fl_o.append(False)
+                continue
+            leader, replicas, isr = st
+            fl_u.append(len(isr) < len(replicas))
+            fl_o.append(leader < 0)
+            topic_isr.setdefault(key[0], {}).setdefault(s, 0)
+            topic_isr[key[0]][s] += len(isr)
+        urp[("p",) + key] = fl_u
+        offline[("p",) + key] = fl_o
+    topics_active = {("t", topic): [by_s.get(s) is not None and by_s[s] < 3 for s in scrape_of_eval]
+                     for topic, by_s in topic_isr.items()}
+    out += simulate_rule(evals, urp, BASELINE_RULES["strimzi/UnderReplicatedPartition"]["for_s"],
+                         "strimzi/UnderReplicatedPartition", "baseline")
+    out += simulate_rule(evals, topics_active, BASELINE_RULES["awesome/KafkaTopicsReplicas"]["for_s"],
+                         "awesome/KafkaTopicsReplicas", "baseline")
+    out += simulate_rule(evals, offline, BASELINE_RULES["assumed/OfflinePartition"]["for_s"],
+                         "assumed/OfflinePartition", "baseline")
+
+    lag_part: dict = {}
+    group_sum: dict = {}
+    for (g, topic, part), series in gp.items():
+        flags = []
+        for i, s in enumerate(scrape_of_eval):
+            x = _latest_le(series, s)
+            lag = None if x is None or x[1] is None else max(0, x[2] - x[1])
+            flags.append(lag is not None and lag > 1000)
+            if lag is not None:
+                group_sum.setdefault(g, [0] * len(scrape_of_eval))
+                group_sum[g][i] += lag
+        lag_part[("gp", g, topic, part)] = flags
+    out += simulate_rule(evals, lag_part, BASELINE_RULES["strimzi/TooLargeConsumerGroupLag"]["for_s"],
+                         "strimzi/TooLargeConsumerGroupLag", "baseline")
+    out += simulate_rule(evals, {("g", g): [v > 50 for v in sums] for g, sums in group_sum.items()},
+                         BASELINE_RULES["awesome/KafkaConsumersGroup"]["for_s"], "awesome/KafkaConsumersGroup", "baseline")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# scoring
+# ------------------------------------------------------------------------------------------------
+
+def pct(xs: list[float], q: float) -> Optional[float]:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * q
+    f = math.floor(k)
+    c = min(len(xs) - 1, f + 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def _overlaps(e: Episode, c: Condition) -> bool:
+    lo = c.start - MATCH_BEFORE_S
+    hi = (c.end if c.end is not None else math.inf) + MATCH_AFTER_S
+    e_close = e.close if e.close is not None else math.inf
+    return e.open <= hi and e_close >= lo
+
+
+def _entity_matches(ep_entity: tuple, cond_entity: tuple) -> bool:
+    if ep_entity == cond_entity:
+        return True
+    # a topic-level alert covers the topic's partitions
+    if ep_entity[0] == "t" and cond_entity[0] == "p" and ep_entity[1] == cond_entity[1]:
+        return True
+    # a group-level alert covers the group's partitions (and vice versa for incidents)
+    if ep_entity[0] == "g" and cond_entity[0] == "gp" and ep_entity[1] == cond_entity[1]:
+        return True
+    if ep_entity[0] == "gp" and cond_entity[0] == "g" and ep_entity[1] == cond_entity[1]:
+        return True
+    return False
+
+
+def match(conds: list[Condition], episodes: list[Episode], interval_s: float, run_end: float) -> dict:
+    """Score one alert type (``conds`` and ``episodes`` already filtered to it).
+
+    Per condition entity, each episode goes to at most one of that entity's conditions: the
+    latest one that started (``MATCH_BEFORE_S`` slack) before the episode opened, if the episode
+    opened before that condition ended + ``MATCH_AFTER_S``.  A condition also counts as detected
+    when an episode opened earlier is still open when it starts (``carried_over``: no open
+    latency).  The resolve latency is measured on the episode open when the condition ended (or
+    the last one assigned to it).  An episode assigned to no condition of any entity, and
+    overlapping none, is a false alert."""
+    by_entity: dict[tuple, list[int]] = {}
+    for i, c in enumerate(conds):
+        by_entity.setdefault(c.entity, []).append(i)
+    assigned: dict[int, list[Episode]] = {i: [] for i in range(len(conds))}
+    carried: dict[int, Episode] = {}
+    used: set[int] = set()
+    for ent, idx in by_entity.items():
+        idx.sort(key=lambda i: conds[i].start)
+        cands = [(j, e) for j, e in enumerate(episodes) if _entity_matches(e.entity, ent)]
+        for j, e in cands:
+            home = None
+            for i in idx:
+                c = conds[i]
+                if c.start - MATCH_BEFORE_S <= e.open:
+                    home = i
+            if home is not None:
+                c = conds[home]
+                if c.end is None or e.open <= c.end + MATCH_AFTER_S:
+                    assigned[home].append(e)
+                    used.add(j)
+                    continue
+            # opened before a condition and still open when it started: carried over
+            for i in idx:
+                c = conds[i]
+                e_close = e.close if e.close is not None else math.inf
+                if e.open < c.start - MATCH_BEFORE_S and e_close >= c.start:
+                    carried.setdefault(i, e)
+                    used.add(j)
+    rows = []
+    for i, c in enumerate(conds):
+        eps = sorted(assigned[i], key=lambda e: e.open)
+        row = {"entity": list(c.entity), "scenario": c.scenario, "repeat": c.repeat, "start": c.start, "end": c.end,
+               "duration_s": c.duration, "rule_min_s": c.rule_min_s, "resolve_at": c.resolve_at,
+               "eligible": c.eligible(interval_s, run_end), "borderline": c.borderline(interval_s, run_end),
+               "pre_existing": c.pre_existing, "detail": c.detail, "detected": bool(eps) or i in carried,
+               "episodes": len(eps)}
+        if eps:
+            first = eps[0]
+            row["open_at"] = first.open
+            row["open_latency_s"] = first.open - c.start
+            row["open_after_rule_min_s"] = first.open - (c.start + c.rule_min_s)
+            row["carried_over"] = False
+        elif i in carried:
+            row["open_at"] = carried[i].open
+            row["carried_over"] = True
+            eps = [carried[i]]
+        if eps:
+            end = c.end if c.end is not None else run_end
+            at_end = [e for e in eps if e.open <= end + MATCH_AFTER_S]
+            last = (at_end or eps)[-1]
+            row["close_at"] = last.close
+            if c.resolve_at is not None and last.close is not None:
+                row["resolve_latency_s"] = last.close - c.resolve_at
+        rows.append(row)
+    false = [e for j, e in enumerate(episodes) if j not in used
+             and not any(_entity_matches(e.entity, c.entity) and _overlaps(e, c) for c in conds)]
+    return {"rows": rows, "false": false}
+
+
+def summarize(result: dict, hours: float, healthy: set) -> dict:
+    rows = result["rows"]
+    elig = [r for r in rows if r["eligible"]]
+    det = [r for r in elig if r["detected"]]
+    opens = [r["open_latency_s"] for r in det if not r.get("carried_over")]
+    resolves = [r["resolve_latency_s"] for r in det if r.get("resolve_latency_s") is not None]
+    false = result["false"]
+    healthy_false = [e for e in false if _healthy_entity(e.entity, healthy)]
+    return {
+        "conditions": len([r for r in rows if not r["pre_existing"]]),
+        "eligible": len(elig), "detected": len(det),
+        "recall": (len(det) / len(elig)) if elig else None,
+        "detected_below_minimum": len([r for r in rows if r["detected"] and not r["eligible"]
+                                       and not r["borderline"] and not r["pre_existing"]]),
+        "false_alerts": len(false), "false_alerts_per_hour": len(false) / hours if hours else None,
+        "false_alerts_healthy": len(healthy_false),
+        "false_alerts_healthy_per_hour": len(healthy_false) / hours if hours else None,
+        "open_p50_s": pct(opens, 0.5), "open_p95_s": pct(opens, 0.95),
+        "resolve_p50_s": pct(resolves, 0.5), "resolve_p95_s": pct(resolves, 0.95),
+        "unresolved_at_end": len([r for r in det if r.get("close_at") is None]),
+        "flapping": len([r for r in det if r["episodes"] > 1]),
+        "carried_over": len([r for r in det if r.get("carried_over")]),
+        "missed": [{"entity": r["entity"], "scenario": r["scenario"], "repeat": r["repeat"],
+                    "duration_s": r["duration_s"]} for r in elig if not r["detected"]],
+        "false_list": [{"entity": list(e.entity), "open": e.open, "close": e.close, **e.detail} for e in false],
+    }
+
+
+def _healthy_entity(ent: tuple, healthy: set) -> bool:
+    if ent[0] in ("p", "t"):
+        return ent[1] in healthy
+    if ent[0] in ("g", "gp"):
+        return ent[1] in healthy
+    return False
+
+
+#: monitor alert -> the GT kind it is scored against
+MONITOR_KINDS = ("IsrShrink", "UnderReplicated", "AtMinIsr", "UnderMinIsr", "OfflinePartition", "LeaderChanged",
+                 "PreferredLeaderImbalance", "PartitionCountChanged", "ConsumerLagHigh", "ConsumerLagStatus",
+                 "RebalanceStorm", "GroupEmptyWithLag", "RebalanceStuck")
+
+#: (row name, GT kind, baseline rule) -- rows of the comparison table for the baseline
+BASELINE_ROWS = (
+    ("IsrShrink", "IsrShrink", "strimzi/UnderReplicatedPartition"),
+    ("UnderReplicated", "UnderReplicated", "strimzi/UnderReplicatedPartition"),
+    ("UnderReplicated", "UnderReplicated", "awesome/KafkaTopicsReplicas"),
+    ("AtMinIsr", "AtMinIsr", "strimzi/UnderReplicatedPartition"),
+    ("UnderMinIsr", "UnderMinIsr", "strimzi/UnderReplicatedPartition"),
+    ("OfflinePartition", "OfflinePartition", "assumed/OfflinePartition"),
+    ("OfflinePartition", "OfflinePartition", "strimzi/UnderReplicatedPartition"),
+    ("ConsumerStopped", "ConsumerStopped", "strimzi/TooLargeConsumerGroupLag"),
+    ("ConsumerStopped", "ConsumerStopped", "awesome/KafkaConsumersGroup"),
+    ("ConsumerSlow", "ConsumerSlow", "strimzi/TooLargeConsumerGroupLag"),
+    ("ConsumerSlow", "ConsumerSlow", "awesome/KafkaConsumersGroup"),
+)
+
+
+def score_run(raw: dict) -> dict:
+    """Everything: GT conditions, the monitor's episodes (from /metrics and from the alerts
+    topic), the baseline's; per alert type and per incident class."""
+    p = raw["params"]
+    interval = float(p["probe_interval_s"])
+    scope = (raw["scope"]["start"], raw["scope"]["end"])
+    hours = (scope[1] - scope[0]) / 3600.0
+    prefix = p["prefix"]
+    healthy = set(raw["healthy_entities"])
+    lines, min_isr, created, additions = partition_timelines(raw["metadata_records"], prefix)
+    gp, gs = group_series(raw["polls"])
+    conds = partition_conditions(lines, min_isr, additions, scope) + consumer_conditions(gp, gs, raw["log"], scope)
+    apply_rule_minimums(conds, interval)
+    attribute(conds, raw["log"], prefix)
+    incidents = incident_conditions(raw["log"], gp)
+    for c in incidents:
+        c.pre_existing = c.start < scope[0]
+
+    def in_scope(e: Episode) -> bool:
+        ent = e.entity
+        return (ent[0] in ("p", "t") and ent[1].startswith(prefix)) or (ent[0] in ("g", "gp") and ent[1].startswith(prefix))
+
+    mon = {src: [e for e in eps if in_scope(e)] for src, eps in
+           (("metrics", metrics_episodes(raw["metrics_episodes"])), ("alerts_topic", topic_episodes(raw["alerts_topic"])))}
+    out: dict[str, Any] = {"per_alert": {}, "per_alert_alerts_topic": {}, "incidents": {}, "baseline": {},
+                           "other_alerts": {}, "conditions": {}}
+    for kind in MONITOR_KINDS:
+        cs = [c for c in conds if c.kind == kind]
+        for src, key in (("metrics", "per_alert"), ("alerts_topic", "per_alert_alerts_topic")):
+            res = match(cs, [e for e in mon[src] if e.kind == kind], interval, scope[1])
+            s = summarize(res, hours, healthy)
+            s["rule_min_s"] = sorted({c.rule_min_s for c in cs})
+            if src == "metrics":
+                s["rows"] = res["rows"]
+            out[key][kind] = s
+    known = set(MONITOR_KINDS)
+    for src in ("metrics",):
+        for e in mon[src]:
+            if e.kind not in known:
+                o = out["other_alerts"].setdefault(e.kind, [])
+                o.append({"entity": list(e.entity), "open": e.open, "close": e.close})
+
+    # incidents: monitor (any lag alert on the group) vs baseline
+    mon_lag = to_group_level(mon["metrics"], MONITOR_LAG_ALERTS, "lag")
+    consumer_gt_for_fa = [c for c in conds if c.kind in ("ConsumerLagHigh", "ConsumerLagStatus", "GroupEmptyWithLag")]
+    for kind in ("ConsumerStopped", "ConsumerSlow"):
+        cs = [c for c in incidents if c.kind == kind]
+        res = match(cs, mon_lag, interval, scope[1])
+        out["incidents"].setdefault(kind, {})["monitor"] = _incident_summary(res, cs, mon_lag, consumer_gt_for_fa, hours, healthy)
+        # per monitor alert: first open after the incident start
+        per = {}
+        for a in MONITOR_LAG_ALERTS:
+            eps = to_group_level(mon["metrics"], (a,), a)
+            r = match(cs, eps, interval, scope[1])
+            per[a] = {"detected": sum(1 for x in r["rows"] if x["detected"]), "of": len(cs),
+                      "open_latency_s": [x.get("open_latency_s") for x in r["rows"]],
+                      "resolve_latency_s": [x.get("resolve_latency_s") for x in r["rows"]]}
+        out["incidents"][kind]["monitor_by_alert"] = per
+
+    # the baseline, pooled over scrape phases
+    for phase in PHASES_S:
+        beps = baseline_episodes(lines, gp, scope, phase)
+        for row, gt_kind, rule in BASELINE_ROWS:
+            if gt_kind in ("ConsumerStopped", "ConsumerSlow"):
+                cs = [c for c in incidents if c.kind == gt_kind]
+                eps = to_group_level([e for e in beps if e.kind == rule], (rule,), rule)
+                res = match(cs, eps, interval, scope[1])
+                acc = out["baseline"].setdefault(f"{row}|{rule}", {"rows": [], "false": []})
+                acc["rows"] += res["rows"]
+                acc["false"] += [e for e in _false_against(eps, consumer_gt_for_fa + [c for c in incidents])]
+            else:
+                cs = [c for c in conds if c.kind == gt_kind]
+                eps = [e for e in beps if e.kind == rule]
+                res = match(cs, eps, interval, scope[1])
+                acc = out["baseline"].setdefault(f"{row}|{rule}", {"rows": [], "false": []})
+                acc["rows"] += res["rows"]
+                # false = an alert that matches no replication condition of any kind
+                acc["false"] += _false_against(eps, [c for c in conds if c.kind in (
+                    "UnderReplicated", "OfflinePartition", "UnderMinIsr", "AtMinIsr", "IsrShrink")])
+    n_phases = len(PHASES_S)
+    for key, acc in list(out["baseline"].items()):
+        s = summarize({"rows": acc["rows"], "false": acc["false"]}, hours * n_phases, healthy)
+        s["phases"] = n_phases
+        s.pop("false_list", None)
+        s["missed"] = len(s["missed"])
+        out["baseline"][key] = s
+    # the monitor's own false alerts for incidents (any lag alert matching no consumer condition)
+    out["conditions"] = {
+        "counts": _count_by(conds), "incidents": [asdict(c) for c in incidents],
+        "partition_timelines": {f"{k[0]}/{k[1]}": [[round(t, 3), l, list(r), list(i), s] for t, l, r, i, s in v]
+                                for k, v in lines.items()},
+        "partition_additions": additions, "topics_created": created, "min_isr": {str(k): v for k, v in min_isr.items()},
+        "rebalances": rebalances(raw["log"]),
+    }
+    out["scope"] = {"start": scope[0], "end": scope[1], "hours": hours}
+    return out
+
+
+def _false_against(eps: list[Episode], conds: list[Condition]) -> list[Episode]:
+    return [e for e in eps if not any(_entity_matches(e.entity, c.entity) and _overlaps(e, c) for c in conds)]
+
+
+def _incident_summary(res: dict, cs: list, eps: list, consumer_conds: list, hours: float, healthy: set) -> dict:
+    s = summarize({"rows": res["rows"], "false": _false_against(eps, consumer_conds + cs)}, hours, healthy)
+    s["false_list"] = s["false_list"][:50]
+    return s
+
+
+def _count_by(conds: list[Condition]) -> dict:
+    out: dict[str, dict] = {}
+    for c in conds:
+        d = out.setdefault(c.kind, {})
+        d[c.scenario or "?"] = d.get(c.scenario or "?", 0) + 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the table
+# ------------------------------------------------------------------------------------------------
+
+def _f(v, fmt="{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _lat(s: dict, a: str) -> str:
+    p50, p95 = s.get(f"{a}_p50_s"), s.get(f"{a}_p95_s")
+    if p50 is None:
+        return "-"
+    return f"{p50:.0f} / {p95:.0f}"
+
+
+def _recall(s: dict) -> str:
+    if not s.get("eligible"):
+        return "n/a (0)"
+    out = f"{s['detected']}/{s['eligible']} ({100 * s['recall']:.0f}%)"
+    if s.get("carried_over"):
+        out += f", {s['carried_over']} already firing"
+    return out
+
+
+def table(scored: dict) -> str:
+    """Markdown: per alert type the monitor's figures and the baseline rule's on the same GT."""
+    lines = ["| condition (GT) | approach | rule (for:) | recall | false alerts/h (healthy parts) | open p50 / p95 s | resolve p50 / p95 s |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    R = RULES
+    rule_min = {"PreferredLeaderImbalance": f"{R['imbalance_after_s']:.0f} s",
+                "GroupEmptyWithLag": f"{R['empty_with_lag_s']:.0f} s",
+                "RebalanceStorm": f"{R['storm_min']} in {R['storm_window_s'] / 60:.0f} min",
+                "LeaderChanged": f"resolves {R['leader_quiet_s']:.0f} s after",
+                "PartitionCountChanged": f"resolves {R['count_change_window_s']:.0f} s after",
+                "ConsumerLagHigh": f"{R['lag_high_for_s']:.0f} s",
+                "ConsumerLagStatus": f"STALL {R['stall_after_s']:.0f} s; WARN ~{R['warn_trend_s']:.0f} s",
+                "RebalanceStuck": f"{R['stuck_after_s']:.0f} s"}
+    base_by_row: dict[str, list] = {}
+    for key, s in scored["baseline"].items():
+        row, rule = key.split("|")
+        base_by_row.setdefault(row, []).append((rule, s))
+
+    def fa(s):
+        return f"{_f(s.get('false_alerts_per_hour'), '{:.1f}')} ({_f(s.get('false_alerts_healthy_per_hour'), '{:.1f}')})"
+
+    for kind in MONITOR_KINDS:
+        s = scored["per_alert"][kind]
+        if not s["conditions"] and not s["false_alerts"]:
+            lines.append(f"| {kind} | monitor | {rule_min.get(kind, '-')} | no condition occurred | 0 (0) | - | - |")
+        else:
+            lines.append(f"| {kind} | monitor | {rule_min.get(kind, '-')} | {_recall(s)} | {fa(s)} | {_lat(s, 'open')} | "
+                         f"{_lat(s, 'resolve')} |")
+        for rule, b in base_by_row.get(kind, []):
+            spec = BASELINE_RULES[rule]
+            lines.append(f"| | Prometheus-only | {rule} ({spec['for_s']:.0f} s) | {_recall(b)} | {fa(b)} | "
+                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |")
+        if kind not in base_by_row and kind not in ("ConsumerLagHigh", "ConsumerLagStatus", "GroupEmptyWithLag"):
+            lines.append("| | Prometheus-only | no rule | - | - | - | - |")
+    for kind in ("ConsumerStopped", "ConsumerSlow"):
+        s = scored["incidents"][kind]["monitor"]
+        lines.append(f"| {kind} (incident) | monitor | any of {', '.join(MONITOR_LAG_ALERTS)} | {_recall(s)} | {fa(s)} | "
+                     f"{_lat(s, 'open')} | {_lat(s, 'resolve')} |")
+        for rule, b in base_by_row.get(kind, []):
+            spec = BASELINE_RULES[rule]
+            lines.append(f"| | Prometheus-only | {rule} ({spec['for_s']:.0f} s) | {_recall(b)} | {fa(b)} | "
+                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |")
+    return "\n".join(lines)
