@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-topics", dest="topics_exclude", help="regex of topics not to watch (default ^__)")
     p.add_argument("--groups", dest="groups_include", help="regex of consumer groups to watch (default all)")
     p.add_argument("--exclude-groups", dest="groups_exclude", help="regex of groups not to watch (default ^kafka-monitor-)")
+    p.add_argument("--share", metavar="I/N",
+                   help="this probe's share when N probes split one cluster (each with its own --source and "
+                        "I = 1..N): it watches the topics whose crc32(name) %% N is I-1 -- their partitions and "
+                        "every group's committed offsets on them -- and the state of the groups whose crc32(name) "
+                        "%% N is I-1, so every partition and group is watched by exactly one probe (default: the "
+                        "whole cluster; config key share)")
     p.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for every client (SASL/SSL...); repeatable")
 

@@ -231,6 +231,12 @@ class Heartbeat:
         "How late that cycle's observation started after the time its schedule set for it, in milliseconds "
         "(near 0 when on time); it grows when cycles overrun the interval. Null when the source keeps no "
         "schedule.", default=None)
+    share: Optional[str] = _doc(
+        "The source's share of the cluster when several probes split it, \"i/n\" (1 <= i <= n): it watches "
+        "the topics whose crc32 of the UTF-8 name modulo n is i-1 (their partitions, and every group's committed "
+        "offsets on them) and reports the state of the groups whose crc32 modulo n is i-1, so that every "
+        "partition, group partition and group is reported by exactly one of the n probes. Null: the whole "
+        "cluster (or not a probe).", default=None)
 
 
 #: type name -> (payload class, fields that make up the entity key after the cluster)

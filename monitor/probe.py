@@ -46,6 +46,17 @@ by a text scan, every ``stats_interval()`` (5 s by default: each document costs 
 partition to write), with periodic refreshes timed to land just before one; events serialized
 in bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
 
+Sharing a cluster (``share = "i/n"``): n probes, each with its own ``source``, split one cluster
+by a stable hash of names, crc32 of the UTF-8 name modulo n (``share_of``; not Python's
+``hash()``, which differs between processes).  Probe i watches the topics whose share is i — their
+partitions' metadata and offsets, and every group's committed offsets on them (``group_offsets``
+are read with the high watermarks of the same probe, so HW >= committed still holds within one
+observation) — and describes the groups whose share is i (``group_state``).  So every partition,
+every group partition and every group is reported by exactly one probe; each still lists the
+cluster's metadata and every matching group's committed offsets, and keeps only its share.  The
+heartbeat carries ``share``; when one probe stops, the job's SourceSilent names it, and the
+partitions of its share go unobserved.
+
 The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
 refreshes since the previous observation, and this observation) and ``observation_lag_ms``
 (how late the observation started after its schedule), and a cycle longer than ``interval_s``
@@ -199,6 +210,22 @@ class ConfigError(ValueError):
     """A setting with a value that cannot work; the message names the setting."""
 
 
+def share_of(name: str, count: int) -> int:
+    """The share (1..count) a topic or group belongs to when ``count`` probes split a cluster:
+    crc32 of its UTF-8 name modulo count, plus 1 — the same in every process and release."""
+    return zlib.crc32(name.encode("utf-8")) % count + 1
+
+
+def parse_share(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """``"i/n"`` -> (i, n) with 1 <= i <= n; None or "" -> None (the whole cluster)."""
+    if text is None or not str(text).strip():
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ConfigError(f"probe.share: must be \"i/n\" with 1 <= i <= n (this probe's share of n), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 @dataclass
 class ProbeConfig:
     bootstrap_servers: str
@@ -225,6 +252,9 @@ class ProbeConfig:
     #: a partition's metadata is sent when it changes, and at least this often when it does not
     #: (0: after every refresh)
     metadata_snapshot_s: float = 60.0
+    #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
+    #: their names, see share_of); empty: the whole cluster
+    share: str = ""
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
     kafka: dict[str, str] = field(default_factory=dict)
     #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
@@ -248,6 +278,7 @@ class ProbeConfig:
             raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
         if self.offsets_via not in OFFSETS_VIA:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
+        parse_share(self.share)
         for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
             try:
                 re.compile(getattr(self, name))
@@ -331,6 +362,8 @@ class Probe:
         self._groups_in = re.compile(cfg.groups_include)
         self._groups_out = re.compile(cfg.groups_exclude)
         self._watched_cache: dict[str, bool] = {}
+        #: (i, n) when n probes share the cluster (None: the whole cluster)
+        self._share = parse_share(cfg.share)
         #: ListOffsets requests for _watched_partitions, built again only when those change
         self._lo_for: Optional[list[tuple[str, int]]] = None
         self._lo_requests: tuple[list, list, list] = ([], [], [])
@@ -379,7 +412,8 @@ class Probe:
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
                                      events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
                                      watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
-                                     started_at=self._started_at, cycle_duration_ms=int(duration * 1000),
+                                     share=self._share_text(), started_at=self._started_at,
+                                     cycle_duration_ms=int(duration * 1000),
                                      observation_lag_ms=int(lag * 1000) if lag is not None else None))
         self._emitter.poll(0)
         self.cycles += 1
@@ -407,7 +441,7 @@ class Probe:
         if self.metadata.cluster is not None:
             partitions = self._watched_partitions
             committed = self._committed_offsets()
-            self._group_states(sorted(committed))
+            self._group_states(sorted(g for g in committed if self._owns(g)))
             offsets, offsets_at = self._watermarks(partitions)
             via, metadata_at = self.cfg.offsets_via, self._watched_at
             self._emit_rows(PartitionOffsets, [(topic, part, hi, via, lo, lso, metadata_at)
@@ -477,13 +511,20 @@ class Probe:
             log.error("%s", reason)
         return reason is not None
 
+    def _owns(self, name: str) -> bool:
+        """Whether a topic or group is in this probe's share (always, without one)."""
+        return self._share is None or share_of(name, self._share[1]) == self._share[0]
+
+    def _share_text(self) -> Optional[str]:
+        return None if self._share is None else f"{self._share[0]}/{self._share[1]}"
+
     def _watched(self, topic: str) -> bool:
         hit = self._watched_cache.get(topic)
         if hit is None:
             if len(self._watched_cache) > 1_000_000:
                 self._watched_cache.clear()
             hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
-                                                and not self._topics_out.search(topic))
+                                                and not self._topics_out.search(topic) and self._owns(topic))
         return hit
 
     def refresh_metadata(self) -> bool:
@@ -539,7 +580,7 @@ class Probe:
             partition_count_changes=[
                 PartitionCountChange(topic=t, old_count=old, new_count=new,
                                      unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
-                for t, (old, new) in sorted(change.partition_count_changes.items())],
+                for t, (old, new) in sorted(change.partition_count_changes.items()) if self._owns(t)],
             leaderless_partitions=len(change.no_leader),
             metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
         topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
@@ -813,7 +854,8 @@ class Probe:
                     self.metadata.add_topic(topic)
                 off = tp.offset
                 tps[(topic, tp.partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
-            out[gid] = tps
+            if tps or self._owns(gid):  # sharing: its offsets on this share's topics, or its state
+                out[gid] = tps
         return out
 
     def _group_states(self, groups: list[str]) -> None:
@@ -997,9 +1039,10 @@ class Probe:
     def run(self, stop: threading.Event) -> None:
         """Refresh metadata when the cache says so (periodic, bootstrap, invalidated, new topic)
         and observe offsets every ``interval_s``, until ``stop`` is set."""
-        log.info("probe %s watching %s every %.1fs (offsets via %s), events -> %s",
-                 self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s,
-                 self.cfg.offsets_via, self.cfg.events_topic)
+        log.info("probe %s watching %s every %.1fs (offsets via %s%s), events -> %s",
+                 self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
+                 f"; share {self._share_text()} of its topics and groups" if self._share else "",
+                 self.cfg.events_topic)
         next_observation = 0.0
         while not stop.is_set() and self.fatal_error is None:
             try:

@@ -63,6 +63,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
+    P + "source_cycle_duration_seconds": ("gauge", "How long the source's last observation cycle took (its last heartbeat's cycle_duration_ms); above the heartbeat interval its observations fall behind.", ("cluster", "source")),
+    P + "source_observation_lag_seconds": ("gauge", "How late the source's last observation started after its schedule (its last heartbeat's observation_lag_ms).", ("cluster", "source")),
     P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
@@ -127,6 +129,10 @@ class _Registry:
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
+
+
+def _seconds(ms: Any) -> Optional[float]:
+    return None if ms is None or ms != ms else ms / 1000.0  # NaN: a missing value from pandas
 
 
 def _label_value(v: str) -> str:
@@ -384,8 +390,9 @@ class Exporter:
                     if action != "remove" and r["at"] is not None:
                         self.m("source_heartbeat_delay_seconds").observe(max(0.0, time.time() - r["at"] / 1000.0))
                     for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),
-                                    ("source_heartbeat_interval_seconds",
-                                     None if r["interval_ms"] is None else r["interval_ms"] / 1000.0)):
+                                    ("source_heartbeat_interval_seconds", _seconds(r.get("interval_ms"))),
+                                    ("source_cycle_duration_seconds", _seconds(r.get("cycle_duration_ms"))),
+                                    ("source_observation_lag_seconds", _seconds(r.get("observation_lag_ms")))):
                         self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
                 elif kind == "group":
                     lab = (r["cluster"], r["consumer_group"])

@@ -685,6 +685,7 @@ def new_source(cluster: str, source: str) -> dict:
         "dropped_since_last": None,   # drops between the two last heartbeats (None: first one)
         "dropped_total": 0,           # every drop reported, across restarts
         "late_heartbeats": 0,
+        "cycle_duration_ms": None, "observation_lag_ms": None,  # the last heartbeat's cycle figures
     }
 
 
@@ -729,6 +730,8 @@ def on_heartbeat(state: dict, obs: dict, now: int, entity: str,
     state["dropped_since_last"] = since_last
 
     interval = _positive(obs.get("interval_ms"))
+    state.update(cycle_duration_ms=_int(obs.get("cycle_duration_ms")),
+                 observation_lag_ms=_int(obs.get("observation_lag_ms")))
     state.update(last_heartbeat_at=now, events_sent=sent, events_dropped=dropped,
                  started_at=started_at if started_at is not None else (None if restarted else state["started_at"]),
                  seq=seq)

@@ -57,6 +57,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("committed_offset", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
     ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"), ("members_sig", "string"),
+    ("cycle_duration_ms", "bigint"), ("observation_lag_ms", "bigint"),
     ("phase", "string"), ("member_id", "string"), ("duration_ms", "double"),
     ("refresh_reason", "string"), ("cause", "string"), ("ok", "boolean"), ("error", "string"),
     ("version", "bigint"), ("metadata_max_age_ms", "bigint"),

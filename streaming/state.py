@@ -76,6 +76,8 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("group_state", "string"),
     ("members", "long"),
     ("last_ok_at", "long"),
+    ("cycle_duration_ms", "long"),   # kind source: the last heartbeat's cycle, and how late it started
+    ("observation_lag_ms", "long"),
     ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
@@ -251,7 +253,8 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     last_ok_at=s.get("last_success_at"), at=s.get("last_seen"))
     if kind == "source":
         return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
-                    count=s.get("events_dropped"), interval_ms=s.get("interval_ms"))
+                    count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
+                    cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
     return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
 
 

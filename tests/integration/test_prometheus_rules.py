@@ -47,7 +47,7 @@ EXPECTED_GROUPS = {
                                  "KafkaPartitionUnobserved", "KafkaLeaderChanges", "KafkaPreferredLeaderImbalance",
                                  "KafkaPartitionCountChanged"],
     "kafka-monitor.clients": ["KafkaMetadataStale", "KafkaMetadataRefreshStorm"],
-    "kafka-monitor.self": ["KafkaMonitorSourceSilent", "KafkaMonitorJobDown", "KafkaMonitorJobFallingBehind",
+    "kafka-monitor.self": ["KafkaMonitorSourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown", "KafkaMonitorJobFallingBehind",
                            "KafkaMonitorEventsQuarantined"],
 }
 SEVERITIES = {"info", "warning", "critical"}

@@ -123,6 +123,7 @@ def test_the_command_line_exits_2_when_the_probe_cannot_go_on(monkeypatch, capsy
         raise FatalClientError("authentication failed: SASL authentication error")
 
     monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setenv("KAFKA_MONITOR_SUPERVISED", "1")  # the probe itself, not its supervisor
     monkeypatch.setattr(monitor.probe.Probe, "__init__", lambda self, cfg: setattr(self, "fatal_error", "x"))
     monkeypatch.setattr(monitor.probe.Probe, "run", refuse)
     monkeypatch.setattr(monitor.probe.Probe, "close", lambda self, flush_timeout=10.0: None)
