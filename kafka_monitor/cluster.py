@@ -689,6 +689,9 @@ class KafkaCluster:
             secure = {**self.client_conf(ADMIN_USER)}
         return AdminClient({"bootstrap.servers": self._harness_bootstrap, "socket.timeout.ms": socket_timeout_ms,
                             "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger(),
+                            # after brokers were down, reconnect within a second (the default backs
+                            # off to 10 s: longer than the harness's 10 s result waits)
+                            "reconnect.backoff.max.ms": 1000,
                             **secure})
 
     def metadata(self, topic: Optional[str] = None, timeout: float = 2.0):

@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
+from prometheus_client.utils import floatToGoString
 
 from streaming import quality
 
@@ -133,6 +134,14 @@ class _QuietHandler(WSGIRequestHandler):
 
 def _seconds(ms: Any) -> Optional[float]:
     return None if ms is None or ms != ms else ms / 1000.0  # NaN: a missing value from pandas
+
+
+def _value_text(v: Any) -> str:
+    """A sample value as prometheus-client writes it (``3.0``, ``1e+17``, ``+Inf``, ``NaN``), so
+    /metrics reads the same whichever path rendered a series."""
+    if type(v) is int and -10**16 < v < 10**16:
+        return f"{v}.0"
+    return floatToGoString(v)
 
 
 def _label_value(v: str) -> str:
@@ -322,18 +331,18 @@ class Exporter:
         parts = [base.decode()]
         texts = self._label_text
         for store, names, labels in self._stores():
+            order = sorted(range(len(labels)), key=labels.__getitem__)  # label names sorted, as the client does
             labs = []
             for lab, _ in store:
                 t = texts.get(lab)
                 if t is None:
-                    t = texts[lab] = ",".join(f'{k}="{_label_value(str(x))}"' for k, x in zip(labels, lab))
+                    t = texts[lab] = ",".join(f'{labels[j]}="{_label_value(str(lab[j]))}"' for j in order)
                 labs.append(t)
             rows = [vals for _, vals in store]
             for i, name in enumerate(names):
                 full = P + name
                 parts.append(f"# HELP {full} {CATALOGUE[full][1]}\n# TYPE {full} gauge\n")
-                # ints and floats as Python prints them (1.5, 1e+20, nan, inf: all valid exposition)
-                parts.append("".join([f"{full}{{{t}}} {v}\n" for t, vals in zip(labs, rows)
+                parts.append("".join([f"{full}{{{t}}} {_value_text(v)}\n" for t, vals in zip(labs, rows)
                                       if (v := vals[i]) is not None]))
         if openmetrics:
             parts.append("# EOF\n")

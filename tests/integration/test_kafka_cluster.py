@@ -200,16 +200,16 @@ def test_reassign_and_throttle(cluster):
     cluster.throttle(10_000_000, topic=topic)
     try:
         res = ConfigResource(ResourceType.BROKER, str(src))
-        conf = cluster.admin().describe_configs([res])[res].result(10)
+        conf = cluster.admin().describe_configs([res])[res].result(30)
         assert conf["leader.replication.throttled.rate"].value == "10000000"
         tres = ConfigResource(ResourceType.TOPIC, topic)
-        tconf = cluster.admin().describe_configs([tres])[tres].result(10)
+        tconf = cluster.admin().describe_configs([tres])[tres].result(30)
         assert tconf["follower.replication.throttled.replicas"].value == "*"
         cluster.reassign(topic, 0, [dst])
     finally:
         cluster.clear_throttle(topic=topic)
     leader, replicas, isr = cluster.partitions(topic)[0]
     assert (leader, replicas, isr) == (dst, [dst], [dst])
-    conf = cluster.admin().describe_configs([res])[res].result(10)
+    conf = cluster.admin().describe_configs([res])[res].result(30)
     entry = conf.get("leader.replication.throttled.rate")
     assert entry is None or entry.value != "10000000"

@@ -328,8 +328,28 @@ def test_metrics_render_once_per_change_and_match_the_registry():
         assert get() == text and e._rendered[False] is first  # no change: not rendered again
         om = get(accept="application/openmetrics-text; version=1.0.0")
         assert om.endswith(b"# EOF\n") and om.count(b"# EOF") == 1
-        assert b'kafka_monitor_group_partition_lag{cluster="k",group="g",topic="t",partition="0"} 4' in om
+        assert b'kafka_monitor_group_partition_lag{cluster="k",group="g",partition="0",topic="t"} 4.0' in om
         e.apply([part(high_watermark=101)], batch_id=1)
-        assert b'kafka_monitor_partition_high_watermark{cluster="k",topic="t",partition="0"} 101' in get()
+        assert b'kafka_monitor_partition_high_watermark{cluster="k",partition="0",topic="t"} 101.0' in get()
     finally:
         e.shutdown()
+
+
+def test_metrics_lines_are_byte_for_byte_those_prometheus_client_writes():
+    """The partition stores are written to /metrics by hand; each line must read exactly as
+    prometheus-client would write it (``3.0``, not ``3``: dashboards, greps and the e2e tests
+    match the text)."""
+    from prometheus_client import generate_latest
+
+    e = Exporter()
+    e.apply([part(high_watermark=3), part(partition=1, high_watermark=10**17, isr=3),
+             part(partition=2, high_watermark=7.25, log_start_offset=float("inf")),
+             row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
+                 committed_offset=0, lag=-1, lag_seconds=float("nan"), lag_status="OK")], batch_id=0)
+
+    def samples(text: bytes) -> set[bytes]:
+        return {ln for ln in text.splitlines() if ln.startswith(b"kafka_monitor_partition_")
+                or ln.startswith(b"kafka_monitor_group_partition_")}
+    ours, theirs = samples(e.render()), samples(generate_latest(e.registry))
+    assert ours == theirs and len(ours) >= 15
+    assert b'kafka_monitor_partition_in_sync_replicas{cluster="k",partition="1",topic="t"} 3.0' in ours
