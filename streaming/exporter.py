@@ -422,10 +422,13 @@ class Exporter:
                         self._remove("client_last_metadata_refresh_timestamp_seconds", lab)
                     else:
                         self._set("client_last_metadata_refresh_timestamp_seconds", lab, v)
-                elif kind == "alert":
+                elif kind == "alert" or kind == "open_alert":
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
                            "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "",
                            r.get("source") or "")
+                    if kind == "open_alert":  # still open, restated for a new run: not a transition
+                        self._set("alert_active", lab, 1)
+                        continue
                     if action == "open":
                         self._set("alert_active", lab, 1)
                     else:

@@ -234,6 +234,31 @@ def _transition_row(t: rules.Transition) -> dict:
                 evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at)
 
 
+def remember_shown(entities: dict[str, dict], transitions: list[rules.Transition]) -> None:
+    """Keep, with each alert opened, the labels and severity it was shown with: a new run of the
+    job restates it from them (``active_rows``)."""
+    for t in transitions:
+        if t.action == "open":
+            o = entities.get(t.entity, {}).get("open", {}).get(t.alert.value)
+            if o is not None and o["id"] == t.alert_id:
+                o["shown"] = (t.severity.name.lower(), t.labels)
+
+
+def active_rows(entities: dict[str, dict]) -> list[dict]:
+    """An ``open_alert`` row per open alert of the bucket: what the alerts topic said was opened
+    and not yet resolved, for a new run's exporter (which starts empty).  Not a transition:
+    never published, never counted."""
+    out = []
+    for s in entities.values():
+        for name, o in (s.get("open") or {}).items():
+            severity, lab = o.get("shown") or (rules.SEVERITY[rules.Alert(name)].name.lower(), _labels(s))
+            out.append(_row(kind="open_alert", action="restate", cluster=lab.get("cluster"), topic=lab.get("topic"),
+                            partition=lab.get("partition"), consumer_group=lab.get("group"),
+                            source=lab.get("source"), alert=name, alert_id=o["id"], severity=severity,
+                            at=o["since"]))
+    return out
+
+
 def _entity_row(s: dict, action: str = "upsert") -> dict:
     kind = s["kind"]
     if kind == "partition":
@@ -578,27 +603,28 @@ def quarantine_rows(frames: Any) -> list[dict]:
     return out
 
 
-#: the stored layout of a bucket: {"format": 2, "entities": {key: dict}, "partitions": table};
-#: a state without "format" is the layout before the partition table (a dict of entities)
+#: the stored layout of a bucket: {"format": 2, "entities": {key: dict}, "partitions": table,
+#: "run": the job run that last restated its open alerts}; a state without "format" is the
+#: layout before the partition table (a dict of entities)
 _FORMAT = 2
 
 
-def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
+def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
     v = pickle.loads(value)
     if v.get("format") != _FORMAT:
-        return v, PartitionTable(run_id=run_id)
-    return v["entities"], PartitionTable(v["partitions"], run_id=run_id)
+        return v, PartitionTable(run_id=run_id), None
+    return v["entities"], PartitionTable(v["partitions"], run_id=run_id), v.get("run")
 
 
-def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable]:
-    return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id))
+def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
+    return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id), run_id)
 
 
 def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True) -> None:
     """Write the bucket back; ``compact``: quiet dict partitions go into the table."""
     partitions = table.state(entities if compact else {}, cfg.partition)
     if entities or partitions["keys"]:
-        v = {"format": _FORMAT, "entities": entities, "partitions": partitions}
+        v = {"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id}
         state.update((pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL),))
         state.setTimeoutDuration(cfg.tick_ms)
     else:
@@ -608,7 +634,7 @@ def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, 
 def stored_entities(value: bytes, run_id: str = "") -> dict[str, dict]:
     """Every entity of a stored bucket state as a dict, the table's partitions included (for
     tests and debugging)."""
-    entities, table = _unpack(value, run_id)
+    entities, table, _ = _unpack(value, run_id)
     return {**entities, **{k: table.peek(k) for k in table.live_keys()}}
 
 
@@ -625,11 +651,15 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
     def _update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
         if state.hasTimedOut:
-            entities, table = _load(state, cfg.run_id)
+            entities, table, run = _load(state, cfg.run_id)
             now = int(state.getCurrentProcessingTimeMs())
             entities.update(table.take_due(now, cfg.entity_ttl_ms))
-            out = [_transition_row(x) for x in tick(entities, now, cfg)]
+            transitions = tick(entities, now, cfg)
+            remember_shown(entities, transitions)
+            out = [_transition_row(x) for x in transitions]
             out += evict_stale(entities, now, cfg.entity_ttl_ms)
+            if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+                out += active_rows(entities)
             _store(state, entities, table, cfg, compact_partitions)
             if out:
                 yield _frame(out)
@@ -638,18 +668,21 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
             yield _frame(quarantine_rows(pdfs))
             return
         frames = [f for f in pdfs if len(f)]
-        entities, table = _load(state, cfg.run_id)
+        entities, table, run = _load(state, cfg.run_id)
         now = int(max(f["observed_at"].max() for f in frames))
         dropped: dict[str, int] = {}
         frames, quiet = fold_quiet(table, frames)  # the table is empty unless compact_partitions
         transitions, touched = fold(entities, frames, cfg, dropped, take=table.take)
         entities.update(table.take_due(now, cfg.entity_ttl_ms))
         transitions += tick(entities, now, cfg)
+        remember_shown(entities, transitions)
         out = [_transition_row(x) for x in transitions]
         out += changed_entity_rows(entities, touched, cfg.run_id)
         if len(quiet):
             out.append(pack_block(table.gauge_columns(quiet)))
         after = dropped_rows(dropped, now) + evict_stale(entities, now, cfg.entity_ttl_ms)
+        if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+            after += active_rows(entities)
         _store(state, entities, table, cfg, compact_partitions)
         yield _frame(out, after)
 

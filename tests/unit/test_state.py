@@ -94,6 +94,45 @@ def test_state_carries_over_between_batches():
     assert ("IsrShrink", "open") in set(zip(out.alert, out.action))
 
 
+def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
+    """A restarted job (a new run id) starts with an empty exporter: each bucket's first call in
+    the run restates its open alerts (``open_alert`` rows, as they were opened: labels and
+    severity), once, on the data path or the timer's; they are not transitions."""
+    from streaming.exporter import Exporter
+    from streaming.job import sink_rows
+    import pyarrow as pa
+
+    s = FakeState()
+    first = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="run-1"))
+    call(first, 0, rows(pmd(1, 1000, [1, 2, 3]), goff(2, 1000, 0, 10)), s)
+    opened = call(first, 0, rows(pmd(3, 2000, [1, 3])), s)
+    opened = opened[opened.kind == "alert"]
+    assert set(opened.alert) == {"IsrShrink", "UnderReplicated"}
+    assert call(first, 0, rows(pmd(4, 3000, [1, 3])), s).query("kind == 'open_alert'").empty  # same run
+
+    again = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="run-2"))
+    out = call(again, 0, rows(goff(5, 4000, 0, 20)), s)  # the partition itself is not in the batch
+    restated = out[out.kind == "open_alert"]
+    assert out[out.kind == "alert"].empty
+    cols = ["alert", "alert_id", "severity", "cluster", "topic", "partition", "at"]
+    assert (restated[cols].sort_values("alert").reset_index(drop=True)
+            .equals(opened[cols].sort_values("alert").reset_index(drop=True)))
+    assert call(again, 0, rows(goff(6, 5000, 0, 30)), s).query("kind == 'open_alert'").empty  # once a run
+
+    third = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="run-3"))
+    s.hasTimedOut, s.processing_time_ms = True, 6000
+    timed = pd.concat(list(third((0,), iter([]), s)), ignore_index=True)
+    assert set(timed[timed.kind == "open_alert"].alert) == {"IsrShrink", "UnderReplicated"}
+
+    e = Exporter()
+    e.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=0)
+    assert e.registry.get_sample_value("kafka_monitor_alert_active", {
+        "alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "",
+        "source": ""}) == 1
+    assert e.registry.get_sample_value("kafka_monitor_alert_transitions_total",
+                                       {"alert": "IsrShrink", "action": "open"}) is None
+
+
 def test_entities_not_seen_for_the_ttl_are_removed_with_their_alerts_resolved():
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=10_000))
     s = FakeState()
