@@ -159,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
                                                    "by it (mutual TLS; needs --metrics-tls-cert)")
     j.add_argument("--max-series", type=int, help="entity series the exporter keeps at most (default 200000; about "
                                                   "6 per partition and 4 per group partition)")
+    j.add_argument("--metrics-granularity", choices=["partition", "topic"],
+                   help="partition (default): a series per partition and group partition; topic: only the "
+                        "per-topic aggregates (served at both), about 6 series per topic instead of 6 per "
+                        "partition; the alerts keep their partition label")
     j.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
     j.add_argument("--alerts-topic", help="topic alert transitions are published to, keyed by alert id "
                                           "(default kafka-monitor.alerts; '' to not publish)")

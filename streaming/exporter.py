@@ -3,7 +3,7 @@
 Every metric is documented in ``docs/metrics.md`` (a test keeps the two in step).  Naming: one
 prefix (``kafka_monitor_``), base units, ``_total`` only on counters, a fixed label vocabulary
 (``cluster``, ``topic``, ``partition``, ``group``, ``source``, ``alert``, ``severity``,
-``action``, ``reason``).  Series of entities that go away are removed.  The number of entity
+``action``, ``reason``, ``state``, ``status``).  Series of entities that go away are removed.  The number of entity
 series is capped (``max_series``); what the cap refuses is counted, never silently dropped.
 """
 
@@ -41,6 +41,14 @@ PART = ("cluster", "topic", "partition")
 DELAY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
 GPART = ("cluster", "group", "topic", "partition")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
+#: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
+#: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
+#: a series per partition (at 100,000 partitions: ~900,000 series against ~few thousand)
+GRANULARITIES = ("partition", "topic")
+_STATUSES = tuple(sorted(LAG_STATUS_VALUE, key=LAG_STATUS_VALUE.__getitem__))
+_AGGREGATES = ("topic_partitions", "topic_under_replicated_partitions", "topic_offline_partitions",
+               "topic_high_watermark_sum", "group_topic_lag", "group_topic_lag_max", "group_topic_lag_seconds_max",
+               "group_topic_lag_status_partitions")
 #: the gauges of a partition row and of a group-partition row, in the order of their values
 _PARTITION_GAUGES = ("partition_high_watermark", "partition_log_start_offset", "partition_last_stable_offset",
                      "partition_leader", "partition_replicas", "partition_in_sync_replicas")
@@ -59,6 +67,14 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "group_partition_lag": ("gauge", "Consumer lag in offsets: HW - committed offset, from one observation; never negative.", GPART),
     P + "group_partition_lag_seconds": ("gauge", "Consumer lag in seconds: how long ago the partition's HW was at the committed offset (interpolated; never negative, bounded extrapolation).", GPART),
     P + "group_partition_lag_status": ("gauge", "Burrow-style lag status evaluated at each observation: 0 OK, 1 WARN, 2 STALL, 3 STOP, 4 REWIND.", GPART),
+    P + "topic_partitions": ("gauge", "Partitions of the topic the job knows (per-topic aggregate: present at either metrics granularity).", ("cluster", "topic")),
+    P + "topic_under_replicated_partitions": ("gauge", "Partitions of the topic with fewer in-sync replicas than replicas.", ("cluster", "topic")),
+    P + "topic_offline_partitions": ("gauge", "Partitions of the topic without a leader.", ("cluster", "topic")),
+    P + "topic_high_watermark_sum": ("gauge", "Sum of the topic's partitions' high watermarks (its rate is the topic's write rate).", ("cluster", "topic")),
+    P + "group_topic_lag": ("gauge", "Consumer lag in offsets of the group on the topic: the sum over its partitions with a known lag.", ("cluster", "group", "topic")),
+    P + "group_topic_lag_max": ("gauge", "Consumer lag in offsets of the group on the topic: its most lagging partition's.", ("cluster", "group", "topic")),
+    P + "group_topic_lag_seconds_max": ("gauge", "Consumer lag in seconds of the group on the topic: its most lagging partition's.", ("cluster", "group", "topic")),
+    P + "group_topic_lag_status_partitions": ("gauge", "Partitions of the topic whose lag status (group_partition_lag_status) is ``status`` for the group; every status has a series, 0 included.", ("cluster", "group", "topic", "status")),
     P + "group_members": ("gauge", "Members of the consumer group as its coordinator reports them.", ("cluster", "group")),
     P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead; Assigning, Reconciling for the consumer protocol; Unknown).", ("cluster", "group", "state")),
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
@@ -106,8 +122,8 @@ class PartitionGauges:
         self.exporter = exporter
 
     def describe(self) -> list:
-        return [GaugeMetricFamily(P + name, CATALOGUE[P + name][1], labels=labels)
-                for names, labels in ((_PARTITION_GAUGES, PART), (_GROUP_PARTITION_GAUGES, GPART)) for name in names]
+        return [GaugeMetricFamily(P + name, CATALOGUE[P + name][1], labels=CATALOGUE[P + name][2])
+                for name in _PARTITION_GAUGES + _GROUP_PARTITION_GAUGES + _AGGREGATES]
 
     def collect(self) -> list:
         return self.exporter.partition_samples()
@@ -144,19 +160,69 @@ def _value_text(v: Any) -> str:
     return floatToGoString(v)
 
 
+def aggregates(stores: list[tuple[list, tuple, tuple]]) -> list[tuple[str, list[tuple[tuple, float]]]]:
+    """The per-topic aggregates of the partition stores (``Exporter._stores``): (gauge name,
+    [(label values, value)]) in ``_AGGREGATES`` order, label values sorted."""
+    (parts, _, _), (gparts, _, _) = stores
+    topics: dict[tuple, list] = {}  # (cluster, topic) -> [partitions, under-replicated, offline, HW sum, any HW]
+    for (c, t, _), v in parts:
+        a = topics.get((c, t))
+        if a is None:
+            a = topics[(c, t)] = [0, 0, 0, 0, False]
+        a[0] += 1
+        hw, leader, rep, isr = v[0], v[3], v[4], v[5]
+        if rep is not None and isr is not None and isr < rep:
+            a[1] += 1
+        if leader is not None and leader < 0:
+            a[2] += 1
+        if hw is not None:
+            a[3] += hw
+            a[4] = True
+    # (cluster, group, topic) -> [lag sum, lag max, lag seconds max (None: unknown), partitions by status]
+    groups: dict[tuple, list] = {}
+    for (c, g, t, _), v in gparts:
+        a = groups.get((c, g, t))
+        if a is None:
+            a = groups[(c, g, t)] = [None, None, None, [0] * len(_STATUSES)]
+        lag, secs, status = v[1], v[2], v[3]
+        if lag is not None:
+            a[0] = lag if a[0] is None else a[0] + lag
+            a[1] = lag if a[1] is None else max(a[1], lag)
+        if secs is not None and secs == secs:
+            a[2] = secs if a[2] is None else max(a[2], secs)
+        if status is not None:
+            a[3][int(status)] += 1
+    ts, gs = sorted(topics.items()), sorted(groups.items())
+    return [("topic_partitions", [(k, a[0]) for k, a in ts]),
+            ("topic_under_replicated_partitions", [(k, a[1]) for k, a in ts]),
+            ("topic_offline_partitions", [(k, a[2]) for k, a in ts]),
+            ("topic_high_watermark_sum", [(k, a[3]) for k, a in ts if a[4]]),
+            ("group_topic_lag", [(k, a[0]) for k, a in gs if a[0] is not None]),
+            ("group_topic_lag_max", [(k, a[1]) for k, a in gs if a[1] is not None]),
+            ("group_topic_lag_seconds_max", [(k, a[2]) for k, a in gs if a[2] is not None]),
+            ("group_topic_lag_status_partitions", [((*k, st), a[3][i]) for k, a in gs
+                                                   for i, st in enumerate(_STATUSES)])]
+
+
 def _label_value(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Exporter:
-    def __init__(self, registry: Optional[CollectorRegistry] = None, max_series: int = 200_000):
+    def __init__(self, registry: Optional[CollectorRegistry] = None, max_series: int = 200_000,
+                 granularity: str = "partition"):
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"metrics granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
         self.registry = registry or CollectorRegistry()
         #: the prometheus-client metrics (all but the partition stores)
         self._base = CollectorRegistry()
         self.max_series = max_series
+        #: partition-level series served (and counted by the cap); at ``topic`` only aggregates
+        self.per_partition = granularity == "partition"
         self._m: dict[str, Any] = {}
         for name, (typ, help_, labels) in CATALOGUE.items():
-            if name[len(P):] in _PARTITION_GAUGES or name[len(P):] in _GROUP_PARTITION_GAUGES:
+            short = name[len(P):]
+            if short in _PARTITION_GAUGES or short in _GROUP_PARTITION_GAUGES or short in _AGGREGATES:
                 continue  # served from self._parts / self._gparts (PartitionGauges)
             # prometheus_client appends _total to counters itself
             if typ == "counter":
@@ -196,7 +262,7 @@ class Exporter:
 
     def _full(self) -> bool:
         """The series cap is reached (prometheus-client series and the partitions' values)."""
-        return len(self._series) + self._part_series >= self.max_series
+        return len(self._series) + (self._part_series if self.per_partition else 0) >= self.max_series
 
     def _series_for(self, name: str, labels: tuple) -> Any:
         """The series' own object (created on first use; updating it needs no label lookup), or
@@ -241,7 +307,7 @@ class Exporter:
                     cur[i] = None
                 continue
             if old is None:
-                if self._full():
+                if self.per_partition and self._full():
                     self.m("exporter_series_refused_total").inc()
                     continue
                 self._part_series += 1
@@ -263,7 +329,7 @@ class Exporter:
             if v is None or cur[i] == v:
                 continue
             if cur[i] is None:
-                if self._full():
+                if self.per_partition and self._full():
                     self.m("exporter_series_refused_total").inc()
                     continue
                 self._part_series += 1
@@ -286,16 +352,23 @@ class Exporter:
             self._apply_partition(lab, (hw, ls, lso, leader, rep, isr), "upsert")
 
     def partition_samples(self) -> list[GaugeMetricFamily]:
-        """The partition and group-partition gauges as metric families (for the registry's
-        readers other than /metrics)."""
+        """The partition and group-partition gauges (at partition granularity) and their
+        per-topic aggregates as metric families (for the registry's readers other than
+        /metrics)."""
         out = []
-        for store, names, labels in self._stores():
+        stores = self._stores()
+        for store, names, labels in stores if self.per_partition else ():
             families = [GaugeMetricFamily(P + name, CATALOGUE[P + name][1], labels=labels) for name in names]
             for lab, vals in store:
                 for fam, v in zip(families, vals):
                     if v is not None:
                         fam.add_metric(lab, v)
             out += families
+        for name, series in aggregates(stores):
+            fam = GaugeMetricFamily(P + name, CATALOGUE[P + name][1], labels=CATALOGUE[P + name][2])
+            for lab, v in series:
+                fam.add_metric(lab, v)
+            out.append(fam)
         return out
 
     def _stores(self) -> list[tuple[list, tuple, tuple]]:
@@ -330,7 +403,15 @@ class Exporter:
             base = base[: -len(b"# EOF\n")]
         parts = [base.decode()]
         texts = self._label_text
-        for store, names, labels in self._stores():
+        stores = self._stores()
+        for name, series in aggregates(stores):
+            full = P + name
+            parts.append(f"# HELP {full} {CATALOGUE[full][1]}\n# TYPE {full} gauge\n")
+            keys = CATALOGUE[full][2]
+            parts.append("".join(
+                "{}{{{}}} {}\n".format(full, ",".join(f'{k}="{_label_value(x)}"' for k, x in zip(keys, lab)),
+                                        _value_text(v)) for lab, v in series))
+        for store, names, labels in stores if self.per_partition else ():
             order = sorted(range(len(labels)), key=labels.__getitem__)  # label names sorted, as the client does
             labs = []
             for lab, _ in store:

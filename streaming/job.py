@@ -31,7 +31,7 @@ from streaming import parsing
 from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
-from streaming.exporter import ROW_COLUMNS, Exporter
+from streaming.exporter import GRANULARITIES, ROW_COLUMNS, Exporter
 from streaming.gcpause import gc_paused
 from streaming.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
 from streaming.source import FORMAT, KafkaEventSource
@@ -82,6 +82,9 @@ class JobConfig:
     #: entity series the exporter keeps at most (6 per partition, 4 per group partition, ...);
     #: what the cap refuses is counted in kafka_monitor_exporter_series_refused_total
     max_series: int = 200_000
+    #: partition: every partition's and group partition's gauges; topic: only their per-topic
+    #: aggregates (served at both), for a Prometheus that cannot take a series per partition
+    metrics_granularity: str = "partition"
     state_store: str = "hdfs"
     shuffle_partitions: Optional[int] = None  # default: the cores Spark has
     master: Optional[str] = None               # default: local[*] unless spark-submit set one
@@ -122,6 +125,9 @@ class JobConfig:
             raise JobConfigError(f"job.state_store: must be one of {', '.join(STATE_STORES)}")
         if self.max_series < 0:
             raise JobConfigError(f"job.max_series: must be >= 0, got {self.max_series}")
+        if self.metrics_granularity not in GRANULARITIES:
+            raise JobConfigError(f"job.metrics_granularity: must be one of {', '.join(GRANULARITIES)}, "
+                                 f"got {self.metrics_granularity!r}")
         if not 0 <= self.metrics_port <= 65535:
             raise JobConfigError("job.metrics_port: must be a TCP port (0 = any free port)")
         if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key) or (self.metrics_tls_client_ca and not self.metrics_tls_cert):
@@ -499,7 +505,7 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
     the process is still running a minute after a stall (the command line's ``os._exit``).
     ``exporter``: the one to serve (default: a new one)."""
     cfg.validate()
-    exporter = exporter or Exporter(max_series=cfg.max_series)
+    exporter = exporter or Exporter(max_series=cfg.max_series, granularity=cfg.metrics_granularity)
     port = exporter.serve(cfg.metrics_port, cfg.metrics_host, certfile=cfg.metrics_tls_cert,
                           keyfile=cfg.metrics_tls_key, client_cafile=cfg.metrics_tls_client_ca)
     exporter.set_up(True)  # starting counts as up: a start-up that never ends is KafkaMonitorJobFallingBehind's

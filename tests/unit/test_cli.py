@@ -79,6 +79,18 @@ def test_job_max_series_flag_reaches_the_config(monkeypatch):
     monkeypatch.setattr(streaming.job, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
     assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c", "--max-series", "700000"]) == 0
     assert seen["cfg"].max_series == 700_000
+    assert seen["cfg"].metrics_granularity == "partition"
+    seen.clear()
+    assert cli.main(["job", "--bootstrap-servers", "x:1", "--checkpoint", "/tmp/c",
+                     "--metrics-granularity", "topic"]) == 0
+    assert seen["cfg"].metrics_granularity == "topic"
+
+
+def test_a_wrong_metrics_granularity_names_the_setting():
+    from streaming.job import JobConfig, JobConfigError
+
+    with pytest.raises(JobConfigError, match="job.metrics_granularity: must be one of partition, topic, got 'topc'"):
+        JobConfig(bootstrap_servers="x:1", checkpoint_dir="/tmp/c", metrics_granularity="topc").validate()
 
 
 def test_job_hostile_input_and_stall_flags_reach_the_config(monkeypatch):

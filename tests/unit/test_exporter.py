@@ -353,3 +353,71 @@ def test_metrics_lines_are_byte_for_byte_those_prometheus_client_writes():
     ours, theirs = samples(e.render()), samples(generate_latest(e.registry))
     assert ours == theirs and len(ours) >= 15
     assert b'kafka_monitor_partition_in_sync_replicas{cluster="k",partition="1",topic="t"} 3.0' in ours
+
+
+def gp(partition, lag, lag_seconds=None, status="OK", topic="t", group="g"):
+    return row(kind="group_partition", action="upsert", cluster="k", consumer_group=group, topic=topic,
+               partition=partition, committed_offset=1, lag=lag, lag_seconds=lag_seconds, lag_status=status)
+
+
+def test_per_topic_aggregates_at_both_granularities_and_only_them_at_topic():
+    rows = [part(partition=0, isr=3, high_watermark=10), part(partition=1, isr=2, high_watermark=5),
+            part(partition=2, leader=-1, isr=0, high_watermark=None), part(topic="u", isr=3),
+            gp(0, 4, 1.5), gp(1, 10, 0.5, "STALL"), gp(2, None, None, None), gp(0, 0, 0.0, "OK", topic="u")]
+    want = {
+        ("topic_partitions", (("cluster", "k"), ("topic", "t"))): 3,
+        ("topic_under_replicated_partitions", (("cluster", "k"), ("topic", "t"))): 2,
+        ("topic_offline_partitions", (("cluster", "k"), ("topic", "t"))): 1,
+        ("topic_high_watermark_sum", (("cluster", "k"), ("topic", "t"))): 15,
+        ("topic_under_replicated_partitions", (("cluster", "k"), ("topic", "u"))): 0,
+        ("group_topic_lag", (("cluster", "k"), ("group", "g"), ("topic", "t"))): 14,
+        ("group_topic_lag_max", (("cluster", "k"), ("group", "g"), ("topic", "t"))): 10,
+        ("group_topic_lag_seconds_max", (("cluster", "k"), ("group", "g"), ("topic", "t"))): 1.5,
+        ("group_topic_lag_status_partitions", (("cluster", "k"), ("group", "g"), ("status", "STALL"),
+                                               ("topic", "t"))): 1,
+        ("group_topic_lag_status_partitions", (("cluster", "k"), ("group", "g"), ("status", "OK"), ("topic", "t"))): 1,
+        ("group_topic_lag_status_partitions", (("cluster", "k"), ("group", "g"), ("status", "STOP"),
+                                               ("topic", "t"))): 0,
+        ("group_topic_lag_max", (("cluster", "k"), ("group", "g"), ("topic", "u"))): 0,
+    }
+    for granularity in ("partition", "topic"):
+        e = Exporter(max_series=1000, granularity=granularity)
+        e.apply(rows + [row(kind="alert", action="open", alert="UnderReplicated", severity="warning", cluster="k",
+                            topic="t", partition=1, alert_id="a1")], batch_id=0)
+        got = {(n[len("kafka_monitor_"):], lab): val for n, lab, val in samples(e)}
+        for k, val in want.items():
+            assert got.get(k) == val, (granularity, k, got.get(k))
+        per_partition = {n for n, _ in got if n.startswith(("partition_", "group_partition_"))}
+        assert bool(per_partition) == (granularity == "partition"), (granularity, per_partition)
+        assert v(e, "alert_active", alert="UnderReplicated", severity="warning", cluster="k", topic="t",
+                 partition="1", group="", source="") == 1  # alerts keep their partition at both
+        text = e.render().decode()
+        assert 'kafka_monitor_group_topic_lag_max{cluster="k",group="g",topic="t"} 10.0' in text
+        assert ("kafka_monitor_partition_high_watermark{" in text) == (granularity == "partition")
+    import pytest
+    with pytest.raises(ValueError, match="granularity"):
+        Exporter(granularity="broker")
+
+
+def test_the_cap_holds_against_ten_times_the_entities_it_allows_and_counts_each_refusal():
+    """max_series 1,000; 10x that many entity series arrive (partitions and group partitions, in
+    several batches, some updated twice): never more than 1,000 entity series, every refused
+    series counted once per row that tried it, and the aggregates still count every partition."""
+    cap = 1000
+    e = Exporter(max_series=cap)
+    n_parts, n_gparts = 1000, 1000  # 6,000 + 4,000 = 10,000 entity series offered
+    for b in range(4):
+        rows = [part(topic=f"t{i % 50}", partition=i, high_watermark=100 + b, last_stable_offset=100)
+                for i in range(b * n_parts // 4, (b + 1) * n_parts // 4)]
+        rows += [gp(i, 5, 1.0, topic=f"t{i % 50}") for i in range(b * n_gparts // 4, (b + 1) * n_gparts // 4)]
+        e.apply(rows, batch_id=b)
+    served = [s for s in samples(e) if s[0].startswith(("kafka_monitor_partition_", "kafka_monitor_group_partition_"))]
+    assert len(served) <= cap and len(served) >= cap - 10
+    refused = v(e, "exporter_series_refused_total")
+    assert refused == 6 * n_parts + 4 * n_gparts - len(served)
+    # the same rows again: each refused series is tried (and counted) again, none served twice
+    e.apply([part(topic=f"t{i % 50}", partition=i, high_watermark=200, last_stable_offset=100)
+             for i in range(n_parts)], batch_id=9)
+    assert len([s for s in samples(e) if s[0].startswith(("kafka_monitor_partition_", "kafka_monitor_group_partition_"))]) <= cap
+    assert v(e, "exporter_series_refused_total") > refused
+    assert sum(v(e, "topic_partitions", cluster="k", topic=f"t{i}") for i in range(50)) == n_parts
