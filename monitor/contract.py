@@ -155,6 +155,9 @@ class GroupOffsets:
     member_id: Optional[str] = _doc("Owning member id, when known.", default=None)
     client_id: Optional[str] = _doc("Owning member's client id, when known.", default=None)
     host: Optional[str] = _doc("Owning member's host, when known.", default=None)
+    last_stable_offset: Optional[int] = _doc(
+        "The partition's last stable offset observed with the HW (ListOffsets with read_committed "
+        "isolation): what a read_committed consumer can read up to; null when unknown.", default=None)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import (OFFSET_END, Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResultInfo, OffsetSpec, ResourceType
 
 try:  # the C implementation under AdminClient.list_offsets: one future per request, not per partition
@@ -451,8 +452,8 @@ class Probe:
             for group, tps in committed.items():
                 for (topic, part), off in tps.items():
                     hw = get((topic, part))
-                    rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None) if hw is not None
-                                else (group, topic, part, off, None, None, None, None, None))
+                    rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
+                                else (group, topic, part, off, None, None, None, None, None, None))
             self._emit_rows(GroupOffsets, rows, offsets_at)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
@@ -895,18 +896,20 @@ class Probe:
         if not partitions:
             return out, self._now_ms()
         try:
-            at, latest, earliest = self._list_offsets(partitions)
+            at, latest, earliest, stable = self._list_offsets(partitions)
         except KafkaException as e:
             self.invalidate(e.args[0] if e.args else e, "list_offsets")
             self._warn_once("list_offsets", "list_offsets failed: %s", e)
             return out, self._now_ms()
-        get_hi, get_lo, ok = latest.get, earliest.get, ListOffsetsResultInfo
+        get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
         for tp, key in zip(self._lo_requests[0], partitions):
             hi, lo = get_hi(tp), get_lo(tp)
             if type(hi) is ok and type(lo) is ok:  # the common case, without the checks below
-                h, lo = hi.offset, lo.offset
+                h, lo, lso = hi.offset, lo.offset, get_lso(tp)
                 if h is not None and h >= 0:
-                    out[key] = (lo if lo is not None and lo >= 0 else None, h, None)  # kafka_offset(lo)
+                    # LSO: the read_committed "latest"; an error or a broker without it leaves it unknown
+                    lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
+                    out[key] = (lo if lo is not None and lo >= 0 else None, h, lso)  # kafka_offset(lo)
                 continue
             topic, part = key
             err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
@@ -920,10 +923,12 @@ class Probe:
                 out[(topic, part)] = (kafka_offset(lo), hi, None)
         return out, at
 
-    def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict]:
-        """ListOffsets latest and earliest for ``partitions``, and when the requests were sent (the
-        observation's time).  Each result: TopicPartition -> ListOffsetsResultInfo, or the error
-        of that partition; a request-level failure raises KafkaException.
+    def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict, dict]:
+        """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
+        offset: what a read_committed consumer can read up to) for ``partitions``, and when the
+        requests were sent (the observation's time).  Each result: TopicPartition ->
+        ListOffsetsResultInfo, or the error of that partition; a request-level failure raises
+        KafkaException.
 
         Two costs are avoided here.  AdminClient.list_offsets makes a future per partition and
         settles each from a Python callback (~25 us a partition); the probe hands its request
@@ -944,19 +949,21 @@ class Probe:
             self._lo_for = partitions
         keys, latest_reqs, earliest_reqs = self._lo_requests
         timeout = self.cfg.request_timeout_s
+        committed = IsolationLevel.READ_COMMITTED
         if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
             sent = []
-            for reqs in (latest_reqs, earliest_reqs):
+            kinds = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
+            for reqs, extra in kinds:
                 futures = []
                 for req in reqs:
                     f: concurrent.futures.Future = concurrent.futures.Future()
                     f.set_running_or_notify_cancel()
-                    _AdminClientImpl.list_offsets(self._ops, req, f, request_timeout=timeout)
+                    _AdminClientImpl.list_offsets(self._ops, req, f, request_timeout=timeout, **extra)
                     futures.append(f)
                 sent.append(futures)
             at = self._now_ms()
             results = []
-            for reqs, futures in zip((latest_reqs, earliest_reqs), sent):
+            for (reqs, _), futures in zip(kinds, sent):
                 merged: dict = {}
                 for req, f in zip(reqs, futures):
                     try:
@@ -965,9 +972,10 @@ class Probe:
                         err = e.args[0] if e.args else e
                         merged.update(dict.fromkeys(req, err))
                 results.append(merged)
-            return at, results[0], results[1]
-        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout)
-                for spec in (OffsetSpec.latest(), OffsetSpec.earliest())]
+            return at, results[0], results[1], results[2]
+        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout, **extra)
+                for spec, extra in ((OffsetSpec.latest(), {}), (OffsetSpec.earliest(), {}),
+                                    (OffsetSpec.latest(), {"isolation_level": committed}))]
         at = self._now_ms()
 
         def settled(fmap: dict) -> dict:
@@ -978,7 +986,7 @@ class Probe:
                 except KafkaException as e:
                     out[tp] = e.args[0] if e.args else e
             return out
-        return at, settled(futs[0]), settled(futs[1])
+        return at, settled(futs[0]), settled(futs[1]), settled(futs[2])
 
     # -- fetch mode: a tail consumer ------------------------------------------------------------
 

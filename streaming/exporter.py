@@ -53,7 +53,7 @@ _AGGREGATES = ("topic_partitions", "topic_under_replicated_partitions", "topic_o
 _PARTITION_GAUGES = ("partition_high_watermark", "partition_log_start_offset", "partition_last_stable_offset",
                      "partition_leader", "partition_replicas", "partition_in_sync_replicas")
 _GROUP_PARTITION_GAUGES = ("group_partition_committed_offset", "group_partition_lag", "group_partition_lag_seconds",
-                           "group_partition_lag_status")
+                           "group_partition_lag_status", "group_partition_read_committed_lag")
 
 #: name -> (type, help, labels); the catalogue docs/metrics.md is checked against
 CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -75,6 +75,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "group_topic_lag_max": ("gauge", "Consumer lag in offsets of the group on the topic: its most lagging partition's.", ("cluster", "group", "topic")),
     P + "group_topic_lag_seconds_max": ("gauge", "Consumer lag in seconds of the group on the topic: its most lagging partition's.", ("cluster", "group", "topic")),
     P + "group_topic_lag_status_partitions": ("gauge", "Partitions of the topic whose lag status (group_partition_lag_status) is ``status`` for the group; every status has a series, 0 included.", ("cluster", "group", "topic", "status")),
+    P + "group_partition_read_committed_lag": ("gauge", "Consumer lag in offsets of a read_committed consumer: last stable offset - committed offset, from one observation; never negative; absent when the LSO is unknown.", GPART),
     P + "group_members": ("gauge", "Members of the consumer group as its coordinator reports them.", ("cluster", "group")),
     P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead; Assigning, Reconciling for the consumer protocol; Unknown).", ("cluster", "group", "state")),
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
@@ -107,7 +108,7 @@ ROW_COLUMNS = {
     "partition": ("kind", "action", "cluster", "topic", "partition", "high_watermark", "log_start_offset",
                   "last_stable_offset", "leader", "replicas", "isr"),
     "group_partition": ("kind", "action", "cluster", "consumer_group", "topic", "partition", "committed_offset",
-                        "lag", "lag_seconds", "lag_status"),
+                        "lag", "lag_seconds", "lag_status", "read_committed_lag"),
 }
 
 
@@ -473,7 +474,7 @@ class Exporter:
                     lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
                     status = r.get("lag_status")
                     vals = (r["committed_offset"], r["lag"], r.get("lag_seconds"),
-                            LAG_STATUS_VALUE.get(status) if status else None)
+                            LAG_STATUS_VALUE.get(status) if status else None, r.get("read_committed_lag"))
                     self._apply_group_partition(lab, vals, action)
                 elif kind == "source":
                     lab = (r["cluster"], r["source"])

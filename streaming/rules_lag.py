@@ -581,7 +581,9 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     hw = _offset(obs.get("high_watermark"))
     labels = group_partition_labels(state)
     history = state.setdefault("history", [])
-    state.update(committed=committed, hw=hw, lag=rules.lag(committed, hw), last_seen=now)
+    lso = _offset(obs.get("last_stable_offset"))
+    state.update(committed=committed, hw=hw, lag=rules.lag(committed, hw), last_seen=now,
+                 rc_lag=rules.lag(committed, lso))  # a read_committed consumer's lag: to the LSO
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
                        ("trend", []), ("high_since", None)):
         state.setdefault(key, empty)

@@ -64,6 +64,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("last_stable_offset", "long"),
     ("committed_offset", "long"),
     ("lag", "long"),
+    ("read_committed_lag", "long"),  # kind group_partition: lag to the last stable offset
     ("alert", "string"),
     ("alert_id", "string"),
     ("severity", "string"),
@@ -269,7 +270,8 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
     if kind == "group_partition":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
-                    lag=s["lag"], lag_seconds=s.get("lag_seconds"), lag_status=s.get("status"), at=s["last_seen"])
+                    lag=s["lag"], lag_seconds=s.get("lag_seconds"), lag_status=s.get("status"),
+                    read_committed_lag=s.get("rc_lag"), at=s["last_seen"])
     if kind == "group":
         return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
                     group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
@@ -515,7 +517,7 @@ def _exported(s: dict) -> Optional[tuple]:
         return (s["leader"], None if s["replicas"] is None else len(s["replicas"]),
                 None if s["isr"] is None else len(s["isr"]), s["hw"], s["log_start"], s["lso"])
     if kind == "group_partition":
-        return (s["committed"], s["hw"], s["lag"], s.get("lag_seconds"), s.get("status"))
+        return (s["committed"], s["hw"], s["lag"], s.get("lag_seconds"), s.get("status"), s.get("rc_lag"))
     return None
 
 

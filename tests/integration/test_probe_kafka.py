@@ -16,10 +16,10 @@ import time
 from typing import Callable
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from monitor.probe import ProbeConfig
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.support.capture import capturing_probe, latest, of_type
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -341,3 +341,44 @@ def test_rebalances_between_two_polls_are_counted_from_the_members(kafka_cluster
         opened += rg.on_group_state(state, {**r, "state": r["group_state"]}, r["observed_at"], f"real/{group}")
     assert state["rebalances_total"] == 6
     assert [(t.alert.value, t.action) for t in opened] == [("RebalanceStorm", "open")]
+
+
+def test_an_open_transaction_holds_the_last_stable_offset_and_the_read_committed_lag(kafka_cluster):
+    """A transactional producer commits 5 records, then leaves a transaction of 7 open: the HW
+    counts them, the last stable offset stops before them (read_committed consumers cannot read
+    them yet).  The probe reads both (ListOffsets latest, at both isolation levels), for the
+    partition and next to a group's committed offset; the commit makes them equal again."""
+    c = kafka_cluster
+    topic, group = unique("real.txn"), unique("real-txn-app")
+    c.create_topic(topic, partitions=1, rf=3)
+    p = Producer({"bootstrap.servers": c.bootstrap_servers, "transactional.id": unique("txn"), "log_level": 0})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, b"c%d" % i, partition=0)
+    p.commit_transaction(30)  # offsets 0-4 and the commit marker 5: LSO = HW = 6
+    committer = Consumer({"bootstrap.servers": c.bootstrap_servers, "group.id": group, "log_level": 0})
+    committer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    committer.close()
+    p.begin_transaction()
+    for i in range(7):
+        p.produce(topic, b"o%d" % i, partition=0)
+    p.flush(30)  # written, not committed: HW 13, LSO stays 6
+    probe, cap = probe_for(c, f"^{topic}$", groups=f"^{group}$")
+    try:
+        def seen(open_txn: bool):
+            probe.refresh_metadata()
+            probe.observe()
+            po = latest(cap.events, "partition_offsets", topic=topic, partition=0)
+            go = latest(cap.events, "group_offsets", group=group, topic=topic, partition=0)
+            if po is None or go is None:
+                return None
+            want = (13, 6) if open_txn else (14, 14)
+            got = (po.data.high_watermark, po.data.last_stable_offset)
+            return (po, go) if got == want and (go.data.high_watermark, go.data.last_stable_offset) == want else None
+        po, go = wait_for(lambda: seen(True), timeout=60, interval=0.3, what="HW 13 and LSO 6 with the txn open")
+        assert go.data.committed_offset == 2
+        p.commit_transaction(30)  # the marker: HW = LSO = 14
+        wait_for(lambda: seen(False), timeout=60, interval=0.3, what="HW = LSO = 14 after the commit")
+    finally:
+        probe.close(flush_timeout=1)

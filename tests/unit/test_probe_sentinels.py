@@ -55,7 +55,7 @@ class FakeAdmin:
     def describe_configs(self, resources, request_timeout=None):
         raise KafkaException(KafkaError(KafkaError._UNSUPPORTED_FEATURE))
 
-    def list_offsets(self, req, request_timeout=None):
+    def list_offsets(self, req, request_timeout=None, isolation_level=None):
         out = {}
         for k in req:
             key = (k.topic, k.partition)

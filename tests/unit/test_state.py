@@ -265,7 +265,8 @@ def test_the_change_signature_covers_every_exported_field():
     st.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
                        {**goff(3, 1000, 4, 9), "event_id": "c"}), st.StateConfig())
     fields = {"partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
-              "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status")}
+              "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status",
+                                  "read_committed_lag")}
     for s in ents.values():
         row = st._entity_row(s)
         assert st._exported(s) == tuple(row[f] for f in fields[s["kind"]]), s["kind"]
@@ -301,3 +302,26 @@ def test_quarantine_samples_are_bounded_per_batch_and_any_event_time_is_survived
     assert [None if pd.isna(v) else v for v in events["at"]] == [None, None, 1_000]
     counts = {r.alert: r["count"] for _, r in out[out.kind == "quarantine"].iterrows()}
     assert counts == {"oversized": 1, "malformed_json": 2}
+
+
+def test_the_read_committed_lag_is_measured_to_the_last_stable_offset():
+    """An open transaction: HW 13, LSO 6, committed 2 -> lag 11, read_committed lag 4; unknown LSO:
+    no read_committed lag (never a guess from the HW)."""
+    from streaming.exporter import Exporter
+    from streaming.job import sink_rows
+    import pyarrow as pa
+
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000))
+    s = FakeState()
+    out = call(fn, 0, rows({**goff(1, 1000, 2, 13), "last_stable_offset": 6},
+                           {**goff(2, 1000, 2, 13, part=1)}), s)
+    gp = out[out.kind == "group_partition"].set_index("partition")
+    assert (gp.loc[0, "lag"], gp.loc[0, "read_committed_lag"]) == (11, 4)
+    assert gp.loc[1, "lag"] == 11 and pd.isna(gp.loc[1, "read_committed_lag"])
+    e = Exporter()
+    e.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=0)
+    lab = {"cluster": "k", "group": "g", "topic": "t"}
+    assert e.registry.get_sample_value("kafka_monitor_group_partition_read_committed_lag",
+                                       {**lab, "partition": "0"}) == 4
+    assert e.registry.get_sample_value("kafka_monitor_group_partition_read_committed_lag",
+                                       {**lab, "partition": "1"}) is None
