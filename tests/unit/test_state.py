@@ -325,3 +325,46 @@ def test_the_read_committed_lag_is_measured_to_the_last_stable_offset():
                                        {**lab, "partition": "0"}) == 4
     assert e.registry.get_sample_value("kafka_monitor_group_partition_read_committed_lag",
                                        {**lab, "partition": "1"}) is None
+
+
+def test_timers_expire_at_their_moment_whatever_the_batches():
+    """A client whose metadata refreshes succeed every second with max age 1 s (stale after
+    2 s), then one that took 3.5 s, and later one that took 3.5 s again; a source whose heartbeats (1 s interval) pause for
+    4 s: the same events folded in one batch, in a batch per event and in random batches (each
+    ticked at its end, as the job does) give the same transitions, stamped when the timer
+    expired.  A restarted job re-reads its backlog in other batches than the run it replaces."""
+    import random
+
+    def mr(seq, t, ok=True):
+        return {"type": "metadata_refresh", "entity": "client|k/p", "cluster": "k", "source": "p", "seq": seq,
+                "observed_at": t, "version": seq, "refresh_reason": "periodic", "ok": ok,
+                "metadata_max_age_ms": 1000}
+
+    def hb(seq, t):
+        return {"type": "heartbeat", "entity": "source|k/p", "cluster": "k", "source": "p", "seq": seq,
+                "observed_at": t, "interval_ms": 1000, "events_sent": seq, "events_dropped": 0, "started_at": 0}
+
+    times = [0, 1000, 2000, 5500, 6500, 7500, 11000, 12000]
+    events = [mr(i, t) for i, t in enumerate(times)] + [hb(100 + i, t) for i, t in enumerate([0, 1000, 5000, 6000])]
+    events.sort(key=lambda e: e["observed_at"])
+
+    def run(batches):
+        ents, out = {}, []
+        for b in batches:
+            got, _ = st.fold(ents, rows(*b), st.StateConfig())
+            out += got
+            out += st.tick(ents, max(e["observed_at"] for e in b), st.StateConfig())
+        return sorted((t.at, t.alert.value, t.action) for t in out)
+
+    whole = run([events])
+    assert [x for x in whole if x[1] == "MetadataStale"] == [
+        (2000 + 2001, "MetadataStale", "open"), (5500, "MetadataStale", "resolve"),
+        (7500 + 2001, "MetadataStale", "open"), (11000, "MetadataStale", "resolve")]
+    assert [x for x in whole if x[1] == "SourceSilent"] == [  # and silent for good after 6000
+        (4001, "SourceSilent", "open"), (5000, "SourceSilent", "resolve"), (9001, "SourceSilent", "open")]
+    assert run([[e] for e in events]) == whole
+    rnd = random.Random(7)
+    for _ in range(20):
+        cuts = sorted(rnd.sample(range(1, len(events)), rnd.randint(1, 5)))
+        parts = [events[i:j] for i, j in zip([0] + cuts, cuts + [len(events)])]
+        assert run(parts) == whole, cuts
