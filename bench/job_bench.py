@@ -195,8 +195,38 @@ def noop_state_function(cfg, compact_partitions=True):
     return update_bucket
 
 
+class Scraper:
+    """GETs /metrics ``rate`` times a second (gzip accepted, as Prometheus asks) while ``on`` is
+    set, keeping each scrape's latency."""
+
+    def __init__(self, url: str, rate: float):
+        import threading
+        self.url, self.period = url, 1.0 / rate
+        self.on, self._stop = threading.Event(), threading.Event()
+        self.latencies: list[float] = []
+        self._t = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        import urllib.request
+        while not self._stop.is_set():
+            if not self.on.wait(0.1):
+                continue
+            t = time.perf_counter()
+            req = urllib.request.Request(self.url, headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+            took = time.perf_counter() - t
+            self.latencies.append(took)
+            time.sleep(max(0.0, self.period - took))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(70)
+
+
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
-            trigger_s: float, active: float, snapshot_cycles: int) -> dict:
+            trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0) -> dict:
     from streaming.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -214,7 +244,9 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
                         max_offsets_per_trigger=250_000, metrics_port=0)
-        exporter = Exporter()
+        exporter = Exporter(max_series=10_000_000)
+        scraper = Scraper(f"http://127.0.0.1:{exporter.serve(0)}/metrics", scrape_rate) if scrape_rate else None
+        scraped_batches: set = set()
         started = time.perf_counter()
         q = start(spark, cfg, exporter, query_name=f"bench-{n_parts}-{n_pairs}")
         try:
@@ -227,14 +259,25 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
             later_rows = sum(p["numInputRows"] for p in later)
             later_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000.0
             steady = []
-            for records in cycles:
+            for k, records in enumerate(cycles):
+                # with --scrape-rate: every other cycle scraped, so both kinds share the run's state
+                scraping = scraper is not None and k % 2 == 1
+                if scraping:
+                    scraper.on.set()
                 t_cycle = time.perf_counter()
                 produce(broker.bootstrap, "kafka-monitor.events", records)
                 wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
-                steady += batch_rows(q, seen)
+                got = batch_rows(q, seen)
+                steady += got
+                if scraping:
+                    scraped_batches.update(p["batchId"] for p in got)
                 time.sleep(max(0.0, cycle_s - (time.perf_counter() - t_cycle)))
+                if scraper is not None:
+                    scraper.on.clear()
             assert q.exception() is None, q.exception()
         finally:
+            if scraper is not None:
+                scraper.stop()
             stop_query(q)
             exporter.shutdown()
         from pyspark import SparkContext
@@ -245,7 +288,19 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
     p95 = durations[min(len(durations) - 1, int(round(0.95 * (len(durations) - 1))))] if durations else None
     phases = {k: statistics.median(p["durationMs"].get(k, 0) / 1000.0 for p in steady)
               for k in ("addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")} if steady else {}
+    scrape = {}
+    if scraper is not None:
+        lat = sorted(scraper.latencies)
+        with_s = [p["durationMs"]["triggerExecution"] / 1000.0 for p in steady if p["batchId"] in scraped_batches]
+        without = [p["durationMs"]["triggerExecution"] / 1000.0 for p in steady if p["batchId"] not in scraped_batches]
+        scrape = {"scrape_rate": scrape_rate, "scrapes": len(lat),
+                  "scrape_p50_s": statistics.median(lat) if lat else None,
+                  "scrape_p95_s": lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))] if lat else None,
+                  "batch_p50_s_scraped": statistics.median(with_s) if with_s else None,
+                  "batch_p50_s_unscraped": statistics.median(without) if without else None,
+                  "series": exporter.render().count(b"\n") - exporter.render().count(b"\n#")}
     return {
+        **scrape,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
         "backlog_events": len(backlog),
         "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
@@ -276,6 +331,9 @@ def main() -> int:
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
     ap.add_argument("--state", choices=["rules", "noop"], default="rules",
                     help="the job's state function (default), or one that does nothing: the framework's floor")
+    ap.add_argument("--scrape-rate", type=float, default=0.0,
+                    help="scrapes of /metrics per second during every other steady cycle (0: none): the "
+                         "job's batch time with and without scrapes, and scrape latency, in one run")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
                                                  "job-noop-state.json with --state noop)")
     args = ap.parse_args()
@@ -300,7 +358,7 @@ def main() -> int:
                 print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
                       file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
-                                   args.trigger_s, args.active, snapshot_cycles))
+                                   args.trigger_s, args.active, snapshot_cycles, args.scrape_rate))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)
