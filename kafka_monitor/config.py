@@ -9,10 +9,14 @@ of precedence (a flag beats the environment, which beats the file, which beats t
 
     [job]                        # streaming.job.JobConfig
     checkpoint_dir = "/var/lib/kafka-monitor/checkpoint"
+    [job.rules.lag]              # the alert rules' thresholds: lag, partition, group
+    lag_high_offsets = 50000
 
 Environment: ``KAFKA_MONITOR_<SECTION>_<SETTING>`` for a setting
 (``KAFKA_MONITOR_PROBE_INTERVAL_S=5``) and ``KAFKA_MONITOR_<SECTION>_KAFKA_<PROPERTY>`` for a
-librdkafka property, dots written as underscores (``KAFKA_MONITOR_PROBE_KAFKA_SASL_PASSWORD``).
+librdkafka property, dots written as underscores (``KAFKA_MONITOR_PROBE_KAFKA_SASL_PASSWORD``);
+``KAFKA_MONITOR_JOB_RULES_<FAMILY>_<SETTING>`` for a rule threshold
+(``KAFKA_MONITOR_JOB_RULES_LAG_LAG_HIGH_OFFSETS=50000``).
 
 Unknown settings are rejected, and every error names the setting and what is allowed; nothing
 here opens a connection.
@@ -60,6 +64,10 @@ def _convert(section: str, name: str, typ: Any, value: Any) -> Any:
             return None
         typ = args[0]
         origin = typing.get_origin(typ)
+    if origin is dict and typing.get_origin(typing.get_args(typ)[1]) is dict:  # tables of settings
+        if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+            raise ConfigError(f"{path}: must be tables of settings ([{path}.<name>] with key = value)")
+        return {str(k): dict(v) for k, v in value.items()}
     if origin is dict or typ is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: must be a table of librdkafka properties (key = \"value\")")
@@ -100,7 +108,12 @@ def _from_env(section: str, fields: dict[str, Any], env: Mapping[str, str]) -> d
         rest = key[len(prefix):].lower()
         for d in dict_fields:
             if rest.startswith(d + "_"):
-                out.setdefault(d, {})[rest[len(d) + 1:].replace("_", ".")] = value
+                sub = rest[len(d) + 1:]
+                if typing.get_origin(typing.get_args(fields[d])[1] if typing.get_args(fields[d]) else None) is dict:
+                    table, _, name = sub.partition("_")  # RULES_LAG_LAG_HIGH_OFFSETS -> [rules.lag] lag_high_offsets
+                    out.setdefault(d, {}).setdefault(table, {})[name] = value
+                else:
+                    out.setdefault(d, {})[sub.replace("_", ".")] = value
                 break
         else:
             if rest not in fields:
@@ -128,7 +141,9 @@ def build(cls: type[T], section: str, *, file_data: Optional[Mapping[str, Any]] 
                 raise ConfigError(f"{section}.{name}: unknown setting")
             value = _convert(section, name, fields[name], value)
             if isinstance(value, dict) and isinstance(merged.get(name), dict):
-                value = {**merged[name], **value}  # property tables merge key by key
+                old = merged[name]  # property tables merge key by key; tables of tables, table by table
+                value = {**old, **{k: ({**old[k], **v} if isinstance(v, dict) and isinstance(old.get(k), dict) else v)
+                                   for k, v in value.items()}}
             merged[name] = value
     required = [f.name for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import typing
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,6 +31,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming import parsing
+from streaming import rules_group, rules_lag, rules_partition
 from streaming import spark_kafka
 from streaming import state as st
 from streaming.alerts_sink import AlertsTopicSink
@@ -47,6 +51,29 @@ STATE_STORES = {
 
 class JobConfigError(ValueError):
     pass
+
+
+#: [job.rules.<family>] -> the settings class of that family of rules
+RULE_FAMILIES = {"lag": rules_lag.LagConfig, "partition": rules_partition.PartitionRulesConfig,
+                 "group": rules_group.GroupRulesConfig}
+
+
+def _rule_value(path: str, typ: Any, value: Any) -> Any:
+    """A rule setting from TOML (typed already) or the environment (text), to its type."""
+    optional = type(None) in typing.get_args(typ)
+    base = next((a for a in typing.get_args(typ) if a is not type(None)), typ) if optional else typ
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if optional and text in ("", "none", "off"):
+            return None
+        try:
+            return int(text) if base is int else float(text) if base is float else value
+        except ValueError:
+            raise JobConfigError(f"{path}: must be {'an integer' if base is int else 'a number'}"
+                                 f"{' (or none to disable)' if optional else ''}, got {value!r}") from None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 class JobFailed(RuntimeError):
@@ -101,6 +128,33 @@ class JobConfig:
     #: no micro-batch completed for this long: job_up 0 and the job exits (status 3); 0: off
     stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
+    #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group]
+    #: (streaming.rules_lag.LagConfig, rules_partition.PartitionRulesConfig,
+    #: rules_group.GroupRulesConfig; README "Alert rule settings")
+    rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def rule_configs(self) -> dict[str, Any]:
+        """The rule families' settings objects, from ``rules`` over their defaults; a wrong or
+        unknown setting raises JobConfigError naming it (``job.rules.lag.window: ...``)."""
+        unknown = set(self.rules or {}) - set(RULE_FAMILIES)
+        if unknown:
+            raise JobConfigError(f"job.rules.{sorted(unknown)[0]}: unknown rule family "
+                                 f"(families: {', '.join(RULE_FAMILIES)})")
+        out = {}
+        for family, cls in RULE_FAMILIES.items():
+            given = (self.rules or {}).get(family) or {}
+            hints = typing.get_type_hints(cls)
+            names = [f.name for f in dataclasses.fields(cls)]
+            kw = {}
+            for name, value in given.items():
+                if name not in names:
+                    raise JobConfigError(f"job.rules.{family}.{name}: unknown setting (settings: {', '.join(names)})")
+                kw[name] = _rule_value(f"job.rules.{family}.{name}", hints[name], value)
+            try:
+                out[family] = cls(**kw)
+            except ValueError as e:  # the class names the setting its own way: name it as configured
+                raise JobConfigError(re.sub(r"^\w+\.", f"job.rules.{family}.", str(e), count=1)) from None
+        return out
 
     def validate(self) -> "JobConfig":
         if not self.bootstrap_servers:
@@ -125,6 +179,7 @@ class JobConfig:
             raise JobConfigError(f"job.state_store: must be one of {', '.join(STATE_STORES)}")
         if self.max_series < 0:
             raise JobConfigError(f"job.max_series: must be >= 0, got {self.max_series}")
+        self.rule_configs()
         if self.metrics_granularity not in GRANULARITIES:
             raise JobConfigError(f"job.metrics_granularity: must be one of {', '.join(GRANULARITIES)}, "
                                  f"got {self.metrics_granularity!r}")
@@ -267,7 +322,8 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
-        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex)),
+        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
+                                              **cfg.rule_configs())),
         outputStructType=st.OUTPUT_SCHEMA,
         stateStructType=st.STATE_SCHEMA,
         outputMode="update",
