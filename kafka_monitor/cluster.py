@@ -659,6 +659,9 @@ class KafkaCluster:
         n = self._broker(broker_id)
         if not n.running():
             self._launch(n)
+            # fresh admin clients: a client that knew the broker before it went away could still
+            # be waiting on its old connection 30 s later (CI, after every broker was restarted)
+            self._admin = self._observer_admin = None
         self.wait_ready(timeout, brokers=[broker_id])
 
     def restart_broker(self, broker_id: int, timeout: float = 120.0) -> None:

@@ -125,18 +125,27 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
     assert not job.quarantined, job.quarantined
     seen = {(t["alert"], t["action"]) for t in job.transitions}
     print("transitions:", sorted(seen))
-    stale = [t for t in job.transitions if t["alert"] == "MetadataStale"]
     for t in job.transitions:
         print(f"  +{t['at'] / 1000 - marks['rolling']:5.1f}s {t['alert']} {t['action']} partition {t['partition']}")
-    assert [t["action"] for t in stale] == ["open", "resolve"], stale
-    blind_s = (stale[1]["at"] - stale[0]["at"]) / 1000
-    print(f"MetadataStale open {blind_s:.0f} s (every broker away {marks['outage_end'] - marks['outage_stopped']:.0f} s)")
-    assert marks["outage_stopped"] - 5 <= stale[0]["at"] / 1000 <= marks["outage_end"]
+    # the monitor says it was blind, and for how long: MetadataStale (and SourceSilent while the
+    # probe's cycles wait on brokers that are gone) in episodes that all end; timers expire when
+    # they do (streaming.state.catch_up), so a refresh that came a moment late is an episode too
+    episodes = {}
+    for name in ("MetadataStale", "SourceSilent"):
+        ts = [t for t in job.transitions if t["alert"] == name]
+        assert [t["action"] for t in ts] == ["open", "resolve"] * (len(ts) // 2), ts
+        episodes[name] = [(o["at"] / 1000, r["at"] / 1000) for o, r in zip(ts[::2], ts[1::2])]
+        print(f"{name}: " + ", ".join(f"+{a - marks['rolling']:.0f}s for {b - a:.1f}s" for a, b in episodes[name]))
+    outage = [(a, b) for a, b in episodes["MetadataStale"]
+              if marks["outage_stopped"] - 5 <= a <= marks["outage_end"] and b >= marks["outage_end"]]
+    assert len(outage) == 1, (episodes["MetadataStale"], marks)
+    print(f"MetadataStale open {outage[0][1] - outage[0][0]:.0f} s through the outage "
+          f"(every broker away {marks['outage_end'] - marks['outage_stopped']:.0f} s)")
     # what the faults call for
     assert {("IsrShrink", "open"), ("UnderReplicated", "open"), ("LeaderChanged", "open")} <= seen
-    # and nothing else: no storm of refreshes, no silent source, no lag or group alerts
+    # and nothing else: no storm of refreshes, no lag or group alerts
     allowed = {"IsrShrink", "UnderReplicated", "AtMinIsr", "UnderMinIsr", "LeaderChanged",
-               "PreferredLeaderImbalance", "MetadataStale", "OfflinePartition"}
+               "PreferredLeaderImbalance", "MetadataStale", "SourceSilent", "OfflinePartition"}
     assert {t["alert"] for t in job.transitions} <= allowed, seen
     offline = [t for t in job.transitions if t["alert"] == "OfflinePartition" and t["action"] == "open"]
     assert all(t["at"] / 1000 >= marks["outage"] for t in offline), "offline before every broker was stopped"
