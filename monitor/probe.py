@@ -342,6 +342,7 @@ class Probe:
         self._stats_raw: Optional[str] = None  # the last statistics document, until it is read
         self._epoch_support: Optional[bool] = None
         self._registered: set[str] = set()
+        self._ops_brokers: frozenset = frozenset()  # the brokers the last good refresh listed
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
@@ -569,8 +570,13 @@ class Probe:
             return False
         if self.cfg.cluster is None and view.cluster_id:
             self._emitter.cluster = view.cluster_id
-        if change.leader_changes and self._ops is not self._admin:
+        brokers = frozenset(b.node_id for b in view.brokers)
+        if self._ops is not self._admin and (change.leader_changes or brokers != self._ops_brokers):
+            # a broker that left the cluster: the offsets client forgets it only from its own
+            # metadata; until then librdkafka 2.16 retries connecting to it without a pause
+            # (~15,000 attempts a second, a core's worth of CPU, seen on the real cluster)
             self._sync_ops_metadata()
+        self._ops_brokers = brokers
         n_parts = sum(t.partition_count for t in view.topics.values())
         self._emitter.emit(MetadataRefresh(
             version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,

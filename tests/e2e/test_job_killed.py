@@ -154,6 +154,10 @@ def test_the_job_killed_at_random_moments_ends_as_an_uninterrupted_one(kafka_clu
     c = kafka_cluster
     if not c.managed:
         pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
+    for broker in c.broker_ids:  # whole, whatever an earlier test left (brokers die with their thread)
+        if not c.brokers[broker].running():
+            c.start_broker(broker)
+    c.wait_ready(timeout=120)
     seed = int(os.environ.get("KAFKA_MONITOR_KILL_SEED") or random.randrange(10**6))
     rnd = random.Random(seed)
     print(f"\nKAFKA_MONITOR_KILL_SEED={seed}, {KILLS} kills")
