@@ -1,0 +1,202 @@
+"""End-to-end benchmark: the probe and the job together at scale (issue 18.5).
+
+    librdkafka's mock cluster (3 brokers, its own process; topics of 100 partitions, every
+    partition also in a consumer group, as bench/probe_bench.py sets them up)
+      -> the probe (its own process, ``Probe.run()`` at ``--interval``)
+      -> the events topic on the mock cluster
+      -> the job (this process: Spark local[2], the default trigger of 5 s) -> its exporter
+
+After ``--warmup`` seconds (the probe's bootstrap cycles, the job's first batches), for
+``--measure`` seconds:
+
+- the probe's rate: events the job read per second, and the probe's cycle duration (its
+  heartbeats' ``cycle_duration_ms``, as ``kafka_monitor_source_cycle_duration_seconds`` shows);
+- the job's batch times (``triggerExecution`` of each batch with input) and how far behind the
+  events topic it is at each batch (``kafka_monitor_job_events_behind``);
+- the delay from observation to ``/metrics``: for every heartbeat, from its event time (the
+  probe makes it right after the cycle's observations) to the moment the exporter serves it
+  (``kafka_monitor_source_last_heartbeat_timestamp_seconds`` changes; polled every 0.1 s); and
+  the same from the cycle's start (+ its ``cycle_duration_ms``): the first observations' age.
+
+Everything runs on this machine's 2 cores at once: the figures are the system's, contention
+included.  Results: ``bench/results/e2e.json``.
+
+    python bench/e2e_bench.py                       # 100,000 partitions, 1 run
+    python bench/e2e_bench.py --partitions 10000 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from types import SimpleNamespace
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import report  # noqa: E402  (bench/report.py)
+from probe_bench import (EVENTS_TOPIC, GROUP_TOPICS, TOPIC_PARTITIONS, MockClusterProcess, _done,  # noqa: E402
+                         _groups)
+
+
+def probe_child(bootstrap: str, n_topics: int, interval_s: float) -> int:
+    """The probe as ``kafka-monitor probe`` runs it, with the group listing the mock lacks
+    answered as bench/probe_bench.py does; stops on SIGTERM."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    from monitor.probe import Probe, ProbeConfig
+    groups = _groups(n_topics, GROUP_TOPICS)
+    probe = Probe(ProbeConfig(bootstrap_servers=bootstrap, interval_s=interval_s, source="e2e-probe",
+                              cluster="bench", topics_include="^bench-", request_timeout_s=120))
+    listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
+    ops = getattr(probe, "_ops", probe._admin)
+    ops.list_consumer_groups = lambda **kw: _done(listing)
+    fetch_offsets = ops.list_consumer_group_offsets
+    ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
+        [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        probe.run(stop)
+    finally:
+        probe.close(flush_timeout=5)
+    return 0
+
+
+def quantile(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
+
+
+def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measure_s: float) -> dict:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from streaming.exporter import Exporter
+    from streaming.job import JobConfig, start, stop_query
+
+    n_topics = max(1, n_partitions // TOPIC_PARTITIONS)
+    mc = MockClusterProcess(n_topics, TOPIC_PARTITIONS)
+    work = tempfile.mkdtemp(prefix="km-e2e-")
+    child = q = exporter = None
+    try:
+        groups = _groups(n_topics, GROUP_TOPICS)
+        for gid, tps in groups.items():
+            c = Consumer({"bootstrap.servers": mc.bootstrap, "group.id": gid, "enable.auto.commit": False})
+            c.commit(offsets=[TopicPartition(tp.topic, tp.partition, 0) for tp in tps], asynchronous=False)
+            c.close()
+        child = subprocess.Popen([sys.executable, __file__, "--probe-child", mc.bootstrap, str(n_topics),
+                                  str(interval_s)])
+        cfg = JobConfig(bootstrap_servers=mc.bootstrap, checkpoint_dir=f"{work}/ckpt", events_topic=EVENTS_TOPIC,
+                        alerts_topic="", metrics_port=0)
+        exporter = Exporter(max_series=10_000_000)
+        q = start(spark, cfg, exporter, query_name=f"e2e-{n_partitions}")
+        get = exporter.registry.get_sample_value
+        labels = {"cluster": "bench", "source": "e2e-probe"}
+        t_end_warm = time.monotonic() + warmup_s
+        while time.monotonic() < t_end_warm:
+            assert q.exception() is None, q.exception()
+            assert child.poll() is None, f"the probe exited ({child.returncode})"
+            time.sleep(0.5)
+        first_batch = max((p["batchId"] for p in q.recentProgress), default=-1)
+        delays, cycles, behind = [], [], []
+        last_hb = get("kafka_monitor_source_last_heartbeat_timestamp_seconds", labels)
+        t_end = time.monotonic() + measure_s
+        while time.monotonic() < t_end:
+            hb = get("kafka_monitor_source_last_heartbeat_timestamp_seconds", labels)
+            if hb is not None and hb != last_hb:
+                delays.append(time.time() - hb)
+                cycles.append(get("kafka_monitor_source_cycle_duration_seconds", labels))
+                behind.append(get("kafka_monitor_job_events_behind", {}))
+                last_hb = hb
+            time.sleep(0.1)
+        assert q.exception() is None, q.exception()
+        batches = [p for p in q.recentProgress if p["batchId"] > first_batch and p["numInputRows"] > 0]
+    finally:
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if q is not None:
+            stop_query(q)
+        if exporter is not None:
+            exporter.shutdown()
+        mc.stop()
+    durations = [p["durationMs"]["triggerExecution"] / 1000.0 for p in batches]
+    rows = sum(p["numInputRows"] for p in batches)
+    span = sum(durations)
+    cyc = [c for c in cycles if c is not None]
+    starts = [d + c for d, c in zip(delays, cycles) if c is not None]
+    return {
+        "partitions": n_topics * TOPIC_PARTITIONS,
+        "group_partitions": sum(len(v) for v in groups.values()),
+        "interval_s": interval_s,
+        "heartbeats_measured": len(delays),
+        "probe_cycle_s_p50": statistics.median(cyc) if cyc else None,
+        "probe_cycle_s_max": max(cyc) if cyc else None,
+        "events_read_per_s": rows / measure_s,
+        "job_batches": len(durations),
+        "job_batch_s_p50": statistics.median(durations) if durations else None,
+        "job_batch_s_p95": quantile(durations, 0.95),
+        "job_rows_per_batch_p50": statistics.median(p["numInputRows"] for p in batches) if batches else None,
+        "job_busy_share": span / measure_s,
+        "job_events_behind_max": max((b for b in behind if b is not None), default=None),
+        "delay_s_p50": statistics.median(delays) if delays else None,
+        "delay_s_p95": quantile(delays, 0.95),
+        "delay_s_max": max(delays) if delays else None,
+        # from the cycle's start (its first observations) instead: + the cycle's duration
+        "delay_from_cycle_start_s_p50": statistics.median(starts) if starts else None,
+        "delay_from_cycle_start_s_p95": quantile(starts, 0.95),
+        "delays_s": delays,
+    }
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--probe-child":
+        return probe_child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--partitions", type=int, nargs="+", default=[100_000])
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=10.0, help="the probe's interval_s (default 10, its default)")
+    ap.add_argument("--warmup", type=float, default=90.0, help="seconds before measuring (default 90)")
+    ap.add_argument("--measure", type=float, default=180.0, help="seconds measured (default 180)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
+    args = ap.parse_args()
+    from streaming.job import JobConfig, spark_session, stop_spark
+    spark = spark_session(JobConfig(bootstrap_servers="-", checkpoint_dir="-", master="local[2]", shuffle_partitions=2),
+                          app_name="kafka-monitor-e2e-bench")
+    results = []
+    try:
+        for n in args.partitions:
+            runs = []
+            for r in range(args.runs):
+                print(f"[bench] {n} partitions: run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
+                res = one_run(spark, n, args.interval, args.warmup, args.measure)
+                runs.append(res)
+                print(f"[bench]   { {k: v for k, v in res.items() if k != 'delays_s'} }", file=sys.stderr, flush=True)
+            keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k != "delays_s"]
+            med = {k: statistics.median(x[k] for x in runs if x[k] is not None) for k in keys}
+            med["runs"] = runs
+            results.append(med)
+    finally:
+        stop_spark(spark)
+    for m in results:
+        print(f"{m['partitions']:>8.0f} partitions: probe cycle p50 {m.get('probe_cycle_s_p50', 0):.1f} s, "
+              f"{m['events_read_per_s']:.0f} events/s read; job batch p50 {m['job_batch_s_p50']:.1f} s "
+              f"(p95 {m['job_batch_s_p95']:.1f}); observation -> /metrics p50 {m['delay_s_p50']:.1f} s, "
+              f"p95 {m['delay_s_p95']:.1f} s")
+    report.write(args.out, "e2e", args=vars(args), results=results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
