@@ -36,32 +36,23 @@ import sys
 import tempfile
 import threading
 import time
-from types import SimpleNamespace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import report  # noqa: E402  (bench/report.py)
-from probe_bench import (EVENTS_TOPIC, GROUP_TOPICS, TOPIC_PARTITIONS, MockClusterProcess, _done,  # noqa: E402
-                         _groups)
+from probe_bench import (EVENTS_TOPIC, GROUP_TOPICS, TOPIC_PARTITIONS, MockClusterProcess,  # noqa: E402
+                         _groups, answer_groups, commit_groups)
 
 
 def probe_child(bootstrap: str, n_topics: int, interval_s: float) -> int:
     """The probe as ``kafka-monitor probe`` runs it, with the group listing the mock lacks
     answered as bench/probe_bench.py does; stops on SIGTERM."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
     from monitor.probe import Probe, ProbeConfig
-    groups = _groups(n_topics, GROUP_TOPICS)
     probe = Probe(ProbeConfig(bootstrap_servers=bootstrap, interval_s=interval_s, source="e2e-probe",
                               cluster="bench", topics_include="^bench-", request_timeout_s=120))
-    listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
-    ops = getattr(probe, "_ops", probe._admin)
-    ops.list_consumer_groups = lambda **kw: _done(listing)
-    fetch_offsets = ops.list_consumer_group_offsets
-    ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
-        [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+    answer_groups(probe, _groups(n_topics, GROUP_TOPICS))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -77,8 +68,6 @@ def quantile(xs: list[float], q: float) -> float | None:
 
 
 def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measure_s: float) -> dict:
-    from confluent_kafka import Consumer, TopicPartition
-
     from streaming.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -87,11 +76,7 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
     work = tempfile.mkdtemp(prefix="km-e2e-")
     child = q = exporter = None
     try:
-        groups = _groups(n_topics, GROUP_TOPICS)
-        for gid, tps in groups.items():
-            c = Consumer({"bootstrap.servers": mc.bootstrap, "group.id": gid, "enable.auto.commit": False})
-            c.commit(offsets=[TopicPartition(tp.topic, tp.partition, 0) for tp in tps], asynchronous=False)
-            c.close()
+        groups = commit_groups(mc.bootstrap, n_topics, GROUP_TOPICS)
         child = subprocess.Popen([sys.executable, __file__, "--probe-child", mc.bootstrap, str(n_topics),
                                   str(interval_s)])
         cfg = JobConfig(bootstrap_servers=mc.bootstrap, checkpoint_dir=f"{work}/ckpt", events_topic=EVENTS_TOPIC,

@@ -200,6 +200,28 @@ def _groups(n_topics: int, group_topics: int) -> dict[str, list[TopicPartition]]
             for g in range((n_topics + group_topics - 1) // group_topics)}
 
 
+def commit_groups(bootstrap: str, n_topics: int, group_topics: int) -> dict[str, list[TopicPartition]]:
+    """The bench's consumer groups (``_groups``), each with offset 0 committed on its partitions."""
+    groups = _groups(n_topics, group_topics)
+    for gid, tps in groups.items():
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": gid, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(tp.topic, tp.partition, 0) for tp in tps], asynchronous=False)
+        c.close()
+    return groups
+
+
+def answer_groups(probe: Probe, groups: dict[str, list[TopicPartition]]) -> None:
+    """The mock does not implement ListGroups (librdkafka 2.16: _UNSUPPORTED_FEATURE): the group
+    list is answered here; their committed offsets come from the mock (OffsetFetch), whose answer
+    for "all partitions" is nothing: the bench names them."""
+    listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
+    ops = getattr(probe, "_ops", probe._admin)  # the client the probe asks for groups
+    ops.list_consumer_groups = lambda **kw: _done(listing)
+    fetch_offsets = ops.list_consumer_group_offsets
+    ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
+        [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+
+
 def _done(value: Any) -> concurrent.futures.Future:
     f: concurrent.futures.Future = concurrent.futures.Future()
     f.set_result(value)
@@ -301,22 +323,10 @@ def one_run(n_partitions: int, cycles: int, interval_s: float, phases: bool, gro
     uninstall = timer.install() if phases else (lambda: None)
     probe = None
     try:
-        groups = _groups(n_topics, group_topics)
-        for gid, tps in groups.items():
-            c = Consumer({"bootstrap.servers": mc.bootstrap, "group.id": gid, "enable.auto.commit": False})
-            c.commit(offsets=[TopicPartition(tp.topic, tp.partition, 0) for tp in tps], asynchronous=False)
-            c.close()
+        groups = commit_groups(mc.bootstrap, n_topics, group_topics)
         probe = Probe(ProbeConfig(bootstrap_servers=mc.bootstrap, interval_s=interval_s, source="bench",
                                   cluster="bench", topics_include="^bench-", request_timeout_s=120))
-        # The mock does not implement ListGroups (librdkafka 2.16: _UNSUPPORTED_FEATURE): the group
-        # list is answered here; their committed offsets come from the mock (OffsetFetch) ...
-        listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
-        ops = getattr(probe, "_ops", probe._admin)  # the client the probe asks for groups
-        ops.list_consumer_groups = lambda **kw: _done(listing)
-        # ... whose OffsetFetch for "all partitions" answers nothing: the bench names them.
-        fetch_offsets = ops.list_consumer_group_offsets
-        ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
-            [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+        answer_groups(probe, groups)
         per_cycle: list[dict] = []
         first: dict[str, float] = {}
         PARTIAL["current"] = {"partitions": n, "first_cycle": first, "cycles": per_cycle}
