@@ -301,7 +301,11 @@ def _wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def _new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # kafka-storage reads an id starting with "-" as an option (1 in 64); Kafka's own Uuid skips those too
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _props(d: dict) -> str:
