@@ -49,7 +49,8 @@ def alerts_table() -> list[str]:
         for r in g["rules"]:
             if "alert" not in r:
                 continue
-            out.append(f"| {g['name']} | {r['alert']} | {code(r['expr'])} | {r.get('for', '')} | "
+            extra = "".join(f" ({k} {v})" for k, v in sorted(r.get("labels", {}).items()) if k != "severity")
+            out.append(f"| {g['name']} | {r['alert']}{extra} | {code(r['expr'])} | {r.get('for', '')} | "
                        f"{r.get('labels', {}).get('severity', '')} | {metrics(r['expr'])} |")
     return out
 

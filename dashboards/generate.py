@@ -3,9 +3,13 @@
 
     python dashboards/generate.py           # (re)write dashboards/*.json
     python dashboards/generate.py --check   # exit 1 if a committed file differs from the output
+    python dashboards/generate.py --config kafka-monitor.toml --out DIR
+                                            # with your [job.rules.*] thresholds, into DIR
 
 The JSON files are committed (Grafana's file provisioning reads them as they are); this
-script is their source.  tests/integration/test_dashboards.py fails when a committed file
+script is their source.  Thresholds drawn on panels are the job's rule settings
+([job.rules.*], README "Alert rule settings"): the committed files use their defaults,
+``--config`` the values of your config file (and KAFKA_MONITOR_JOB_RULES_* variables).  tests/integration/test_dashboards.py fails when a committed file
 differs from what this script writes, and tests/e2e/test_prometheus_stack.py runs every panel
 query against a real Prometheus scraping a real run of the product.
 
@@ -28,9 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from streaming.rules import Alert  # noqa: E402
+from streaming.rules_group import GroupRulesConfig  # noqa: E402
+from streaming.rules_lag import LagConfig  # noqa: E402
+from streaming.rules_partition import PartitionRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
 #: versions migrate it on load)
@@ -64,8 +75,37 @@ METADATA_REFRESH = "kafka_monitor_client_last_metadata_refresh_timestamp_seconds
 HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
 ALERT_ACTIVE = "kafka_monitor_alert_active"
 
-#: the threshold of KafkaConsumerLagHigh in deploy/prometheus/rules (offsets); colours only
-LAG_ALERT_OFFSETS = 1000
+#: the job's rule settings the panels draw and name (build() sets them; defaults here)
+RULES: dict[str, Any] = {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
+
+
+def lag_threshold_offsets() -> dict:
+    """Colours of a lag in offsets: orange above the job's ConsumerLagHigh threshold."""
+    n = RULES["lag"].lag_high_offsets
+    return thresholds((None, "green")) if n is None else thresholds((None, "green"), (n, "orange"))
+
+
+def lag_threshold_seconds() -> dict:
+    n = RULES["lag"].lag_high_seconds
+    return thresholds((None, "green")) if n is None else thresholds((None, "green"), (n, "orange"))
+
+
+def lag_high_words() -> str:
+    lag = RULES["lag"]
+    parts = ([f"{lag.lag_high_offsets} offsets"] if lag.lag_high_offsets is not None else []) + \
+            ([f"{lag.lag_high_seconds:g} s"] if lag.lag_high_seconds is not None else [])
+    if not parts:
+        return "The job's ConsumerLagHigh is disabled (lag_high_offsets and lag_high_seconds none)."
+    return (f"The job opens ConsumerLagHigh above {' or '.join(parts)} held for {lag.lag_high_for_ms / 1000:g} s "
+            "([job.rules.lag]); Prometheus pages after it has been open 5 minutes.")
+
+
+def minutes(ms: float) -> str:
+    return f"{ms / 60000:g} minutes" if ms >= 60000 else f"{ms / 1000:g} s"
+
+
+#: every alert rule in deploy/prometheus/rules: the job's alert names and the monitor's own
+ALERT_RULES = "|".join(a.value for a in Alert) + "|KafkaMonitor.*"
 
 #: Grafana's custom unit syntax (``suffix:<text>``)
 RECORDS_PER_S = "suffix: records/s"
@@ -285,8 +325,8 @@ def last_batch_age() -> dict:
 
 def silent_sources() -> dict:
     return stat("Silent sources", "Probes and instrumented clients the job calls silent (SourceSilent: no "
-                "heartbeat for 3 of the intervals each announced, judged without the pipeline's delay): the "
-                "monitor is blind to their clusters meanwhile (KafkaMonitorSourceSilent).",
+                f"heartbeat for {RULES['group'].silent_factor:g} of the intervals each announced, judged without "
+                "the pipeline's delay): the monitor is blind to their clusters meanwhile.",
                 [target(open_count("SourceSilent", "cluster, source", CLUSTER, f"{HEARTBEAT}{{{CLUSTER}}}"))],
                 decimals=0, th=GREEN_RED_AT_1)
 
@@ -327,17 +367,17 @@ def overview() -> dict:
                 "= the job is down or not scraped.", severity_targets, overrides=severity_overrides), 9),
           (stat("Worst consumer lag", "The largest lag of any watched group on any partition of the selected "
                 "topics, in offsets and in time (how long ago the high watermark was at the committed offset). "
-                f"KafkaConsumerLagHigh fires above {LAG_ALERT_OFFSETS} offsets for 5 minutes.",
+                + lag_high_words(),
                 [target(f"max({LAG}{{{GPART}}})", legend="offsets"),
                  target(f"max({LAG_SECONDS}{{{GPART}}})", legend="seconds", ref="B")],
-                th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange")),
+                th=lag_threshold_offsets(),
                 overrides=[{"matcher": {"id": "byName", "options": "seconds"}, "properties": [
                     {"id": "unit", "value": "s"},
-                    {"id": "thresholds", "value": thresholds((None, "green"), (60, "orange"), (600, "red"))}]}]), 5),
+                    {"id": "thresholds", "value": lag_threshold_seconds()}]}]), 5),
           (stat("Under-replicated partitions", "Partitions whose in-sync replica set is smaller than their "
-                "replica set (KafkaUnderReplicatedPartition).", [target(under_replicated())], th=GREEN_RED_AT_1), 5),
+                "replica set (UnderReplicated).", [target(under_replicated())], th=GREEN_RED_AT_1), 5),
           (stat("Offline partitions", "Partitions without a leader: nobody can produce to or consume from them "
-                "(KafkaOfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 5))
+                "(OfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 5))
     g.row(4, (job_scraped(), 6), (job_query_up(), 6), (last_batch_age(), 6), (silent_sources(), 6))
     g.row(8,
           (table("Open alerts raised by the job", "One row per alert the job has open now "
@@ -348,15 +388,15 @@ def overview() -> dict:
                          "partition": "Partition", "group": "Group"}, hide=("Time", "Value")), 12),
           (table("Alert rules pending or firing", "Prometheus's kafka-monitor alert rules that are pending or "
                  "firing now (the ALERTS series; what Alertmanager is told about).",
-                 [target('ALERTS{alertname=~"Kafka.*"}', table=True)],
+                 [target(f'ALERTS{{alertname=~"{ALERT_RULES}"}}', table=True)],
                  rename={"alertname": "Alert rule", "alertstate": "State", "severity": "Severity"},
                  hide=("Time", "Value", "__name__")), 12))
     g.row(8,
           (timeseries("Worst lag per group and topic", "Lag of the most-lagging partition, per group and topic "
-                      "(what KafkaConsumerLagHigh compares with its threshold).",
+                      "(what ConsumerLagHigh compares with its threshold).",
                       [target(f"max by (cluster, group, topic) ({LAG}{{{GPART}}})",
                               legend="{{group}} / {{topic}} ({{cluster}})")],
-                      th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange")), min_=0), 12),
+                      th=lag_threshold_offsets(), min_=0), 12),
           (table("Most lagging groups now", "The ten (group, topic) pairs with the largest partition lag.",
                  [target(f"topk(10, max by (cluster, group, topic) ({LAG}{{{GPART}}}))", table=True)],
                  rename={"cluster": "Cluster", "group": "Group", "topic": "Topic", "Value": "Worst partition lag"},
@@ -429,11 +469,11 @@ def consumer_groups() -> dict:
           (stat("Consumer groups", "Groups with committed offsets on the selected topics.",
                 [target(f"count(count by (cluster, group) ({COMMITTED}{{{GPART}}}))")]), 4),
           (stat("Worst partition lag", "The largest lag in offsets of the selected groups on any partition.",
-                [target(f"max({LAG}{{{GPART}}})")], th=thresholds((None, "green"), (LAG_ALERT_OFFSETS, "orange"))), 5),
+                [target(f"max({LAG}{{{GPART}}})")], th=lag_threshold_offsets()), 5),
           (stat("Worst lag in time", "The largest lag in seconds of the selected groups on any partition: how long "
                 "ago the partition's high watermark was where the group's committed offset is now.",
                 [target(f"max({LAG_SECONDS}{{{GPART}}})")], unit="s", decimals=0,
-                th=thresholds((None, "green"), (60, "orange"), (600, "red"))), 5),
+                th=lag_threshold_seconds()), 5),
           (stat("Total lag", "Offsets the selected groups have still to consume, over all their partitions.",
                 [target(f"sum({per_group_partition(LAG)})")]), 5),
           (stat("Longest ETA to catch up", "The longest time any selected group needs to consume its lag at its "
@@ -582,12 +622,14 @@ def open_counts_per(alert: str, by: str, entity: str, sel: str, watched: str) ->
 GROUP_WITH_STATE = variable("group", "Consumer group", f'label_values({GROUP_STATE}{{cluster=~"$cluster"}}, group)',
                             "Consumer groups whose state the probes report on the selected clusters.")
 GROUPS_WATCHED = f"max by (cluster, group) ({GROUP_STATE}{{{GROUP}}})"
-GROUP_ALERTS = (("RebalanceStorm", "KafkaRebalanceStorm: at least N rebalances (5 by default) within the job's "
-                 "window (10 minutes by default)."),
-                ("RebalanceStuck", "KafkaRebalanceStuck (critical): in PreparingRebalance or CompletingRebalance "
-                 "longer than the job's limit (5 minutes by default)."),
-                ("GroupEmptyWithLag", "KafkaGroupEmptyWithLag: no members while there is lag, for longer than the "
-                 "job's limit (10 minutes by default)."))
+def group_alerts() -> tuple[tuple[str, str], ...]:
+    g = RULES["group"]
+    return (("RebalanceStorm", f"RebalanceStorm: at least {g.storm_min_rebalances} rebalances within "
+             f"{minutes(g.storm_window_ms)}."),
+            ("RebalanceStuck", "RebalanceStuck (critical): in PreparingRebalance or CompletingRebalance "
+             f"longer than {minutes(g.stuck_after_ms)}."),
+            ("GroupEmptyWithLag", "GroupEmptyWithLag: no members while there is lag, for longer than "
+             f"{minutes(g.empty_with_lag_after_ms)}."))
 
 
 def rebalances() -> dict:
@@ -595,7 +637,7 @@ def rebalances() -> dict:
     stats = [(stat(f"{alert} open", f"Groups with the job's {alert} alert open now. {why} 0 = none of the "
                    "watched groups; no value = no group state is reported.",
                    [target(open_count(alert, "cluster, group", GROUP, GROUPS_WATCHED))], th=GREEN_RED_AT_1), 4)
-             for alert, why in GROUP_ALERTS]
+             for alert, why in group_alerts()]
     g.row(4,
           (stat("Groups watched", "Consumer groups whose state the probes report.",
                 [target(f"count({GROUPS_WATCHED})")]), 4),
@@ -627,7 +669,7 @@ def rebalances() -> dict:
           (timeseries("Group alerts open", "Groups with the job's RebalanceStorm, RebalanceStuck and "
                       "GroupEmptyWithLag alerts open (0 while none of the watched groups has one).",
                       [target(open_count(alert, "cluster, group", GROUP, GROUPS_WATCHED), legend=alert, ref=ref)
-                       for (alert, _), ref in zip(GROUP_ALERTS, "ABC")], min_=0, decimals=0), 12))
+                       for (alert, _), ref in zip(group_alerts(), "ABC")], min_=0, decimals=0), 12))
     g.row(8,
           (table("Open group alerts", "One row per group alert the job has open now.",
                  [target(f'max by (alert, severity, cluster, group) ({ALERT_ACTIVE}{{alert=~"RebalanceStorm|'
@@ -642,6 +684,7 @@ def rebalances() -> dict:
 
 def client_metadata() -> dict:
     g = Grid()
+    grp = RULES["group"]
     clients = f"max by (cluster, source) ({METADATA_REFRESH}{{{CLUSTER}}})"
     partitions_watched = per_partition(REPLICAS, CLUSTER)
     topics_watched = f"max by (cluster, topic) ({REPLICAS}{{{CLUSTER}}})"
@@ -651,20 +694,26 @@ def client_metadata() -> dict:
           (stat("Clients reporting", "Probes and instrumented clients that report metadata refreshes.",
                 [target(f"count({clients})")]), 4),
           (stat("Oldest metadata", "Seconds since the client with the oldest metadata last refreshed it "
-                "successfully (MetadataStale opens after 2 x its metadata.max.age.ms, 10 minutes by default).",
+                f"successfully (MetadataStale opens after {grp.metadata_stale_factor:g} x its metadata.max.age.ms, "
+                f"{minutes(grp.metadata_stale_factor * grp.metadata_max_age_default_ms)} when it announces none; "
+                "orange from one max age).",
                 [target(f"time() - min({clients})")], unit="s", decimals=0,
-                th=thresholds((None, "green"), (300, "orange"), (600, "red"))), 4),
-          (stat("MetadataStale open", f"The job's MetadataStale alert (KafkaMetadataStale). {no_source}",
+                th=thresholds((None, "green"), (grp.metadata_max_age_default_ms / 1000, "orange"),
+                              (grp.metadata_stale_factor * grp.metadata_max_age_default_ms / 1000, "red"))), 4),
+          (stat("MetadataStale open", f"The job's MetadataStale alert. {no_source}",
                 [target(open_count("MetadataStale", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
-          (stat("MetadataRefreshStorm open", "The job's MetadataRefreshStorm alert (KafkaMetadataRefreshStorm): "
-                f"invalidation-driven refreshes above the limit. {no_source}",
+          (stat("MetadataRefreshStorm open", "The job's MetadataRefreshStorm alert: more than "
+                f"{grp.refresh_storm_max} invalidation-driven refreshes within "
+                f"{minutes(grp.refresh_storm_window_ms)}. {no_source}",
                 [target(open_count("MetadataRefreshStorm", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
           (stat("Leader changes open", "Partitions with the job's LeaderChanged episode open (a leader or "
-                "leader-epoch change in the last minutes; KafkaLeaderChanges fires from 3 per topic).",
+                "leader-epoch change within the last "
+                f"{minutes(RULES['partition'].leader_quiet_ms)}; Prometheus relays them per topic).",
                 [target(open_count("LeaderChanged", PK, CLUSTER, partitions_watched))],
                 th=thresholds((None, "green"), (1, "blue"))), 4),
           (stat("Partition count changes open", "Topics with the job's PartitionCountChanged alert open "
-                "(KafkaPartitionCountChanged).",
+                "(open for "
+                f"{minutes(RULES['partition'].count_change_window_ms)} after the change).",
                 [target(open_count("PartitionCountChanged", "cluster, topic", CLUSTER, topics_watched))],
                 th=thresholds((None, "green"), (1, "blue"))), 4))
     g.row(8,
@@ -673,7 +722,7 @@ def client_metadata() -> dict:
                       "that keeps rising is a client that cannot refresh.",
                       [target(f"time() - {clients}", legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12),
           (timeseries("Heartbeat age per source", "Seconds since each probe or instrumented client last sent a "
-                      "heartbeat (KafkaMonitorSourceSilent fires after 3 of its intervals).",
+                      f"heartbeat (SourceSilent fires after {grp.silent_factor:g} of its intervals).",
                       [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
                               legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12))
     g.row(8,
@@ -711,18 +760,56 @@ def render(d: dict) -> str:
     return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
 
 
-def build() -> dict[str, str]:
-    """File name -> the exact text this script writes."""
-    return {name: render(make()) for name, make in DASHBOARDS.items()}
+def default_rules() -> dict[str, Any]:
+    return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
+
+
+def rules_from_config(path: Optional[str]) -> dict[str, Any]:
+    """The job's rule settings from a config file's [job.rules.*] tables and the
+    KAFKA_MONITOR_JOB_RULES_* environment, as the job reads them (same errors)."""
+    from kafka_monitor import config
+    from streaming.job import JobConfig
+
+    job = config.build(JobConfig, "job", file_data=config.read_file(path),
+                       flags={"bootstrap_servers": "unused", "checkpoint_dir": "unused"})
+    return job.rule_configs()
+
+
+def build(rules: Optional[dict[str, Any]] = None) -> dict[str, str]:
+    """File name -> the exact text this script writes, for these rule settings (default: the
+    job's defaults, which the committed files use)."""
+    global RULES
+    saved, RULES = RULES, (rules or default_rules())
+    try:
+        return {name: render(make()) for name, make in DASHBOARDS.items()}
+    finally:
+        RULES = saved
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a file differs")
+    ap.add_argument("--config", metavar="FILE",
+                    help="draw the thresholds of this kafka-monitor config file's [job.rules.*] tables (and "
+                         "the KAFKA_MONITOR_JOB_RULES_* environment) instead of the defaults; needs --out")
+    ap.add_argument("--out", metavar="DIR", help="write the dashboards into DIR (default: this folder)")
     args = ap.parse_args(argv)
+    if args.config and not args.out:
+        ap.error("--config needs --out DIR: the committed dashboards keep the default thresholds")
+    rules = None
+    if args.config or any(k.startswith("KAFKA_MONITOR_JOB_RULES_") for k in os.environ):
+        if not args.out:
+            ap.error("KAFKA_MONITOR_JOB_RULES_* is set: give --out DIR (the committed dashboards keep the defaults)")
+        try:
+            rules = rules_from_config(args.config)
+        except ValueError as e:  # ConfigError / JobConfigError name the setting
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    out = Path(args.out) if args.out else HERE
+    out.mkdir(parents=True, exist_ok=True)
     stale = []
-    for name, text in build().items():
-        path = HERE / name
+    for name, text in build(rules).items():
+        path = out / name
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == text:
             continue

@@ -185,10 +185,10 @@ def test_a_paused_follower_shrinks_the_isr_and_resuming_it_resolves(real):
                 ("AtMinIsr", "0"), ("AtMinIsr", "1")}
         wait_job(real, rep, want)
         opened = time.monotonic() - t0
-        wait_for(lambda: firing(real, "KafkaIsrShrink", rep) == {"0", "1"}
-                 and firing(real, "KafkaUnderReplicatedPartition", rep) == {"0", "1"}
-                 and firing(real, "KafkaAtMinIsr", rep) == {"0", "1"}, timeout=30, interval=0.5,
-                 what="KafkaIsrShrink, KafkaUnderReplicatedPartition, KafkaAtMinIsr firing for both partitions")
+        wait_for(lambda: firing(real, "IsrShrink", rep) == {"0", "1"}
+                 and firing(real, "UnderReplicated", rep) == {"0", "1"}
+                 and firing(real, "AtMinIsr", rep) == {"0", "1"}, timeout=30, interval=0.5,
+                 what="IsrShrink, UnderReplicated, AtMinIsr firing for both partitions")
     finally:
         c.resume_broker(3)
     t1 = time.monotonic()
@@ -196,7 +196,7 @@ def test_a_paused_follower_shrinks_the_isr_and_resuming_it_resolves(real):
                          ("AtMinIsr", "0"), ("AtMinIsr", "1")}, gone=True)
     print(f"\npaused follower: job alerts open {opened:.1f}s after SIGSTOP, resolved {time.monotonic() - t1:.1f}s "
           f"after SIGCONT")
-    wait_for(lambda: not firing(real, "KafkaIsrShrink", rep) and not firing(real, "KafkaAtMinIsr", rep),
+    wait_for(lambda: not firing(real, "IsrShrink", rep) and not firing(real, "AtMinIsr", rep),
              timeout=30, interval=0.5, what="the Prometheus alerts resolved")
 
 
@@ -209,15 +209,15 @@ def test_a_stopped_leader_then_a_second_broker_under_min_isr(real):
         c.stop_broker(3)
         try:
             wait_job(real, rep, {("UnderMinIsr", "0"), ("UnderMinIsr", "1")})
-            wait_for(lambda: firing(real, "KafkaUnderMinIsr", rep) == {"0", "1"}, timeout=30, interval=0.5,
-                     what="KafkaUnderMinIsr firing for both partitions")
+            wait_for(lambda: firing(real, "UnderMinIsr", rep) == {"0", "1"}, timeout=30, interval=0.5,
+                     what="UnderMinIsr firing for both partitions")
         finally:
             c.start_broker(3)
     finally:
         c.start_broker(2)
     wait_job(real, rep, {("UnderMinIsr", "0"), ("UnderMinIsr", "1"), ("UnderReplicated", "0"),
                          ("UnderReplicated", "1"), ("AtMinIsr", "0"), ("AtMinIsr", "1")}, gone=True, timeout=120)
-    wait_for(lambda: not firing(real, "KafkaUnderMinIsr", rep) and not firing(real, "KafkaUnderReplicatedPartition", rep),
+    wait_for(lambda: not firing(real, "UnderMinIsr", rep) and not firing(real, "UnderReplicated", rep),
              timeout=30, interval=0.5, what="the Prometheus alerts resolved")
     c.elect_leaders("preferred", [(rep, 0), (rep, 1)])
 
@@ -233,8 +233,8 @@ def test_every_replica_gone_is_an_offline_partition_until_its_broker_returns(rea
     c.stop_broker(3)
     try:
         wait_job(real, solo, {("OfflinePartition", "0")})
-        wait_for(lambda: firing(real, "KafkaOfflinePartition", solo) == {"0"}, timeout=30, interval=0.5,
-                 what="KafkaOfflinePartition firing")
+        wait_for(lambda: firing(real, "OfflinePartition", solo) == {"0"}, timeout=30, interval=0.5,
+                 what="OfflinePartition firing")
     finally:
         c.start_broker(3)
     wait_job(real, solo, {("OfflinePartition", "0")}, gone=True, timeout=120)

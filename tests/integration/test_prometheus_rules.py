@@ -36,19 +36,17 @@ PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "rules" / "kafka-monitor.rules.yml"
 TEST_FILES = sorted((PROM_DIR / "tests").glob("*.test.yml"))
 
-#: group -> alerts; the names are part of the product (routes, silences, dashboards use them)
+#: group -> alerts; the names are part of the product (routes, silences, dashboards use them).
+#: An alert the job decides has the job's name (streaming.rules.Alert); ConsumerLagStatus has
+#: one rule per status.  Only the monitor's own health (KafkaMonitor*) is Prometheus's.
 EXPECTED_GROUPS = {
-    "kafka-monitor.kafka": ["KafkaConsumerLagHigh", "KafkaIsrShrink", "KafkaUnderReplicatedPartition",
-                            "KafkaOfflinePartition"],
-    "kafka-monitor.consumers": ["KafkaConsumerLagSecondsHigh", "KafkaConsumerLagGrowing", "KafkaConsumerStalled",
-                                "KafkaConsumerStopped", "KafkaConsumerRewound", "KafkaRebalanceStorm",
-                                "KafkaRebalanceStuck", "KafkaGroupEmptyWithLag"],
-    "kafka-monitor.partitions": ["KafkaUnderMinIsr", "KafkaAtMinIsr", "KafkaHighWatermarkStalled",
-                                 "KafkaPartitionUnobserved", "KafkaLeaderChanges", "KafkaPreferredLeaderImbalance",
-                                 "KafkaPartitionCountChanged"],
-    "kafka-monitor.clients": ["KafkaMetadataStale", "KafkaMetadataRefreshStorm"],
-    "kafka-monitor.self": ["KafkaMonitorSourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown", "KafkaMonitorJobFallingBehind",
-                           "KafkaMonitorEventsQuarantined"],
+    "kafka-monitor.kafka": ["ConsumerLagHigh", "IsrShrink", "UnderReplicated", "OfflinePartition"],
+    "kafka-monitor.consumers": ["ConsumerLagStatus"] * 4 + ["RebalanceStorm", "RebalanceStuck", "GroupEmptyWithLag"],
+    "kafka-monitor.partitions": ["UnderMinIsr", "AtMinIsr", "HighWatermarkStalled", "PartitionUnobserved",
+                                 "LeaderChanged", "PreferredLeaderImbalance", "PartitionCountChanged"],
+    "kafka-monitor.clients": ["MetadataStale", "MetadataRefreshStorm"],
+    "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
+                           "KafkaMonitorJobFallingBehind", "KafkaMonitorEventsQuarantined"],
 }
 SEVERITIES = {"info", "warning", "critical"}
 #: labels a rule may group or match on: the metrics' vocabulary plus the scrape's own labels
@@ -172,62 +170,66 @@ def test_every_metric_the_rules_read_is_in_the_exporter_catalogue():
     assert not unknown, "metrics the exporter does not serve (streaming.exporter.CATALOGUE):\n" + "\n".join(unknown)
 
 
-#: alert -> (comparison at the end of its expression, how its description repeats the number)
-THRESHOLDS = {
-    "KafkaConsumerLagHigh": (">", "more than {} offsets"),
-    "KafkaConsumerLagSecondsHigh": (">", "more than {} seconds"),
-    "KafkaLeaderChanges": (">=", "({} or more)"),
-}
+def rules_named(name: str) -> list[dict]:
+    return [r for r in alerting_rules() if r["alert"] == name]
 
 
-@pytest.mark.parametrize("name", sorted(THRESHOLDS))
-def test_threshold_in_the_description_matches_the_expression(name: str):
-    """The threshold is written once in the expression and repeated in the description:
-    changing one without the other would tell the on-call person a wrong number."""
-    op, wording = THRESHOLDS[name]
-    r = rule(name)
-    thresholds = re.findall(rf"(?<![<>=!]){re.escape(op)}\s*([0-9.e+]+)\s*$", r["expr"].strip())
-    assert len(thresholds) == 1, f"expected one `{op} N` at the end of the expression: {r['expr']!r}"
-    assert wording.format(thresholds[0]) in " ".join(r["annotations"]["description"].split())
-
-
-#: the job's alerts (streaming.rules.Alert) and the Prometheus alert that pages on each; the
-#: gauge-based rules cover the rest (ConsumerLagHigh: offsets and seconds; ConsumerLagStatus:
-#: one alert per status)
-JOB_ALERTS = {
-    "IsrShrink": "KafkaIsrShrink", "UnderReplicated": "KafkaUnderReplicatedPartition",
-    "OfflinePartition": "KafkaOfflinePartition", "UnderMinIsr": "KafkaUnderMinIsr", "AtMinIsr": "KafkaAtMinIsr",
-    "HighWatermarkStalled": "KafkaHighWatermarkStalled", "PartitionUnobserved": "KafkaPartitionUnobserved",
-    "LeaderChanged": "KafkaLeaderChanges", "PreferredLeaderImbalance": "KafkaPreferredLeaderImbalance",
-    "PartitionCountChanged": "KafkaPartitionCountChanged", "RebalanceStorm": "KafkaRebalanceStorm",
-    "RebalanceStuck": "KafkaRebalanceStuck", "GroupEmptyWithLag": "KafkaGroupEmptyWithLag",
-    "MetadataStale": "KafkaMetadataStale", "MetadataRefreshStorm": "KafkaMetadataRefreshStorm",
-    "SourceSilent": "KafkaMonitorSourceSilent",
-}
-GAUGE_COVERED = {"ConsumerLagHigh": ["KafkaConsumerLagHigh", "KafkaConsumerLagSecondsHigh"],
-                 "ConsumerLagStatus": ["KafkaConsumerLagGrowing", "KafkaConsumerStalled", "KafkaConsumerStopped",
-                                       "KafkaConsumerRewound"]}
-
-
-def test_every_alert_of_the_catalogue_has_a_prometheus_rule():
-    """Every alert the job can raise is turned into a Prometheus alert: read from
-    kafka_monitor_alert_active{alert="<name>"}, or from the gauges the job's rule uses."""
+def test_every_alert_the_job_decides_is_relayed_under_its_own_name():
+    """One name everywhere: the job's alert X is the Prometheus alert X, read from
+    kafka_monitor_alert_active{alert="X"} at the job's severity; ConsumerLagStatus (whose
+    severity depends on the status) from the job's status gauges, one rule per status."""
     from streaming.rules import SEVERITY, Alert
+    from streaming.rules_lag import STATUS_SEVERITY
 
-    names = {r["alert"] for r in alerting_rules()}
-    assert set(JOB_ALERTS) | set(GAUGE_COVERED) == {a.value for a in Alert}
     problems = []
-    for job_alert, prom_alert in JOB_ALERTS.items():
-        if prom_alert not in names:
-            problems.append(f"{job_alert}: no rule {prom_alert}")
-        elif f'kafka_monitor_alert_active{{alert="{job_alert}"}}' not in rule(prom_alert)["expr"]:
-            problems.append(f"{prom_alert} does not read kafka_monitor_alert_active{{alert=\"{job_alert}\"}}")
-        elif rule(prom_alert)["labels"]["severity"] != SEVERITY[Alert(job_alert)].name.lower():
-            problems.append(f"{prom_alert}: severity {rule(prom_alert)['labels']['severity']}, the job's is "
-                            f"{SEVERITY[Alert(job_alert)].name.lower()}")
-    for job_alert, prom_alerts in GAUGE_COVERED.items():
-        problems += [f"{job_alert}: no rule {a}" for a in prom_alerts if a not in names]
+    for a in Alert:
+        rules = rules_named(a.value)
+        if not rules:
+            problems.append(f"{a.value}: no Prometheus rule of that name")
+        elif a is Alert.CONSUMER_LAG_STATUS:
+            statuses = {r["labels"].get("status"): r for r in rules}
+            want = {st.name: sev for st, sev in STATUS_SEVERITY.items() if sev is not None}
+            if set(statuses) != set(want):
+                problems.append(f"ConsumerLagStatus: rules for statuses {sorted(statuses)}, the job's are {sorted(want)}")
+            for st, r in statuses.items():
+                if f'kafka_monitor_group_topic_lag_status_partitions{{status="{st}"}}' not in r["expr"]:
+                    problems.append(f"ConsumerLagStatus status={st} does not read the job's {st} count")
+                sev = want.get(st)
+                if sev and r["labels"]["severity"] != sev.name.lower():
+                    problems.append(f"ConsumerLagStatus status={st}: severity {r['labels']['severity']}, "
+                                    f"the job's is {sev.name.lower()}")
+        else:
+            (r,) = rules
+            if f'kafka_monitor_alert_active{{alert="{a.value}"}}' not in r["expr"]:
+                problems.append(f"{a.value} does not read kafka_monitor_alert_active{{alert=\"{a.value}\"}}")
+            if r["labels"]["severity"] != SEVERITY[a].name.lower():
+                problems.append(f"{a.value}: severity {r['labels']['severity']}, the job's is {SEVERITY[a].name.lower()}")
+    others = {r["alert"] for r in alerting_rules()} - {a.value for a in Alert}
+    problems += [f"{n}: neither a job alert nor the monitor's own (KafkaMonitor*)"
+                 for n in sorted(others) if not n.startswith("KafkaMonitor")]
     assert not problems, "\n".join(problems)
+
+
+#: a comparison with a number, e.g. `> 1000`, `>= 3`, `< 0.5` (not `> 0`, "is there one")
+NUMERIC_THRESHOLD = re.compile(r"(?<![<>=!])(?:>=|<=|>|<|==|!=)\s*(?!0(?![0-9.]))([0-9][0-9.e+]*)")
+
+
+def test_no_rule_repeats_a_threshold_the_job_owns():
+    """The drift test: Kafka's health is decided once, by the job's [job.rules.*] settings.
+    A relay that compared a gauge with a number of its own (the old KafkaConsumerLagHigh at
+    1000 offsets against the job's 10000) would page on a different condition than the job's
+    alert with the same name."""
+    problems = [f"{r['alert']}: {m.group(0)!r} in {' '.join(r['expr'].split())!r}"
+                for r in alerting_rules() if not r["alert"].startswith("KafkaMonitor")
+                for m in NUMERIC_THRESHOLD.finditer(r["expr"])]
+    assert not problems, ("rules for job alerts compare with numbers of their own; set the job's "
+                          "[job.rules.*] setting instead:\n" + "\n".join(problems))
+
+
+def test_the_drift_check_sees_a_threshold():
+    assert NUMERIC_THRESHOLD.search("max by (cluster) (kafka_monitor_group_topic_lag_max) > 1000")
+    assert NUMERIC_THRESHOLD.search("count by (topic) (x) >= 3")
+    assert not NUMERIC_THRESHOLD.search("max by (cluster) (kafka_monitor_alert_active{alert=\"X\"}) > 0")
 
 
 # -- a real Prometheus server ---------------------------------------------------------------------

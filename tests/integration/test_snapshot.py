@@ -88,7 +88,7 @@ def generate(t0: int) -> str:
     - replicas 3 everywhere; ISR 2 on orders/2 for the last 10 minutes (still under-replicated)
       and on orders/1 from t0-40m to t0-20m (resolved); the job's UnderReplicated alert over the
       same spans, and OfflinePartition (critical, leader -1) on payments/0 t0-50m..t0-48m;
-    - Prometheus's ALERTS for KafkaUnderReplicatedPartition: pending 5 minutes, then firing;
+    - Prometheus's ALERTS for UnderReplicated: pending 5 minutes, then firing;
     - the job: up except t0-31m..t0-29m (down), batches stalled t0-32m..t0-29m; quarantined
       malformed_json +1 every 5 minutes; probe-a's heartbeat 5s old.
     """
@@ -127,7 +127,7 @@ def generate(t0: int) -> str:
         gauge(alert, dict(alert="UnderReplicated", severity="warning", cluster=CLUSTER, topic=topic,
                           partition=str(p), group=""), lambda t, a=a, b=b: 1 if between(t, a, b) else None)
         for state, span in (("pending", (a, a - 5)), ("firing", (a - 5, b))):
-            gauge("ALERTS", dict(alertname="KafkaUnderReplicatedPartition", alertstate=state, severity="warning",
+            gauge("ALERTS", dict(alertname="UnderReplicated", alertstate=state, severity="warning",
                                  cluster=CLUSTER, topic=topic, partition=str(p)),
                   lambda t, s=span: 1 if between(t, *s) else None, typ="")
     gauge(alert, dict(alert="OfflinePartition", severity="critical", cluster=CLUSTER, topic="payments",
@@ -342,7 +342,7 @@ def test_alerts_timeline_shows_opened_and_resolved_alerts(page, prometheus):
     prom = page["tables"]["alerts-prometheus"][1:]
     states = [(e_, s_, to) for e_, s_, _, to, _ in prom if "partition 2" in e_]
     assert [(s_, to) for _, s_, to in states] == [("pending", hhmm(t0 - 300)), ("firing", "open")]
-    assert all(e_.startswith("KafkaUnderReplicatedPartition · ") for e_, *_ in prom)
+    assert all(e_.startswith("UnderReplicated · ") for e_, *_ in prom)
     assert "more rows not shown" not in page["html"]  # 2 entities of 2 series each (pending, firing)
 
 
