@@ -559,7 +559,7 @@ def monitor_health() -> dict:
                       "default) = the job falls behind.",
                       [target("max by (instance) (kafka_monitor_job_last_trigger_duration_seconds)",
                               legend="trigger {{instance}}"),
-                       target("max by (instance) (kafka_monitor_job_last_batch_duration_seconds)",
+                       target("max by (instance) (kafka_monitor_job_last_sink_duration_seconds)",
                               legend="sink {{instance}}", ref="B")], unit="s", min_=0), 8),
           (timeseries("Last micro-batch age", "Seconds since the last completed micro-batch (the alert limit is "
                       "120 s).", [target("time() - max by (instance) (kafka_monitor_job_last_batch_timestamp_seconds > 0)",
@@ -570,11 +570,11 @@ def monitor_health() -> dict:
                       min_=0, decimals=0), 8),
           (timeseries("State rows applied per second", "State-output rows the job's sink applies to the exporter "
                       "per second.",
-                      [target("sum by (instance) (rate(kafka_monitor_job_input_rows_total[$__rate_interval]))",
+                      [target("sum by (instance) (rate(kafka_monitor_job_sink_rows_total[$__rate_interval]))",
                               legend="{{instance}}")], unit="suffix: rows/s", min_=0), 8),
-          (timeseries("State store rows", "Rows in the job's state store (grouping keys with state): grows with the "
-                      "partitions and groups watched.",
-                      [target("max by (instance) (kafka_monitor_job_state_rows)", legend="{{instance}}")],
+          (timeseries("State store keys", "Grouping keys with state in the job's state store: its buckets "
+                      "(job.buckets), whatever the number of partitions and groups watched.",
+                      [target("max by (instance) (kafka_monitor_job_state_keys)", legend="{{instance}}")],
                       min_=0, decimals=0), 8))
     g.row(8,
           (timeseries("Quarantined events per second", "Events the quality gate refused, by reason; they never "

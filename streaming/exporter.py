@@ -83,6 +83,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
     P + "source_cycle_duration_seconds": ("gauge", "How long the source's last observation cycle took (its last heartbeat's cycle_duration_ms); above the heartbeat interval its observations fall behind.", ("cluster", "source")),
     P + "source_observation_lag_seconds": ("gauge", "How late the source's last observation started after its schedule (its last heartbeat's observation_lag_ms).", ("cluster", "source")),
+    P + "source_events_dropped": ("gauge", "Events the source dropped since it started (its last heartbeat's events_dropped: local queue full or delivery failed); back to 0 when it restarts.", ("cluster", "source")),
     P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
@@ -92,11 +93,11 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "job_up": ("gauge", "1 while the job runs (its streaming query starting or running), 0 after the query failed.", ()),
     P + "job_start_timestamp_seconds": ("gauge", "When the job process started serving metrics (Unix time); start-up allowances of the alert rules count from it.", ()),
     P + "job_events_behind": ("gauge", "Records in the events topic the job has not processed yet (at its last batch).", ()),
-    P + "job_state_rows": ("gauge", "Rows in the job's state store (grouping keys with state).", ()),
+    P + "job_state_keys": ("gauge", "Grouping keys with state in the job's state store: its buckets (job.buckets), not its entities.", ()),
     P + "job_last_trigger_duration_seconds": ("gauge", "Wall time of the last micro-batch, read to write.", ()),
     P + "job_batches_total": ("counter", "Micro-batches the job has completed.", ()),
-    P + "job_input_rows_total": ("counter", "State-output rows the sink has applied.", ()),
-    P + "job_last_batch_duration_seconds": ("gauge", "Wall time of the last micro-batch's sink.", ()),
+    P + "job_sink_rows_total": ("counter", "State-output rows the sink has applied.", ()),
+    P + "job_last_sink_duration_seconds": ("gauge", "Wall time of the last micro-batch's sink.", ()),
     P + "job_last_batch_timestamp_seconds": ("gauge", "When the last micro-batch completed (Unix time).", ()),
 }
 
@@ -483,7 +484,8 @@ class Exporter:
                     for name, v in (("source_last_heartbeat_timestamp_seconds", r["at"] / 1000.0),
                                     ("source_heartbeat_interval_seconds", _seconds(r.get("interval_ms"))),
                                     ("source_cycle_duration_seconds", _seconds(r.get("cycle_duration_ms"))),
-                                    ("source_observation_lag_seconds", _seconds(r.get("observation_lag_ms")))):
+                                    ("source_observation_lag_seconds", _seconds(r.get("observation_lag_ms"))),
+                                    ("source_events_dropped", r.get("count"))):
                         self._remove(name, lab) if action == "remove" else self._set(name, lab, v)
                 elif kind == "group":
                     lab = (r["cluster"], r["consumer_group"])
@@ -526,15 +528,15 @@ class Exporter:
     def batch_done(self, rows: int, duration_s: float, finished_at: float) -> None:
         self._generation += 1
         self.m("job_batches_total").inc()
-        self.m("job_input_rows_total").inc(rows)
-        self.m("job_last_batch_duration_seconds").set(duration_s)
+        self.m("job_sink_rows_total").inc(rows)
+        self.m("job_last_sink_duration_seconds").set(duration_s)
         self.m("job_last_batch_timestamp_seconds").set(finished_at)
 
-    def progress(self, batch_id: Any, events_behind: int, input_rows: int, state_rows: int, duration_s: float) -> None:
+    def progress(self, events_behind: int, state_keys: int, duration_s: float) -> None:
         """From Spark's progress report of the last micro-batch."""
         self._generation += 1
         self.m("job_events_behind").set(events_behind)
-        self.m("job_state_rows").set(state_rows)
+        self.m("job_state_keys").set(state_keys)
         self.m("job_last_trigger_duration_seconds").set(duration_s)
 
     def set_up(self, up: bool) -> None:

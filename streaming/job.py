@@ -477,10 +477,10 @@ def report_progress(p: Any, exporter: Exporter) -> None:
                 behind += max(0, off - eo.get(part, 0))
         except (ValueError, TypeError, AttributeError):
             continue
-    state_rows = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])
+    state_keys = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])
     duration_ms = get(p, "durationMs", {}) or {}
-    exporter.progress(batch_id=get(p, "batchId"), events_behind=behind, input_rows=get(p, "numInputRows", 0),
-                      state_rows=state_rows, duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0)
+    exporter.progress(events_behind=behind, state_keys=state_keys,
+                      duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0)
 
 
 class ProgressListener(StreamingQueryListener):

@@ -76,7 +76,7 @@ MUST_READ = {
                              "kafka_monitor_group_partition_lag_seconds", "kafka_monitor_group_partition_lag_status"},
     "monitor-health.json": {"kafka_monitor_job_up", "kafka_monitor_job_batches_total",
                             "kafka_monitor_job_last_batch_timestamp_seconds",
-                            "kafka_monitor_job_last_batch_duration_seconds", "kafka_monitor_events_quarantined_total",
+                            "kafka_monitor_job_last_sink_duration_seconds", "kafka_monitor_events_quarantined_total",
                             "kafka_monitor_exporter_series_refused_total",
                             "kafka_monitor_source_last_heartbeat_timestamp_seconds",
                             "kafka_monitor_source_heartbeat_delay_seconds"},

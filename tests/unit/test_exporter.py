@@ -96,6 +96,19 @@ def test_source_heartbeat_and_interval_and_quarantine_reasons_start_at_zero():
     assert v(e, "source_heartbeat_interval_seconds", cluster="k", source="p") is None
 
 
+def test_a_sources_dropped_events_are_served_and_follow_its_restarts():
+    e = Exporter()
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=5000, count=7)], batch_id=0)
+    assert v(e, "source_events_dropped", cluster="k", source="p") == 7.0
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=6000, count=0)], batch_id=1)
+    assert v(e, "source_events_dropped", cluster="k", source="p") == 0.0  # restarted
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=7000, count=None)], batch_id=2)
+    assert v(e, "source_events_dropped", cluster="k", source="p") == 0.0  # without the count: as it was
+    e.apply([row(kind="source", action="upsert", cluster="k", source="p", at=8000, count=3)], batch_id=3)
+    e.apply([row(kind="source", action="remove", cluster="k", source="p", at=8000)], batch_id=4)
+    assert v(e, "source_events_dropped", cluster="k", source="p") is None
+
+
 def test_the_heartbeat_delay_is_the_age_of_a_heartbeat_when_the_exporter_gets_it():
     e = Exporter()
     now_ms = int(time.time() * 1000)
