@@ -37,6 +37,8 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
+from typing import Iterable, Iterator, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,11 +46,113 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from streaming import quality as q  # noqa: E402
+from streaming.gcpause import gc_paused  # noqa: E402
+
 BATCH_S = 3.0
 CORES = 2
 LONGS = ["seq", "observed_at", "partition", "leader", "leader_epoch", "min_insync_replicas", "high_watermark",
          "log_start_offset", "last_stable_offset", "committed_offset", "interval_ms", "events_dropped"]
 TYPES = np.array(["partition_metadata", "partition_offsets", "group_offsets", "heartbeat"], dtype=object)
+
+
+# -- the wirings compared with --spark: the gate as a mapInPandas function and as an iterator
+# pandas UDF.  The job validates in parse_values instead; these live here, where they are
+# measured (defined in this script so that Spark pickles them by value for its workers).
+
+#: at most this many rows are validated together by gate_batches / reason_batches
+MAX_ROWS_PER_VALIDATION = 200_000
+
+
+def gate(pdf: pd.DataFrame) -> pd.DataFrame:
+    """``pdf`` with ``reason`` set for the rows that fail the suite.  Columns, dtypes, index and
+    every other value are left as they were (rows with an upstream reason keep it)."""
+    return _with_reasons(pdf, q.validate_frame(pdf).to_numpy())
+
+
+def _with_reasons(pdf: pd.DataFrame, reasons: np.ndarray) -> pd.DataFrame:
+    bad = pd.notna(reasons)
+    if not bad.any():
+        return pdf
+    out = pdf.copy(deep=False)  # the caller's frame is not modified
+    col = pdf["reason"].to_numpy(dtype=object, copy=True)
+    col[bad] = reasons[bad]
+    reason = pd.Series(col, index=pdf.index)
+    try:  # keep the column's dtype (object from Spark; pandas' "string" also works)
+        reason = reason.astype(pdf["reason"].dtype)
+    except (TypeError, ValueError):  # e.g. an all-null float column in a hand-made frame
+        reason = reason.astype(object)
+    out["reason"] = reason
+    return out
+
+
+def gate_batches(frames: Iterable[pd.DataFrame], max_rows: Optional[int] = None) -> Iterator[pd.DataFrame]:
+    """The ``mapInPandas`` function: ``parsed.mapInPandas(gate_batches, parsed.schema)``.
+
+    Spark hands a task its rows as Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``
+    (10,000) rows.  GX's fixed cost is per validation, so the frames of a task are validated
+    together (up to ``max_rows`` rows at a time: bounded memory) and then yielded one by one,
+    unchanged except for ``reason``."""
+    with gc_paused():
+        for chunk in _chunks(frames, max_rows or MAX_ROWS_PER_VALIDATION):
+            yield from _gate_many(chunk)
+
+
+def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+    """An iterator pandas UDF body (``Iterator[pd.DataFrame] -> Iterator[pd.Series]``): the
+    reason of each row, upstream reason first, else the gate's, else None.  Feed it
+    ``F.struct(*q.INPUT_COLUMNS)``: only these columns make the round trip to Python (the raw
+    text and everything else stay in the JVM), and one string column comes back.  Like
+    ``gate_batches``, a task's batches are validated together (up to
+    ``MAX_ROWS_PER_VALIDATION`` rows).  The signature is what ``F.pandas_udf`` infers an
+    iterator UDF from: keep it to this one argument."""
+    with gc_paused():
+        for chunk in _chunks(frames, MAX_ROWS_PER_VALIDATION):
+            yield from _reasons_many(chunk)
+
+
+def _chunks(frames: Iterable[pd.DataFrame], max_rows: int) -> Iterator[list[pd.DataFrame]]:
+    """A task's frames in runs of about ``max_rows`` rows (each run is validated at once)."""
+    buf: list[pd.DataFrame] = []
+    rows = 0
+    for pdf in frames:
+        buf.append(pdf)
+        rows += len(pdf)
+        if rows >= max_rows:
+            yield buf
+            buf, rows = [], 0
+    if buf:
+        yield buf
+
+
+def _reasons_many(frames: list[pd.DataFrame]) -> Iterator[pd.Series]:
+    together = _concat(frames) if len(frames) > 1 else frames[0]
+    got = q.validate_frame(together).to_numpy()
+    if "reason" in together.columns:
+        upstream = together["reason"].to_numpy(dtype=object)
+        got = np.where(pd.isna(upstream), got, upstream)
+    start = 0
+    for f in frames:
+        yield pd.Series(got[start:start + len(f)], dtype=object)
+        start += len(f)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    cols = [c for c in q.INPUT_COLUMNS if c in frames[0].columns]
+    with warnings.catch_warnings():  # all-null columns in some chunks: pandas' concat FutureWarning
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat([f[cols] for f in frames], ignore_index=True)
+
+
+def _gate_many(frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    if len(frames) == 1:
+        yield gate(frames[0])
+        return
+    reasons = q.validate_frame(_concat(frames)).to_numpy()
+    start = 0
+    for f in frames:
+        yield _with_reasons(f, reasons[start:start + len(f)])
+        start += len(f)
 
 
 def frame(n: int, bad_frac: float = 0.0, seed: int = 7) -> pd.DataFrame:
@@ -176,7 +280,7 @@ def spark_bench(sizes: list[int], runs: int, bad_frac: float, partitions: int = 
             for f in it:
                 yield f
 
-        reason_udf = F.pandas_udf(q.reason_batches, "string")
+        reason_udf = F.pandas_udf(reason_batches, "string")
         for n in sizes:
             df = spark.createDataFrame(_spark_rows(frame(n, bad_frac)), schema).repartition(partitions).cache()
             df.count()
@@ -186,7 +290,7 @@ def spark_bench(sizes: list[int], runs: int, bad_frac: float, partitions: int = 
             variants = {
                 "no_python_stage": df,
                 "identity_mapInPandas": df.mapInPandas(identity, df.schema),
-                "mapInPandas_gate_batches": df.mapInPandas(q.gate_batches, df.schema),
+                "mapInPandas_gate_batches": df.mapInPandas(gate_batches, df.schema),
                 "pandas_udf_reason_batches": df.withColumn("reason", reason_udf(F.struct(*q.INPUT_COLUMNS))),
             }
             verdicts = {}

@@ -13,11 +13,6 @@ API
                           expectation's ``meta["rule"]`` is the reason it gives.
 ``validate_frame(pdf)``   -> ``pd.Series`` of reasons aligned with ``pdf.index``: None for a good
                           row and for a row that already has an upstream reason (not re-checked).
-``gate(pdf)``             -> ``pdf`` with ``reason`` filled for failing rows; same columns,
-                          dtypes, index and values otherwise.
-``gate_batches(frames)``  the ``mapInPandas`` function (one GX validation per task, see below).
-``reason_batches(frames)`` the same as an iterator pandas UDF returning the reason column (less
-                          Arrow traffic than mapInPandas; see "Wiring").
 ``RULES``                 rule name -> ``Rule(name, types, text)``, in priority order.
 ``warm_up()``             build the per-process GX objects now; returns import/build seconds.
 ``QualityGateError``      GX could not evaluate a rule (a code defect, never a bad event).
@@ -25,9 +20,8 @@ API
 Wiring: ``streaming.parsing.parse_values`` decodes a Spark task's events into the flat rows and
 calls ``validate_frame`` on them, in the same Python pass (``job.parse`` is one ``mapInArrow``);
 rows with a reason then go to the quarantine bucket, keep their raw text and are counted.
-``gate_batches`` / ``reason_batches`` wire the suite into Spark on their own (``mapInPandas`` or an
-iterator pandas UDF over ``INPUT_COLUMNS``), as the job did before parsing moved to Python; the
-benchmark (bench/quality_bench.py) still measures them that way.
+(The earlier wirings, a ``mapInPandas`` gate and an iterator pandas UDF, live on in
+bench/quality_bench.py, which still compares them.)
 
 How GX is used
 --------------
@@ -62,9 +56,8 @@ How GX is used
   ~0.1 s CPU for the 20 expectations (~5 ms each, ~25 ms for the row-conditioned one), spent in
   GX's Python (building the metric graph, pydantic config copies), not on the data; the rows
   cost ~1.5-5 us each.  A frame with a bad row pays a second pass (~0.05-0.3 s).  So the gate
-  must validate once per Spark task, not once per Arrow batch (10,000 rows):
-  ``gate_batches`` / ``reason_batches`` concatenate a task's frames (up to
-  ``MAX_ROWS_PER_VALIDATION``) and validate them together.  Importing GX costs 3-5 s per Python
+  must validate once per Spark task, not once per Arrow batch (10,000 rows): ``parse_values``
+  validates a task's rows together.  Importing GX costs 3-5 s per Python
   process (it imports pyspark.ml, scipy, altair...), paid once per Spark Python worker.
 * An expectation GX cannot evaluate (a metric raised: a dtype the rules do not expect) is a code
   defect, not a bad event - the Spark schema fixes the dtypes - so it raises ``QualityGateError``
@@ -114,13 +107,12 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
 from monitor.contract import EVENT_TYPES, KAFKA_OFFSET_SENTINELS, PAYLOADS
-from streaming.gcpause import gc_paused
 
 # ---------------------------------------------------------------------------------------------
 # The rules
@@ -157,10 +149,8 @@ ENVELOPE_COLUMNS = ("type", "seq", "observed_at")
 PAYLOAD_COLUMNS = ("partition", "leader", "leader_epoch", "min_insync_replicas") + OFFSET_COLUMNS + (
     "interval_ms", "events_dropped")
 ARRAY_COLUMNS = ("replicas", "isr", "offline_replicas")
-#: the columns the gate reads (``reason_batches`` takes them as one struct column)
+#: the columns the gate reads
 INPUT_COLUMNS = ("reason", *ENVELOPE_COLUMNS, *PAYLOAD_COLUMNS, *ARRAY_COLUMNS)
-#: at most this many rows are validated together by gate_batches / reason_batches
-MAX_ROWS_PER_VALIDATION = 200_000
 
 
 @dataclass(frozen=True)
@@ -563,94 +553,3 @@ def _validate_narrow(frame: pd.DataFrame) -> np.ndarray:
         if len(idx):
             reasons[np.asarray(idx, dtype=np.int64)] = rule
     return reasons
-
-
-def gate(pdf: pd.DataFrame) -> pd.DataFrame:
-    """``pdf`` with ``reason`` set for the rows that fail the suite.  Columns, dtypes, index and
-    every other value are left as they were (rows with an upstream reason keep it)."""
-    return _with_reasons(pdf, validate_frame(pdf).to_numpy())
-
-
-def _with_reasons(pdf: pd.DataFrame, reasons: np.ndarray) -> pd.DataFrame:
-    bad = pd.notna(reasons)
-    if not bad.any():
-        return pdf
-    out = pdf.copy(deep=False)  # the caller's frame is not modified
-    col = pdf["reason"].to_numpy(dtype=object, copy=True)
-    col[bad] = reasons[bad]
-    reason = pd.Series(col, index=pdf.index)
-    try:  # keep the column's dtype (object from Spark; pandas' "string" also works)
-        reason = reason.astype(pdf["reason"].dtype)
-    except (TypeError, ValueError):  # e.g. an all-null float column in a hand-made frame
-        reason = reason.astype(object)
-    out["reason"] = reason
-    return out
-
-
-def gate_batches(frames: Iterable[pd.DataFrame], max_rows: Optional[int] = None) -> Iterator[pd.DataFrame]:
-    """The ``mapInPandas`` function: ``parsed.mapInPandas(gate_batches, parsed.schema)``.
-
-    Spark hands a task its rows as Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``
-    (10,000) rows.  GX's fixed cost is per validation, so the frames of a task are validated
-    together (up to ``max_rows`` rows at a time: bounded memory) and then yielded one by one,
-    unchanged except for ``reason``."""
-    with gc_paused():
-        for chunk in _chunks(frames, max_rows or MAX_ROWS_PER_VALIDATION):
-            yield from _gate_many(chunk)
-
-
-def reason_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
-    """An iterator pandas UDF body (``Iterator[pd.DataFrame] -> Iterator[pd.Series]``): the
-    reason of each row, upstream reason first, else the gate's, else None.  Feed it
-    ``F.struct(*INPUT_COLUMNS)``: only these columns make the round trip to Python (the raw
-    text and everything else stay in the JVM), and one string column comes back.  Like
-    ``gate_batches``, a task's batches are validated together (up to
-    ``MAX_ROWS_PER_VALIDATION`` rows).  The signature is what ``F.pandas_udf`` infers an
-    iterator UDF from: keep it to this one argument."""
-    with gc_paused():
-        for chunk in _chunks(frames, MAX_ROWS_PER_VALIDATION):
-            yield from _reasons_many(chunk)
-
-
-def _chunks(frames: Iterable[pd.DataFrame], max_rows: int) -> Iterator[list[pd.DataFrame]]:
-    """A task's frames in runs of about ``max_rows`` rows (each run is validated at once)."""
-    buf: list[pd.DataFrame] = []
-    rows = 0
-    for pdf in frames:
-        buf.append(pdf)
-        rows += len(pdf)
-        if rows >= max_rows:
-            yield buf
-            buf, rows = [], 0
-    if buf:
-        yield buf
-
-
-def _reasons_many(frames: list[pd.DataFrame]) -> Iterator[pd.Series]:
-    together = _concat(frames) if len(frames) > 1 else frames[0]
-    got = validate_frame(together).to_numpy()
-    if "reason" in together.columns:
-        upstream = together["reason"].to_numpy(dtype=object)
-        got = np.where(pd.isna(upstream), got, upstream)
-    start = 0
-    for f in frames:
-        yield pd.Series(got[start:start + len(f)], dtype=object)
-        start += len(f)
-
-
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    cols = [c for c in INPUT_COLUMNS if c in frames[0].columns]
-    with warnings.catch_warnings():  # all-null columns in some chunks: pandas' concat FutureWarning
-        warnings.simplefilter("ignore", FutureWarning)
-        return pd.concat([f[cols] for f in frames], ignore_index=True)
-
-
-def _gate_many(frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    if len(frames) == 1:
-        yield gate(frames[0])
-        return
-    reasons = validate_frame(_concat(frames)).to_numpy()
-    start = 0
-    for f in frames:
-        yield _with_reasons(f, reasons[start:start + len(f)])
-        start += len(f)

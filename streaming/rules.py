@@ -188,14 +188,6 @@ def lag(committed: Optional[int], hw: Optional[int]) -> Optional[int]:
     return max(0, int(hw) - int(committed))
 
 
-def on_group_offsets(state: dict, obs: dict, now: int) -> list[Transition]:
-    committed = obs.get("committed_offset")
-    hw = obs.get("high_watermark")
-    state.update(committed=None if committed is None else int(committed),
-                 hw=None if hw is None else int(hw), lag=lag(committed, hw), last_seen=now)
-    return []
-
-
 def evict(state: dict, now: int, ttl_ms: int, entity: str, labels: dict) -> Optional[list[Transition]]:
     """None when the entity is still alive; otherwise the transitions that resolve its open
     alerts (an entity that disappeared — a deleted topic, a group that went away — must not

@@ -529,7 +529,9 @@ def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Tr
         elif kind == "topic":
             out += rules_partition.tick_topic(s, now, key, cfg.partition)
         elif kind == "group":
-            out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
+            due = rules_group.group_due_at(s, cfg.group)  # None: no timer runs, tick_group would do nothing
+            if due is not None and due <= now:
+                out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
         elif kind in _DUE:
             out += catch_up(s, key, now, cfg)
     return out

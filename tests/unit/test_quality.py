@@ -183,10 +183,8 @@ def test_every_rule_has_a_failing_and_a_passing_case():
 def test_good_rows_stay_untouched():
     df = frame(pmd(), poff(), goff(), cfetch(), hb(), spark_dtypes=True)
     before = df.copy(deep=True)
-    out = q.gate(df)
-    pd.testing.assert_frame_equal(out, before)
-    pd.testing.assert_frame_equal(df, before)  # the input is not modified either
     assert q.validate_frame(df).isna().all()
+    pd.testing.assert_frame_equal(df, before)  # the input is not modified
 
 
 def test_mixed_batch_maps_reasons_to_the_right_rows_whatever_the_index():
@@ -207,37 +205,26 @@ def test_mixed_batch_maps_reasons_to_the_right_rows_whatever_the_index():
     for name, df in variants.items():
         reasons = q.validate_frame(df)
         assert list(reasons.index) == list(df.index), name
-        # upstream reasons are not re-checked: None from validate_frame, kept by gate
+        # upstream reasons are not re-checked: None from validate_frame
         assert list(reasons) == [None if e == "malformed_json" else e for e in expected], name
-        out = q.gate(df)
-        assert list(out["reason"]) == expected, name
-        assert list(out.index) == list(df.index), name
-        assert list(out["raw"]) == list(df["raw"]), name  # a quarantined row keeps its raw text
 
 
-def test_gate_keeps_columns_dtypes_and_values():
+def test_unknown_columns_are_ignored_and_the_frame_is_not_modified():
     df = frame(pmd(), pmd(leader=-2), poff(high_watermark=-1001), hb(), spark_dtypes=True)
-    df["extra"] = 1.5  # a column the gate does not know passes through
-    out = q.gate(df)
-    assert list(out.columns) == list(df.columns)
-    assert out.dtypes.to_dict() == df.dtypes.to_dict()
-    assert list(out["reason"]) == [None, "leader_not_below_minus_one", "offset_sentinel", None]
-    pd.testing.assert_frame_equal(out.drop(columns="reason"), df.drop(columns="reason"))
-    assert df["reason"].isna().all()  # the caller's frame is not modified
+    df["extra"] = 1.5  # a column the gate does not know
+    before = df.copy(deep=True)
+    assert list(q.validate_frame(df)) == [None, "leader_not_below_minus_one", "offset_sentinel", None]
+    pd.testing.assert_frame_equal(df, before)
 
 
 def test_empty_frame():
     df = frame(spark_dtypes=True).iloc[0:0]
     assert len(q.validate_frame(df)) == 0
-    out = q.gate(df)
-    assert out.empty and list(out.columns) == COLS and out.dtypes.to_dict() == df.dtypes.to_dict()
-    assert list(q.gate_batches(iter([]))) == []
 
 
 def test_only_upstream_quarantined_rows():
     df = frame(with_(poff(high_watermark=-1), reason="out_of_range"), with_(hb(), reason="missing_field"))
-    assert q.validate_frame(df).isna().all()
-    assert list(q.gate(df)["reason"]) == ["out_of_range", "missing_field"]
+    assert q.validate_frame(df).isna().all()  # not re-checked: their reason stays the upstream one
 
 
 @pytest.mark.parametrize("null", [None, np.nan, pd.NA], ids=["None", "NaN", "NA"])
@@ -261,19 +248,6 @@ def test_all_null_optional_columns(null):
 def test_missing_columns_are_treated_as_null():
     df = frame(hb(), poff()).drop(columns=["events_dropped", "last_stable_offset", "offline_replicas"])
     assert q.validate_frame(df).isna().all()
-
-
-def test_gate_batches_validates_a_task_once_and_keeps_the_frames():
-    frames = [frame(pmd(), pmd(isr=[7])), frame(hb(interval_ms=0)), frame(poff(), goff(), spark_dtypes=False)]
-    outs = list(q.gate_batches(iter(frames)))
-    assert q.LAST["rows"] == 5  # one validation for the three frames
-    assert [len(o) for o in outs] == [2, 1, 2]
-    assert [list(o["reason"]) for o in outs] == [[None, "isr_subset_of_replicas"], ["interval_positive"], [None, None]]
-    for f, o in zip(frames, outs):
-        assert list(o.index) == list(f.index) and o.dtypes.to_dict() == f.dtypes.to_dict()
-    # max_rows bounds what is validated together
-    outs = list(q.gate_batches(iter(frames), max_rows=2))
-    assert [list(o["reason"]) for o in outs] == [[None, "isr_subset_of_replicas"], ["interval_positive"], [None, None]]
 
 
 def test_suite_is_built_once_per_process():
@@ -322,15 +296,3 @@ def test_pair_membership_is_exact_for_large_broker_ids():
     assert list(q._pairs_in(rows, ids, in_rows, in_ids)) == [True, True, False, False]
     assert list(q.validate_frame(frame(pmd(replicas=[2**31 - 1, 0], isr=[2**31 - 1]),
                                        pmd(replicas=[2**31 - 1, 0], isr=[2**31 - 2])))) == [None, "isr_subset_of_replicas"]
-
-
-def test_reason_batches_for_a_pandas_udf():
-    """The iterator-UDF form: one Series per input frame, upstream reason first, a 0..n-1 index
-    (what Spark expects back), one validation for the task."""
-    frames = [frame(pmd(isr=[5]), with_(hb(interval_ms=0), reason="missing_field")).set_axis([7, 8]),
-              frame(poff(), goff(committed_offset=-1001), spark_dtypes=True)]
-    outs = list(q.reason_batches(iter(frames)))
-    assert q.LAST["rows"] == 3  # the row with an upstream reason is not validated
-    assert [list(o) for o in outs] == [["isr_subset_of_replicas", "missing_field"], [None, "offset_sentinel"]]
-    assert [list(o.index) for o in outs] == [[0, 1], [0, 1]]
-    assert list(q.reason_batches(iter([]))) == []

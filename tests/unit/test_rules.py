@@ -102,14 +102,6 @@ def test_lag_from_one_observation(committed, hw, expected):
     assert rules.lag(committed, hw) == expected
 
 
-def test_group_offsets_update_state():
-    s = rules.new_group_partition("k", "g", "t", 0)
-    assert rules.on_group_offsets(s, {"committed_offset": 40, "high_watermark": 100}, 1000) == []
-    assert (s["committed"], s["hw"], s["lag"], s["last_seen"]) == (40, 100, 60, 1000)
-    rules.on_group_offsets(s, {"committed_offset": None, "high_watermark": 100}, 2000)
-    assert s["lag"] is None
-
-
 def test_eviction_resolves_open_alerts_of_a_vanished_entity():
     s = rules.new_partition("k", "t", 0)
     rules.on_partition_metadata(s, md([1, 2, 3]), 1000, E)
