@@ -2,6 +2,7 @@
 # kafka-monitor quick start.
 #   ./run.sh demo   run the embedded default: Tansu broker, workload, probe, Spark job, exporter
 #   ./run.sh test   run the test suite (unit, integration, end-to-end)
+#   ./run.sh lint   ruff (every .py) and mypy (the packages), as configured in pyproject.toml
 # Each sets up what it needs first: a virtual environment in .venv with this package installed,
 # and Java (PySpark's one system requirement) from apt when it is missing and we are root.
 set -euo pipefail
@@ -39,6 +40,10 @@ case "${1:-}" in
     shift; setup
     case " $* " in *" --real-cluster "*) need_apt mvn maven ;; esac   # Maven fetches Apache Kafka
     exec .venv/bin/kafka-monitor demo "$@" ;;
+  lint)
+    shift; setup
+    .venv/bin/ruff check .
+    exec .venv/bin/mypy ;;
   test)
     shift; setup
     need_apt promtool prometheus                # promtool + a real Prometheus server
@@ -46,6 +51,6 @@ case "${1:-}" in
     need_apt mvn maven                          # Maven fetches Apache Kafka for the real-cluster tests
     exec .venv/bin/python -m pytest -q -rfE --durations=10 "$@" ;;
   *)
-    echo "usage: ./run.sh demo [--metrics-port N] [--duration S] [--real-cluster [--fault-every S]] | ./run.sh test [pytest args]" >&2
+    echo "usage: ./run.sh demo [--metrics-port N] [--duration S] [--real-cluster [--fault-every S]] | ./run.sh test [pytest args] | ./run.sh lint" >&2
     exit 2 ;;
 esac

@@ -805,7 +805,7 @@ class Bench:
         self.sleep(p.gap_s)
         self.scenario("rebalance_storm", r, "start")
         flapper = C["storm_flapper"]
-        for i in range(p.storm_cycles):
+        for _i in range(p.storm_cycles):
             self.open_consumer(flapper)
             if not flapper.is_alive():
                 flapper.start()

@@ -55,7 +55,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -303,9 +302,9 @@ def partition_conditions(lines: dict, min_isr: dict, additions: list, scope: tup
             prev = (leader, replicas, isr)
         if shrink_start is not None:
             add("IsrShrink", key, shrink_start[0], None, detail={"removed": shrink_start[1]})
-        for s, e, st in _intervals(line, lambda l, r, i: l >= 0 and len(set(i)) == mi < len(set(r)), t_end):
+        for s, e, st in _intervals(line, lambda l, r, i, mi=mi: l >= 0 and len(set(i)) == mi < len(set(r)), t_end):
             add("AtMinIsr", key, s, e, detail={"isr": list(st[2]), "min_isr": mi})
-        for s, e, st in _intervals(line, lambda l, r, i: l >= 0 and len(set(i)) < mi, t_end):
+        for s, e, st in _intervals(line, lambda l, r, i, mi=mi: l >= 0 and len(set(i)) < mi, t_end):
             add("UnderMinIsr", key, s, e, detail={"isr": list(st[2]), "min_isr": mi})
         for s, e, st in _intervals(line, lambda l, r, i: l < 0, t_end):
             add("OfflinePartition", key, s, e, detail={"isr": list(st[2]), "replicas": list(st[1])})
@@ -424,7 +423,7 @@ def consumer_conditions(gp: dict, gs: dict, log: list[dict], scope: tuple[float,
             add(Condition("ConsumerLagHigh", ent, s, e, RULES["lag_high_for_s"], e))
         # stuck: committed unchanged while lag > 0
         flags = []
-        for i, (t, c, e) in enumerate(series):
+        for i, (_t, c, e) in enumerate(series):
             prev_c = series[i - 1][1] if i else None
             flags.append(c is not None and e > c and (i == 0 or c == prev_c))
         for s, e in runs(times, flags):
@@ -462,7 +461,7 @@ def consumer_conditions(gp: dict, gs: dict, log: list[dict], scope: tuple[float,
         lag_series = {k: v for k, v in gp.items() if k[0] == g}
         times = [x[0] for x in states]
 
-        def total_lag(t):
+        def total_lag(t, lag_series=lag_series):
             tot, known = 0, False
             for series in lag_series.values():
                 i = bisect.bisect_right([x[0] for x in series], t) - 1
@@ -482,7 +481,7 @@ def consumer_conditions(gp: dict, gs: dict, log: list[dict], scope: tuple[float,
     for g, times in rebalances(log).items():
         # condition: count in (t - W, t] >= N; it starts at a rebalance and ends W after the
         # rebalance that drops out of the window
-        i, n = 0, len(times)
+        i = 0
         start = None
         events = sorted(set([t for t in times] + [t + STORM_WINDOW_S for t in times]))
         for t in events:

@@ -103,9 +103,12 @@ class TansuBroker:
         deadline = time.monotonic() + timeout
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         last = None
+        proc = self.proc
+        if proc is None:
+            raise RuntimeError("the Tansu broker was not started")
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Tansu broker exited with code {self.proc.returncode} during start-up")
+            if proc.poll() is not None:
+                raise RuntimeError(f"Tansu broker exited with code {proc.returncode} during start-up")
             try:
                 md = admin.list_topics(timeout=1)
                 if md.brokers:
@@ -134,7 +137,7 @@ def create_topics(bootstrap: str, topics: dict[str, int], conf: Optional[dict] =
     admin = AdminClient({"bootstrap.servers": bootstrap, **(conf or {})})
     futs = admin.create_topics([NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()],
                                request_timeout=timeout)
-    for name, fut in futs.items():
+    for _name, fut in futs.items():
         try:
             fut.result(timeout)
         except Exception as e:

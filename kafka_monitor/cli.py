@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from kafka_monitor.supervise import CHILD_ENV
 
@@ -220,11 +220,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.fault_every is not None and args.fault_every < 0:
             print(f"error: --fault-every must be >= 0 (0 = no faults), got {args.fault_every:g}", file=sys.stderr)
             return 2
-        kw = {}
-        if args.real_cluster:
-            kw = {"real_cluster": True, "fault_every_s": FAULT_EVERY_S if args.fault_every is None else args.fault_every}
+        fault_every_s = FAULT_EVERY_S if args.fault_every is None else args.fault_every
         try:
-            return run_demo(metrics_port=args.metrics_port, duration_s=args.duration, **kw)
+            if args.real_cluster:
+                return run_demo(metrics_port=args.metrics_port, duration_s=args.duration, real_cluster=True,
+                                fault_every_s=fault_every_s)
+            return run_demo(metrics_port=args.metrics_port, duration_s=args.duration)
         except KafkaSetupError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -235,6 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from kafka_monitor.config import ConfigError, build, read_file
         flags = {k: v for k, v in vars(args).items() if k not in ("cmd", "config", "log_level", "log_format")}
         flags["kafka"] = _kv(args.kafka, "-X") or None
+        cfg: Any
         try:
             if args.cmd == "probe":
                 from monitor.probe import Probe, ProbeConfig

@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from kafka_monitor.broker import _LIBC, die_with_parent, free_port, stop_process
 
@@ -284,6 +284,13 @@ class _Node:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def process(self) -> subprocess.Popen:
+        """The node's process (it has been launched)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.proc
+
 
 def _die_hard_with_parent() -> None:  # runs in the child between fork and exec
     # SIGKILL, not SIGTERM: an orphaned broker in controlled shutdown waits for a dead controller
@@ -314,6 +321,9 @@ def _props(d: dict) -> str:
 
 class KafkaCluster:
     """Apache Kafka in KRaft mode on 127.0.0.1: one controller plus brokers, one JVM each."""
+
+    _bootstrap: str  # an attached (unmanaged) cluster's bootstrap servers
+    controller_id: Optional[int]  # None when attached
 
     def __init__(self, broker_ids: Sequence[int] = BROKER_IDS, controller_id: int = CONTROLLER_ID, *,
                  replica_lag_time_max_ms: int = 3000, replica_fetch_wait_max_ms: int = 200,
@@ -402,8 +412,8 @@ class KafkaCluster:
         self.tls = make_tls_files(self.work_dir / "tls", name="broker")
         admin_pw = self.users[ADMIN_USER]
         scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
-        tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": self.tls.keystore,
-               "ssl.truststore.type": "PEM", "ssl.truststore.location": self.tls.ca}
+        tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": self._tls().keystore,
+               "ssl.truststore.type": "PEM", "ssl.truststore.location": self._tls().ca}
         common = {
             "listener.security.protocol.map": "CLIENT:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:SASL_SSL",
             "sasl.mechanism.controller.protocol": "PLAIN",
@@ -458,7 +468,7 @@ class KafkaCluster:
             raise KeyError(f"no SCRAM user {user!r} (users: {sorted(self.users)})")
         return {"security.protocol": "SASL_SSL", "sasl.mechanisms": SCRAM_MECHANISM, "sasl.username": user,
                 "sasl.password": self.users[user] if password is None else password,
-                "ssl.ca.location": str(self.tls.ca)}
+                "ssl.ca.location": str(self._tls().ca)}
 
     def add_acls(self, user: str, acls: Iterable[Acl], timeout: float = 30.0) -> None:
         """CreateAcls (ALLOW) for ``user``; returns once DescribeAcls shows all of them.  Each
@@ -484,7 +494,8 @@ class KafkaCluster:
         from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
                                            ResourceType)
         self._require_secure("acls")
-        flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None,
+        anything: Any = None  # a filter's None matches any name / host
+        flt = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, f"User:{user}", anything,
                                AclOperation.ANY, AclPermissionType.ALLOW)
         got = self.admin().describe_acls(flt, request_timeout=10).result(15)
         return {Acl(b.restype.name.lower(), b.name, b.operation.name.lower(), b.resource_pattern_type.name.lower())
@@ -503,12 +514,17 @@ class KafkaCluster:
             with os.fdopen(fd, "w") as f:
                 f.write(_props({"security.protocol": "SASL_SSL", "sasl.mechanism": mech,
                                 "sasl.jaas.config": f'{module} required username="{ADMIN_USER}" password="{pw}";',
-                                "ssl.truststore.type": "PEM", "ssl.truststore.location": self.tls.ca}))
+                                "ssl.truststore.type": "PEM", "ssl.truststore.location": self._tls().ca}))
         return path
 
     def _require_secure(self, what: str) -> None:
         if not self.security or not self.managed:
             raise RuntimeError(f"{what}() needs a cluster started with security='sasl_ssl'")
+
+    def _tls(self) -> TlsFiles:
+        if self.tls is None:
+            raise RuntimeError("the cluster's TLS files are made when a security='sasl_ssl' cluster is set up")
+        return self.tls
 
     @property
     def controller_bootstrap(self) -> str:
@@ -523,11 +539,14 @@ class KafkaCluster:
 
     def metadata_log_dir(self, node_id: Optional[int] = None) -> Path:
         """``__cluster_metadata-0`` of a node (default: the controller)."""
-        return self._node(self.controller_id if node_id is None else node_id).dir / "data" / "__cluster_metadata-0"
+        node = self.controller if node_id is None else self._node(node_id)
+        if node is None:
+            raise UnmanagedClusterError("metadata_log_dir: an attached cluster has no node directories")
+        return node.dir / "data" / "__cluster_metadata-0"
 
     def pid(self, node_id: int) -> Optional[int]:
         n = self._node(node_id)
-        return n.proc.pid if n.running() else None
+        return n.process.pid if n.running() else None
 
     def is_running(self, node_id: int) -> bool:
         return self._node(node_id).running()
@@ -543,7 +562,7 @@ class KafkaCluster:
     def start(self, timeout: float = 180.0) -> "KafkaCluster":
         """Format storage, launch every node in parallel, wait until all brokers are registered."""
         self._require_managed("start")
-        self.libs  # fetch (first run only) before the clock starts
+        _ = self.libs  # fetch (first run only) before the clock starts
         t0 = time.monotonic()
         nodes = [self.controller, *self.brokers.values()]
         scram = [a for u, pw in self.users.items() for a in ("--add-scram", f"{SCRAM_MECHANISM}=[name={u},password={pw}]")]
@@ -608,13 +627,13 @@ class KafkaCluster:
         for n in brokers:  # in parallel: each controlled shutdown is mostly waiting
             self._signal(n, signal.SIGCONT)
             n.paused = False
-            n.proc.terminate()
+            n.process.terminate()
         deadline = time.monotonic() + timeout
         for n in brokers:
-            _wait_or_kill(n.proc, deadline - time.monotonic())
+            _wait_or_kill(n.process, deadline - time.monotonic())
         if self.controller.running():
-            self.controller.proc.terminate()
-            _wait_or_kill(self.controller.proc, timeout)
+            self.controller.process.terminate()
+            _wait_or_kill(self.controller.process, timeout)
         if self._own_dir and not self.keep_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -639,8 +658,8 @@ class KafkaCluster:
         self._require_managed("kill_broker")
         n = self._broker(broker_id)
         if n.running():
-            n.proc.kill()
-            n.proc.wait()
+            n.process.kill()
+            n.process.wait()
         n.paused = False
 
     def pause_broker(self, broker_id: int) -> None:
@@ -694,12 +713,13 @@ class KafkaCluster:
         secure = {}
         if self.managed and self.security:
             secure = {**self.client_conf(ADMIN_USER)}
-        return AdminClient({"bootstrap.servers": self._harness_bootstrap, "socket.timeout.ms": socket_timeout_ms,
-                            "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger(),
-                            # after brokers were down, reconnect within a second (the default backs
-                            # off to 10 s: longer than the harness's 10 s result waits)
-                            "reconnect.backoff.max.ms": 1000,
-                            **secure})
+        conf: dict[str, Any] = {"bootstrap.servers": self._harness_bootstrap, "socket.timeout.ms": socket_timeout_ms,
+                                "socket.connection.setup.timeout.ms": 3000, "log_level": 0, "logger": _NullLogger(),
+                                # after brokers were down, reconnect within a second (the default backs
+                                # off to 10 s: longer than the harness's 10 s result waits)
+                                "reconnect.backoff.max.ms": 1000,
+                                **secure}
+        return AdminClient(conf)
 
     def metadata(self, topic: Optional[str] = None, timeout: float = 2.0):
         """One Metadata response (``ClusterMetadata``: live brokers and topics with leader/replicas/isrs)."""
@@ -812,7 +832,7 @@ class KafkaCluster:
         target = (["--bootstrap-controller", self.controller_bootstrap, *self._command_config(controller=True)]
                   if self.managed else ["--bootstrap-server", self.bootstrap_servers])
         out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
-        return dict(m.groups() for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M))
+        return {m.group(1): m.group(2) for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M)}
 
     def active_controller(self) -> int:
         """The KRaft active controller (DescribeQuorum LeaderId), not DescribeCluster's random broker."""
@@ -883,6 +903,8 @@ class KafkaCluster:
         if capture:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, cwd=logs_dir, preexec_fn=_die_hard_with_parent)
+        if out is None:
+            raise ValueError("_java: out= (the log file) is needed unless capture=True")
         with open(out, "ab") as f:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                     cwd=logs_dir, preexec_fn=_die_hard_with_parent)
@@ -895,7 +917,7 @@ class KafkaCluster:
     def _signal(self, n: _Node, sig: int) -> None:
         if not n.running():
             raise RuntimeError(f"{n.name} is not running")
-        os.kill(n.proc.pid, sig)
+        os.kill(n.process.pid, sig)
 
     def _check_alive(self) -> None:
         for n in [self.controller, *self.brokers.values()]:
@@ -951,7 +973,7 @@ class KafkaCluster:
         self.jvm_opts = list(DEFAULT_JVM_OPTS)
         self.work_dir = Path(tempfile.mkdtemp(prefix="km-kafka-ext-"))
         (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
-        self.controller = None
+        self.controller = None  # type: ignore[assignment]  # attached: no process handles
         self.brokers = {}
         self.broker_ids = sorted(self.live_brokers(request_timeout=10.0))  # raises if unreachable
         return self
@@ -974,7 +996,8 @@ _CONTROL = re.compile(r"^\| offset: (\d+) CreateTime: (-?\d+) .*?(\w+): (\{.*\})
 
 def parse_metadata_dump(text: str) -> list:
     """Records from ``DumpLogSegments --cluster-metadata-decoder`` output (see ``dump_metadata_log``)."""
-    records, epoch = [], None
+    records: list[dict[str, Any]] = []
+    epoch: Optional[int] = None
     for line in text.splitlines():
         m = _BATCH.match(line)
         if m:
@@ -982,7 +1005,7 @@ def parse_metadata_dump(text: str) -> list:
             continue
         m = _RECORD.match(line)
         if m:
-            rec = {"offset": int(m.group(1)), "create_time": int(m.group(2)), "epoch": epoch}
+            rec: dict[str, Any] = {"offset": int(m.group(1)), "create_time": int(m.group(2)), "epoch": epoch}
             try:
                 payload = json.loads(m.group(3))
                 rec.update(type=payload.get("type"), version=payload.get("version"), data=payload.get("data"))

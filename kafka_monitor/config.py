@@ -128,7 +128,7 @@ def build(cls: type[T], section: str, *, file_data: Optional[Mapping[str, Any]] 
     """Merge defaults < file < environment < flags into ``cls`` (a dataclass); validate types
     and unknown settings here, and the values with the class's own ``validate()``."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    fields = {f.name: hints[f.name] for f in dataclasses.fields(typing.cast(Any, cls))}
     merged: dict[str, Any] = {}
     from_file = dict((file_data or {}).get(section, {}))
     unknown = set(from_file) - set(fields)
@@ -145,7 +145,7 @@ def build(cls: type[T], section: str, *, file_data: Optional[Mapping[str, Any]] 
                 value = {**old, **{k: ({**old[k], **v} if isinstance(v, dict) and isinstance(old.get(k), dict) else v)
                                    for k, v in value.items()}}
             merged[name] = value
-    required = [f.name for f in dataclasses.fields(cls)
+    required = [f.name for f in dataclasses.fields(typing.cast(Any, cls))
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     for name in required:
         if name not in merged:

@@ -331,11 +331,12 @@ class FaultCycle:
 
     def _preferred(self) -> bool:
         parts = self._try_partitions()
-        return bool(parts) and all(leader == reps[0] for leader, reps, _ in parts.values())
+        return parts is not None and bool(parts) and all(leader == reps[0] for leader, reps, _ in parts.values())
 
     def _isr_whole(self) -> bool:
         parts = self._try_partitions()
-        return bool(parts) and all(set(isr) == set(reps) and leader >= 0 for leader, reps, isr in parts.values())
+        return parts is not None and bool(parts) and all(set(isr) == set(reps) and leader >= 0
+                                                         for leader, reps, isr in parts.values())
 
     def _view(self, parts: dict) -> str:
         return f"{self.topic}: " + " | ".join(f"p{p} leader {leader} isr {sorted(isr)}"
@@ -377,7 +378,7 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
 
     workdir = tempfile.mkdtemp(prefix="kafka-monitor-demo-")
     broker = TansuBroker(log=open(f"{workdir}/tansu.log", "wb")).start()
-    print(f"[demo] Tansu broker on {broker.bootstrap} (pid {broker.proc.pid})"
+    print(f"[demo] Tansu broker on {broker.bootstrap} (pid {broker.proc.pid if broker.proc else '?'})"
           + (" for the monitor's events and alerts topics" if real_cluster else ""), flush=True)
     threads: list[threading.Thread] = []
     probe = None

@@ -367,7 +367,7 @@ class Snapshot:
 
     @property
     def errors(self) -> list[str]:
-        parts = [self.lag_chart, self.lag_groups, self.lag_partitions, self.urp_chart, self.replication,
+        parts: list[Any] = [self.lag_chart, self.lag_groups, self.lag_partitions, self.urp_chart, self.replication,
                  self.alert_timeline, self.prom_alert_timeline, self.job_timeline, self.batch_age_chart,
                  self.quarantine_chart, self.quarantined, self.heartbeats]
         return [p.error for p in parts if p.error] + ([self.health_error] if self.health_error else [])
@@ -597,7 +597,7 @@ def build_rows(series: list[Series], start: float, end: float, step: float,
             if t not in at or STATE_ORDER.get(st, 0) > STATE_ORDER.get(at[t], 0):
                 at[t] = st
         segs: list[Segment] = []
-        last_t = None
+        last_t = 0.0
         for t in sorted(at):
             st = at[t]
             if segs and segs[-1].state == st and t - last_t <= step * 1.5:
@@ -706,6 +706,8 @@ def render_text(s: Snapshot, out: Optional[str] = None) -> str:
         L.append(f"Open alerts (kafka_monitor_alert_active): {n_open}")
         for r in open_rows[:10]:
             sg = r.open_segment
+            if sg is None:  # open_rows have one
+                continue
             since = (f"since before {fmt_time(s.start, False)}" if sg.start <= s.start + 1e-6
                      else f"open since {fmt_time(sg.start, False)}")
             L.append(f"  {_term(r.labels.get('severity', '?'))} {_term(r.labels.get('alert', '?'))} "
@@ -727,10 +729,11 @@ def render_text(s: Snapshot, out: Optional[str] = None) -> str:
         L.append("Replication: no data at the end of the range")
     else:
         L.append(f"Partitions: {s.partitions_total}, under-replicated {s.urp_total}, offline {s.offline_total}")
-        for r in s.replication.rows[:10]:
-            L.append(f"  {_term(r['topic'])}/{_term(r['partition'])} (cluster {_term(r['cluster'])}): ISR "
-                     f"{fmt_num(r['isr'])} of {fmt_num(r['replicas'])} replicas"
-                     + (", UnderReplicated alert open" if r["alert"] else "") + (", OFFLINE" if r["offline"] else ""))
+        for rep in s.replication.rows[:10]:
+            L.append(f"  {_term(rep['topic'])}/{_term(rep['partition'])} (cluster {_term(rep['cluster'])}): ISR "
+                     f"{fmt_num(rep['isr'])} of {fmt_num(rep['replicas'])} replicas"
+                     + (", UnderReplicated alert open" if rep["alert"] else "")
+                     + (", OFFLINE" if rep["offline"] else ""))
     L.append("")
     L.append("Monitor: " + health_text(s))
     if s.errors:

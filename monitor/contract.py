@@ -347,8 +347,8 @@ def _fields(data: Any) -> dict[str, Any]:
     for f in dataclasses.fields(data):
         v = getattr(data, f.name)
         if isinstance(v, list):
-            v = [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in v]
-        elif dataclasses.is_dataclass(v):
+            v = [dataclasses.asdict(x) if dataclasses.is_dataclass(x) and not isinstance(x, type) else x for x in v]
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
             v = dataclasses.asdict(v)
         out[f.name] = v
     return out
@@ -374,6 +374,11 @@ def hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def is_dataclass_type(typ: Any) -> "typing.TypeGuard[type]":
+    """A dataclass itself (not an instance of one)."""
+    return isinstance(typ, type) and dataclasses.is_dataclass(typ)
+
+
 def _unwrap_optional(typ: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(typ)
     if origin in (Union, types.UnionType):
@@ -389,7 +394,7 @@ def _coerce(typ: Any, value: Any, path: str, required: bool = False) -> Any:
         if optional and not required:
             return None
         raise ContractError("missing_field", f"{path} is required")
-    if dataclasses.is_dataclass(inner):
+    if is_dataclass_type(inner):
         return _build(inner, value, path)
     if typing.get_origin(inner) is list:
         (item,) = typing.get_args(inner)

@@ -22,7 +22,7 @@ def _doc_text(cls: type) -> str:
 
 def _json_type(typ: Any) -> dict[str, Any]:
     inner, optional = c._unwrap_optional(typ)
-    if dataclasses.is_dataclass(inner):
+    if c.is_dataclass_type(inner):
         out: dict[str, Any] = {"$ref": f"#/$defs/{inner.__name__}"}
     elif typing.get_origin(inner) is list:
         out = {"type": "array", "items": _json_type(typing.get_args(inner)[0])}
@@ -50,7 +50,7 @@ def _nested(cls: type, seen: dict[str, Any]) -> None:
         inner, _ = c._unwrap_optional(c.hints(cls)[f.name])
         if typing.get_origin(inner) is list:
             inner = typing.get_args(inner)[0]
-        if dataclasses.is_dataclass(inner) and inner.__name__ not in seen:
+        if c.is_dataclass_type(inner) and inner.__name__ not in seen:
             seen[inner.__name__] = _object_schema(inner)
             _nested(inner, seen)
 
@@ -63,7 +63,7 @@ def json_schema() -> dict[str, Any]:
         _nested(cls, defs)
         variants.append({"if": {"properties": {"type": {"const": etype}}},
                          "then": {"properties": {"data": {"$ref": f"#/$defs/{cls.__name__}"}}}})
-    env_types = {"schema": {"const": c.SCHEMA_V1}, "type": {"enum": list(c.EVENT_TYPES)},
+    env_types: dict[str, dict[str, Any]] = {"schema": {"const": c.SCHEMA_V1}, "type": {"enum": list(c.EVENT_TYPES)},
                  "event_id": {"type": "string", "minLength": 1}, "cluster": {"type": "string"},
                  "source": {"type": "string"}, "seq": {"type": "integer", "minimum": 0},
                  "observed_at": {"type": "integer", "minimum": 0}, "data": {"type": "object"}}
@@ -84,7 +84,7 @@ def json_schema() -> dict[str, Any]:
 
 def _md_type(typ: Any) -> str:
     inner, optional = c._unwrap_optional(typ)
-    if dataclasses.is_dataclass(inner):
+    if c.is_dataclass_type(inner):
         s = inner.__name__
     elif typing.get_origin(inner) is list:
         s = f"list of {_md_type(typing.get_args(inner)[0])}"

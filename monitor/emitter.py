@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import typing
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -254,7 +254,7 @@ def _encoder(cls: type) -> Optional[Callable[..., list[int]]]:
     prefix = json.dumps({"schema": c.SCHEMA_V1, "type": etype}, separators=(",", ":"), ensure_ascii=False)[:-1]
     template = (prefix.replace("%", "%%") + ',"event_id":"%s"%s%s,"observed_at":%s,"data":{'
                 + ",".join(_json_str(name).replace("%", "%%") + ":%s" for name in fields) + "}}")
-    args = ["eid", "head", "seq", "at"] + exprs
+    args = ["eid", "head", "seq", "at"] + [e for e in exprs if e is not None]  # all of them: checked above
     key_parts = ["source" if f == "@source" else f"v_{f}" for f in c.PAYLOADS[etype][1]]
     key_template = "/".join(["%s"] * (1 + len(key_parts)))  # entity_key(): cluster/field/...
     unpack = "".join(f"v_{f}, " for f in fields)
@@ -283,7 +283,7 @@ def _encoder(cls: type) -> Optional[Callable[..., list[int]]]:
     namespace: dict[str, Any] = {"_s": _json_str, "_v": _json_value}
     exec(compile(src, f"<encoder {etype}>", "exec"), namespace)  # noqa: S102  (generated from the contract)
     enc = namespace["emit_all"]
-    enc.source = src  # type: ignore[attr-defined]  (for reading)
+    enc.source = src  # for reading
     _ENCODERS[cls] = enc
     return enc
 

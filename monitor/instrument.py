@@ -125,7 +125,7 @@ class EmitterLike(Protocol):
     sent: int
     dropped: int
 
-    def emit(self, data: Payload, observed_at: Optional[int] = None, **kwargs: Any) -> Any: ...
+    def emit(self, data: Payload, observed_at: Optional[int] = None, cluster: Optional[str] = None) -> Any: ...
 
 
 class _DisabledEmitter:
@@ -136,7 +136,7 @@ class _DisabledEmitter:
         self.dropped = 0
         self.last_error: Optional[str] = reason
 
-    def emit(self, data: Payload, observed_at: Optional[int] = None, **kwargs: Any) -> None:
+    def emit(self, data: Payload, observed_at: Optional[int] = None, cluster: Optional[str] = None) -> None:
         self.dropped += 1
 
     def flush(self, timeout: float = 0) -> int:
@@ -178,7 +178,8 @@ def assigned_partitions(stats: Mapping[str, Any]) -> Iterable[tuple[str, int, Ma
     for tname, topic in (stats.get("topics") or {}).items():
         if not isinstance(topic, Mapping):
             continue
-        name = topic.get("topic") if isinstance(topic.get("topic"), str) else tname
+        named = topic.get("topic")
+        name = named if isinstance(named, str) else str(tname)
         for p in _partitions(topic):
             if p.get("desired") is True:
                 yield name, p["partition"], p
@@ -760,7 +761,7 @@ class Instrumentation:
                 self._drain(None if cluster is _PENDING else cluster)
             if self.owns_emitter and not self._closed:
                 self._closed = True
-                closer = getattr(self.emitter, "close", None) or self.emitter.flush
+                closer = getattr(self.emitter, "close", None) or getattr(self.emitter, "flush", None) or (lambda _t: 0)
                 left = int(closer(timeout) or 0)
         except Exception as e:
             self._failed("close", e)

@@ -279,7 +279,7 @@ class ClusterView:
         live = {b.node_id for b in brokers}
         all_live = live.issuperset
         prev_topics = previous.topics if previous is not None else {}
-        fast_type = _CONFLUENT_PARTITION
+        fast_type: Any = _CONFLUENT_PARTITION
 
         def offline(pmd: Any) -> tuple[int, ...]:
             reported = getattr(pmd, "offline_replicas", None)
@@ -296,7 +296,7 @@ class ClusterView:
                                  offline_replicas=offline(pmd),
                                  error=_error_name(pmd.error))
 
-        topics = []
+        topics: list[TopicView] = []
         for name, tmd in md.topics.items():
             name = getattr(tmd, "topic", None) or name
             old_topic = prev_topics.get(name)
@@ -331,7 +331,8 @@ class ClusterView:
                 topics.append(old_topic)
             else:
                 topics.append(TopicView(name=name, partitions=tuple(parts), error=error, is_internal=internal))
-        return cls(cluster_id=md.cluster_id, controller_id=None, brokers=brokers, topics=topics)
+        return cls(cluster_id=md.cluster_id, controller_id=None, brokers=brokers,
+                   topics={t.name: t for t in topics})
 
     @property
     def broker_ids(self) -> frozenset[int]:

@@ -83,11 +83,7 @@ from confluent_kafka import (OFFSET_END, Consumer, ConsumerGroupTopicPartitions,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResultInfo, OffsetSpec, ResourceType
 
-try:  # the C implementation under AdminClient.list_offsets: one future per request, not per partition
-    from confluent_kafka.admin import _AdminClientImpl
-except ImportError:  # pragma: no cover - present in every confluent-kafka with list_offsets
-    _AdminClientImpl = None
-
+import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
     Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
@@ -98,6 +94,10 @@ from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.metadata import ClusterView, MetadataCache, Reason, cause_for_error
 
 log = logging.getLogger(__name__)
+
+#: the C implementation under AdminClient.list_offsets: one future per request, not per
+#: partition (present in every confluent-kafka with list_offsets)
+_AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
 
 OFFSETS_VIA = ("list_offsets", "fetch")
 
@@ -313,19 +313,20 @@ class Probe:
         by default they are built from the configuration."""
         self.cfg = cfg.validate()
         self._clock = clock
-        self._admin = admin if admin is not None else AdminClient({
+        admin_conf: dict[str, Any] = {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
             "error_cb": self._on_client_error,
             # leader epochs are only in the client's statistics (not in list_topics' objects)
-            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._on_stats})
+            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._on_stats}
+        self._admin = admin if admin is not None else AdminClient(admin_conf)
         # The admin client above holds a handle for every watched topic (for their leader epochs in
         # its statistics), and with them a partition object each that its broker threads walk
         # every time they wake up: at 100,000 partitions, ListOffsets through it cost three times
         # what they cost through a client without them.  So everything but the metadata refresh
         # (offsets, groups, configurations) goes through this second one.
-        self._ops = admin if admin is not None else AdminClient({
-            **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
-            "error_cb": self._on_client_error})
+        ops_conf: dict[str, Any] = {**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
+                                    "error_cb": self._on_client_error}
+        self._ops = admin if admin is not None else AdminClient(ops_conf)
         self._stats_s = cfg.stats_interval()
         #: the time between two statistics documents as seen (librdkafka restarts its timer after
         #: writing one, so it is the interval plus the writing), and a refresh's request time
@@ -564,7 +565,7 @@ class Probe:
                                                                  previous=self.metadata.cluster))
         now = change.at_ms
         view = self.metadata.cluster
-        if not change.ok:
+        if not change.ok or view is None:
             self._emitter.emit(MetadataRefresh(version=change.version, reason=reason, cause=cause, ok=False,
                                                duration_ms=duration_ms, error=change.error), observed_at=now)
             return False
@@ -958,7 +959,7 @@ class Probe:
         committed = IsolationLevel.READ_COMMITTED
         if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
             sent = []
-            kinds = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
+            kinds: tuple[tuple[Any, dict[str, Any]], ...] = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
             for reqs, extra in kinds:
                 futures = []
                 for req in reqs:

@@ -79,14 +79,15 @@ class AlertsTopicSink:
             eof: set[int] = set()
             while len(eof) < len(assign):
                 for m in c.consume(1000, timeout=0.5):  # returns at its timeout unless 1000 came: short
-                    if m.error():
-                        if m.error().code() == KafkaError._PARTITION_EOF:
-                            eof.add(m.partition())
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            eof.add(m.partition() or 0)
                             continue
-                        raise AlertsSinkError(f"reading the alerts topic back: {m.error()}" + missing_acl(
-                            m.error(), topic=("READ", self.topic), group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
+                        raise AlertsSinkError(f"reading the alerts topic back: {err}" + missing_acl(
+                            err, topic=("READ", self.topic), group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
                     try:
-                        rec = json.loads(m.value())
+                        rec = json.loads(m.value() or b"")
                         b, i = int(rec["batch_id"]), int(rec["index"])
                     except (ValueError, KeyError, TypeError):
                         continue  # not ours
@@ -137,15 +138,22 @@ class AlertsTopicSink:
         self.published += n
         return n
 
+    def _live_producer(self) -> Producer:
+        if self._producer is None:
+            raise AlertsSinkError("the alerts producer is closed")
+        return self._producer
+
     def _flush(self) -> int:
         """flush() by polling: confluent-kafka 2.16 raises a fatal producer error from poll() as a
         KafkaException, but from flush() as a SystemError without the error."""
+        producer = self._live_producer()
         deadline = time.monotonic() + self.flush_timeout_s
-        while len(self._producer) and time.monotonic() < deadline:
-            self._producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
-        return len(self._producer)
+        while len(producer) and time.monotonic() < deadline:
+            producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+        return len(producer)
 
     def _produce(self, batch_id: int, rows: list, already: set, on_delivery: Any) -> int:
+        producer = self._live_producer()
         n = 0
         for i, r in enumerate(rows):
             if i in already:
@@ -158,9 +166,9 @@ class AlertsTopicSink:
                 "evidence": json.loads(r["evidence"]) if r.get("evidence") else {},
                 "batch_id": batch_id, "index": i, "sequence": batch_id * SEQUENCE_STRIDE + i,
             }
-            self._producer.produce(self.topic, key=r["alert_id"].encode(), value=json.dumps(record).encode(),
-                                   on_delivery=on_delivery)
-            self._producer.poll(0)
+            producer.produce(self.topic, key=r["alert_id"].encode(), value=json.dumps(record).encode(),
+                             on_delivery=on_delivery)
+            producer.poll(0)
             n += 1
         return n
 

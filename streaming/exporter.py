@@ -255,7 +255,7 @@ class Exporter:
         self._rendered: dict[bool, tuple[int, bytes, Optional[bytes]]] = {}
         self._render_lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
-        self._server = None
+        self._server: Any = None
 
     def m(self, name: str) -> Any:
         return self._m[P + name]
@@ -390,10 +390,12 @@ class Exporter:
             hit = self._rendered.get(openmetrics)
             if hit is None or hit[0] != gen:
                 hit = (gen, self._render(openmetrics), None)
-            if gzipped and hit[2] is None:
-                hit = (hit[0], hit[1], gzip.compress(hit[1], compresslevel=1))
+            zipped = hit[2]
+            if gzipped and zipped is None:
+                zipped = gzip.compress(hit[1], compresslevel=1)
+                hit = (hit[0], hit[1], zipped)
             self._rendered[openmetrics] = hit
-            return hit[2] if gzipped else hit[1]
+            return zipped if gzipped and zipped is not None else hit[1]
 
     def _render(self, openmetrics: bool) -> bytes:
         """prometheus-client's text for its metrics, and the partition stores' written here: a
@@ -442,9 +444,9 @@ class Exporter:
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("200 OK", [])
             return [b""]
-        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
         openmetrics = content_type.startswith("application/openmetrics-text")
-        zipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
+        zipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")
         body = self.render(openmetrics, zipped)
         headers = [("Content-Type", content_type)] + ([("Content-Encoding", "gzip")] if zipped else [])
         start_response("200 OK", headers)
@@ -460,6 +462,8 @@ class Exporter:
                 return 0
             self._generation += 1
             n = 0
+            lab: tuple[Any, ...]
+            vals: tuple[Any, ...]
             for r in rows:
                 n += 1
                 kind, action = r["kind"], r["action"]
@@ -553,6 +557,8 @@ class Exporter:
         ctx = None
         if certfile or keyfile:
             try:  # loaded before the port is bound
+                if not certfile:
+                    raise ValueError("a key file without its certificate file (metrics_tls_cert)")
                 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
                 ctx.load_cert_chain(certfile, keyfile, password=lambda: b"")  # an encrypted key fails, no prompt
                 if client_cafile:

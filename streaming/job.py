@@ -243,7 +243,7 @@ def stop_spark(spark: SparkSession, timeout_s: float = 30.0) -> None:
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
     spark.stop()
-    if proc is None:
+    if proc is None or gateway is None:
         return
     try:
         gateway.shutdown()
@@ -539,9 +539,13 @@ def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
     query starts its next batch as soon as one ends, so wait for a batch to end and stop
     right then, rather than for an idle moment that may never come."""
     deadline = time.monotonic() + timeout_s
-    last = (q.lastProgress or {}).get("batchId")
+    def batch_id() -> Any:
+        p: Any = q.lastProgress
+        return p.get("batchId") if isinstance(p, dict) else getattr(p, "batchId", None)
+
+    last = batch_id()
     while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
-        if (q.lastProgress or {}).get("batchId") != last:
+        if batch_id() != last:
             break  # a batch just completed
         time.sleep(0.05)
     q.stop()

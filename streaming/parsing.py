@@ -227,7 +227,7 @@ def decode(values: list[Optional[str]]) -> tuple[pa.Table, np.ndarray]:
     pieces: list = []  # tables, and lists of per-value dicts (None: not an object)
     run: list[str] = []
     for v in values:
-        if _object_shaped(v):
+        if v is not None and _object_shaped(v):
             run.append(v)
             continue
         if run:
@@ -443,7 +443,8 @@ def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array, siz
     huge = np.logical_or.reduce([_beyond(pc.struct_field(ch, f))
                                  for f in ("old_count", "new_count", "unseen_for_at_most_ms")])
     bad = missing | huge | _too_long(topic)
-    why = np.where(missing, "missing_field", np.where(huge, "out_of_range", np.where(bad, "field_too_long", None)))
+    none = np.full(len(bad), None, dtype=object)
+    why = np.where(missing, "missing_field", np.where(huge, "out_of_range", np.where(bad, "field_too_long", none)))
     reason = pa.array(why, type=pa.string())
     cols = {
         "reason": reason, "raw": pc.if_else(pa.array(bad), raw.take(rows), pa.nulls(m, pa.string())),

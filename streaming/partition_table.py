@@ -167,7 +167,7 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
     ints = [NULL if v is None else int(v) for v in hot]
     ints += [int(off[1]), _i(md[1]), _i(s["partition"]), _i(shown[0]), _i(shown[1]), _i(shown[2]),
              _i(s["min_isr"]), window, layout]
-    ints += [_i(v) for v in sent[1][3:]] if sent_ok else [NULL, NULL, NULL]
+    ints += [_i(v) for v in sent[1][3:]] if sent_ok and sent is not None else [NULL, NULL, NULL]
     objects = (off[0], off[2], md[0], md[2], sig, s["cluster"], s["topic"],
                pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
@@ -234,7 +234,12 @@ class PartitionTable:
         unobserved window is reached (``due``), or the entity is past its TTL."""
         c = self.ints
         due = self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > ttl_ms))
-        return {self.keys[i]: self.take(self.keys[i]) for i in np.flatnonzero(due)}
+        out = {}
+        for i in np.flatnonzero(due):
+            s = self.take(self.keys[i])
+            if s is not None:  # alive, so always
+                out[self.keys[i]] = s
+        return out
 
     def state(self, entities: dict[str, dict], cfg: rules_partition.PartitionRulesConfig) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is

@@ -268,7 +268,7 @@ def _import_gx() -> Any:
     shim = (main is not None and getattr(main, "__spec__", None) is None and not hasattr(main, "__file__")
             and not hasattr(sys, "ps1"))
     if shim:
-        sys.ps1 = ""  # type: ignore[attr-defined]
+        sys.ps1 = ""
     try:
         import great_expectations as gx
     finally:
@@ -298,7 +298,7 @@ class _Gx:
         self.expectations = list(self.suite.expectations)
         self.rules = [e.meta["rule"] for e in self.expectations]
         #: rule -> rank of its first expectation (lower = checked first = wins)
-        self.priority = {}
+        self.priority: dict[str, int] = {}
         for i, rule in enumerate(self.rules):
             self.priority.setdefault(rule, i)
         self._pos = {e.id: i for i, e in enumerate(self.expectations)}

@@ -468,7 +468,8 @@ def _schedule(state: dict, cfg: PartitionRulesConfig) -> None:
         due = t if due is None else min(due, t)
     if state["imbalanced_since"] is not None and not _is_open(state, _PLI):
         t = state["imbalanced_since"] + cfg.imbalance_after_ms
-        if t < _view_at(state) + unobserved_window_ms(state, cfg):  # else only a new observation can open it
+        view_at = _view_at(state)  # set: the imbalance was seen in a metadata observation
+        if view_at is not None and t < view_at + unobserved_window_ms(state, cfg):  # else only a new observation can open it
             due = t if due is None else min(due, t)
     state["due"] = due
     state["due_pw"] = state["pending_writes_at"]

@@ -15,7 +15,7 @@ from monitor import contract as c
 
 def _spark_type(typ: Any) -> T.DataType:
     inner, _ = c._unwrap_optional(typ)
-    if dataclasses.is_dataclass(inner):
+    if c.is_dataclass_type(inner):
         return T.StructType([T.StructField(f.name, _spark_type(c.hints(inner)[f.name]), True)
                              for f in dataclasses.fields(inner)])
     if typing.get_origin(inner) is list:
@@ -25,7 +25,7 @@ def _spark_type(typ: Any) -> T.DataType:
 
 def data_struct() -> T.StructType:
     fields: dict[str, T.DataType] = {}
-    for etype, (cls, _) in c.PAYLOADS.items():
+    for _etype, (cls, _) in c.PAYLOADS.items():
         for f in dataclasses.fields(cls):
             st = _spark_type(c.hints(cls)[f.name])
             if f.name in fields and fields[f.name] != st:

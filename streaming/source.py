@@ -160,6 +160,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             except ValueError as e:
                 raise SourceError(f"option 'startingOffsets' must be earliest, latest or JSON "
                                   f"{{\"<partition>\": offset}}: {e}") from None
+            if not isinstance(given, dict):  # "earliest" / "latest" were handled above
+                raise SourceError(f"option 'startingOffsets': unexpected {given!r}")
             offs = {str(p): given.get(str(p), lo) for p, (lo, _) in marks.items()}
         return {"topic": self.topic, "offsets": offs}
 
@@ -206,7 +208,9 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     # -- executor side ----------------------------------------------------------------------
 
-    def read(self, partition: KafkaSourcePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaSourcePartition):
+            raise SourceError(f"read(): not a partition of this source: {partition!r}")
         return read_range(partition)
 
 
@@ -272,26 +276,25 @@ def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0)
                                   + ", ".join(f"partition {p} [{nxt[p]}, {end[p]})" for p in sorted(open_parts)))
             for m in msgs:
                 err = m.error()
-                p = m.partition()
+                p, off = m.partition(), m.offset()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         # Records missing below the end (control records, compaction) are not an
                         # error: the broker says the log ends at m.offset().
-                        if p in open_parts and m.offset() >= end[p]:
+                        if p is not None and off is not None and p in open_parts and off >= end[p]:
                             nxt[p] = end[p]
                             open_parts.discard(p)
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         where = f"{part.topic}/{p}" if p is not None and p >= 0 else part.topic
                         raise SourceError(
-                            f"{where}: offsets from {nxt.get(p, '?')} were deleted (retention) before they were "
+                            f"{where}: offsets from {nxt.get(p, '?') if p is not None else '?'} were deleted (retention) before they were "
                             f"read; restart with option failOnDataLoss=false to skip them ({err.str()})")
                     if err.fatal() or not err.retriable():
                         raise SourceError(f"{part.topic}/{p}: {err.str()}")
                     continue
-                if p not in open_parts:
+                if p is None or off is None or p not in open_parts:
                     continue
-                off = m.offset()
                 if off >= end[p]:
                     nxt[p] = end[p]
                     open_parts.discard(p)

@@ -45,7 +45,7 @@ def main() -> None:
     # zip added later (--py-files) gets its own importer when it is first used.
     import zipimport
 
-    zipimport.zipimporter.invalidate_caches = lambda self: None
+    setattr(zipimport.zipimporter, "invalidate_caches", lambda self: None)  # noqa: B010
     global PRELOADED
     PRELOADED = frozenset(sys.modules)
 

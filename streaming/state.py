@@ -624,7 +624,8 @@ def quarantine_rows(frames: Any) -> list[dict]:
             if reason not in counts:
                 counts[reason], samples[reason], latest[reason] = 0, "" if raw is None else raw[:300], at
             counts[reason] += 1
-            if at is not None and (latest[reason] is None or at > latest[reason]):
+            prev = latest[reason]
+            if at is not None and (prev is None or at > prev):
                 latest[reason] = at
             out.append(_row(kind="quarantine_event", action="count", alert=reason, evidence=raw, count=size, at=at))
     for reason, n in counts.items():

@@ -328,7 +328,7 @@ def regex_literal(value: str) -> str:
 def substitute(expr: str, values: dict[str, str]) -> str:
     out = expr.replace("$__rate_interval", RATE_INTERVAL)
     for name, value in values.items():
-        out = re.sub(rf"\$\{{?{name}\}}?\b", lambda _m: regex_literal(value), out)
+        out = re.sub(rf"\$\{{?{name}\}}?\b", lambda _m, v=value: regex_literal(v), out)
     assert "$" not in out, f"a template variable is left in {out!r}"
     return out
 

@@ -5,7 +5,7 @@ the shuffle, the checkpoint) is tested through the real job elsewhere."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import pandas as pd
 import pyarrow as pa
@@ -47,8 +47,8 @@ class _State:
 
 
 class LocalJob:
-    def __init__(self, cfg: st.StateConfig = st.StateConfig(run_id="local")):
-        self._fn = st.make_state_function(cfg)
+    def __init__(self, cfg: Optional[st.StateConfig] = None):
+        self._fn = st.make_state_function(cfg or st.StateConfig(run_id="local"))
         self._state = _State()
         #: every alert transition, in order: (alert, action, entity labels, event time)
         self.transitions: list[dict] = []

@@ -283,8 +283,6 @@ def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
     """job.sink_rows keeps, of partition and group-partition rows, only ROW_COLUMNS: the
     exporter must end up with the same series as from whole rows (it would raise KeyError on a
     column it reads that is not listed)."""
-    import pyarrow as pa
-
     from streaming.job import sink_rows
     rows = [part(), part(partition=1, last_stable_offset=90), part(partition=2, action="remove"),
             row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from monitor.contract import GroupOffsets, MetadataRefresh, PartitionOffsets
 from monitor.probe import Probe, ProbeConfig

@@ -11,6 +11,7 @@ The reasoning behind each rule: docs/lag-rules.md.
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import json
 import math
@@ -733,7 +734,7 @@ def test_every_status_is_produced_by_a_table_case_and_alerts_with_its_severity()
         statuses, out, _ = feed(seq, cfg)
         for name in statuses:
             seen.setdefault(name, [])
-        for t, alert, action, sev, status in out:
+        for _t, alert, action, sev, status in out:
             if alert is STATUS and action == "open":
                 seen[status].append(sev)
     assert set(seen) == {s.name for s in LagStatus}
@@ -846,7 +847,7 @@ def test_defaults():
             CFG.stop_after_ms, CFG.cadence_factor, CFG.rewind_confirmations, CFG.blip_max_ms, CFG.warn_min_rise_ms,
             CFG.min_points, CFG.hw_marks, CFG.max_extrapolation_ms) == (
         10, 10_000, 300.0, 60_000, 90_000, 300_000, 3.0, 2, 30_000, 30_000, 3, 32, 3_600_000)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         CFG.window = 5  # frozen
 
 

@@ -132,11 +132,11 @@ def test_events_behind_from_either_sources_offsets(source, as_dict):
     p = {"batchId": 3, "numInputRows": 60, "sources": [dict(source)],
          "stateOperators": [{"numRowsTotal": 11}], "durationMs": {"triggerExecution": 1500}}
     if not as_dict:  # a StreamingQueryProgress: attributes; offsets are JSON strings
-        class O:
+        class Obj:
             def __init__(self, d):
-                self.__dict__.update({k: [O(x) if isinstance(x, dict) else x for x in v] if isinstance(v, list)
+                self.__dict__.update({k: [Obj(x) if isinstance(x, dict) else x for x in v] if isinstance(v, list)
                                       else v for k, v in d.items()})
-        p = O(p)
+        p = Obj(p)
     rec = Recorder()
     report_progress(p, rec)
     assert rec.calls == [{"events_behind": 20 + 0 + 7, "state_keys": 11, "duration_s": 1.5}]
