@@ -634,17 +634,78 @@ def quarantine_rows(frames: Any) -> list[dict]:
     return out
 
 
-#: the stored layout of a bucket: {"format": 2, "entities": {key: dict}, "partitions": table,
-#: "run": the job run that last restated its open alerts}; a state without "format" is the
-#: layout before the partition table (a dict of entities)
-_FORMAT = 2
+#: The stored layout of a bucket, by format (docs/state.md "Stored format"):
+#:   1  {entity key: entity dict} (before the partition table)
+#:   2  {"format": 2, "entities": {key: dict}, "partitions": table state, "run": the job run
+#:      that last restated the bucket's open alerts}
+#:   3  format 2 plus "fields": the entity field signature (``FIELDS``) it was written with
+#: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
+_FORMAT = 3
+
+
+class StateFormatError(RuntimeError):
+    """A stored bucket this version cannot read (written by a newer kafka-monitor)."""
+
+
+def _from_1(v: dict) -> dict:
+    return {"format": 2, "entities": v, "partitions": None, "run": None}
+
+
+def _from_2(v: dict) -> dict:
+    return {**v, "format": 3, "fields": None}  # fields unknown: completed on load
+
+
+#: format N -> the function that turns it into format N + 1
+_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2}
+
+#: a new entity of each kind, to complete an entity stored before a field was added
+_TEMPLATES: dict[str, Callable[[dict], dict]] = {
+    "partition": lambda e: rules.new_partition(e["cluster"], e["topic"], e["partition"]),
+    "group_partition": lambda e: rules.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
+    "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
+    "client": lambda e: rules_group.new_client(e["cluster"], e["source"]),
+    "source": lambda e: rules_group.new_source(e["cluster"], e["source"]),
+    "topic": lambda e: rules_partition.new_topic(e["cluster"], e["topic"]),
+}
+_SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
+#: the fields every new entity starts with, per kind: a stored bucket whose signature differs
+#: has its entities completed (a field added since keeps its new entity's default)
+FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in _TEMPLATES.items()))
+
+
+def _complete(entities: dict[str, dict], table: PartitionTable) -> None:
+    """Give every entity the fields a new one of its kind has (defaults for those it lacks);
+    the table's partitions become dicts for it (the next store compacts them again)."""
+    for k in table.live_keys():
+        got = table.take(k)
+        if got is not None:
+            entities[k] = got
+    for e in entities.values():
+        make = _TEMPLATES.get(e.get("kind", ""))
+        if make is None:
+            continue
+        for name, default in make(e).items():
+            e.setdefault(name, default)
+        e.setdefault("open", {})
+        e.setdefault("last_seen", None)
 
 
 def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
     v = pickle.loads(value)
-    if v.get("format") != _FORMAT:
-        return v, PartitionTable(run_id=run_id), None
-    return v["entities"], PartitionTable(v["partitions"], run_id=run_id), v.get("run")
+    fmt = v.get("format") if isinstance(v.get("format"), int) else 1
+    if fmt > _FORMAT:
+        raise StateFormatError(
+            f"a bucket's state has format {fmt}, written by a newer kafka-monitor; this one reads formats "
+            f"1..{_FORMAT}: run the newer version, or start from a new checkpoint directory (alerts open "
+            f"in the old one are then raised again)")
+    while fmt < _FORMAT:
+        v = _MIGRATIONS[fmt](v)
+        fmt = v["format"]
+    entities = v["entities"]
+    table = PartitionTable(v["partitions"], run_id=run_id)
+    if v.get("fields") != FIELDS:
+        _complete(entities, table)
+    return entities, table, v.get("run")
 
 
 def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
@@ -655,7 +716,8 @@ def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, 
     """Write the bucket back; ``compact``: quiet dict partitions go into the table."""
     partitions = table.state(entities if compact else {}, cfg.partition)
     if entities or partitions["keys"]:
-        v = {"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id}
+        v = {"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
+             "fields": FIELDS}
         state.update((pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL),))
         state.setTimeoutDuration(cfg.tick_ms)
     else:

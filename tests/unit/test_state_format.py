@@ -1,0 +1,90 @@
+"""The stored bucket state across versions: a state written by the previous version (a fixture
+kept in git, tests/fixtures/state/) is read, migrated and written back in today's format; a
+field added to an entity since is filled with its default; a newer format is refused."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from streaming import rules
+from streaming import state as st
+from tests.unit.test_state import FakeState, call, pmd, poff, rows
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
+FORMAT2 = (FIXTURES / "format2-bucket.pickle").read_bytes()
+FORMAT2_META = json.loads((FIXTURES / "format2-bucket.json").read_text())
+
+
+def test_every_older_format_has_a_migration():
+    assert st._FORMAT == 3
+    assert sorted(st._MIGRATIONS) == list(range(1, st._FORMAT))
+
+
+def test_a_job_restarts_on_a_state_written_by_the_previous_version():
+    assert pickle.loads(FORMAT2)["format"] == FORMAT2_META["format"] == 2
+    s = FakeState(value=(FORMAT2,))
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="after-upgrade"))
+    # the first batch of the new run restates what the previous version had open ...
+    out = call(fn, 0, rows(pmd(90, 31_000, [1, 3], part=0)), s)
+    restated = out[out.kind == "open_alert"]
+    assert sorted(restated.alert) == FORMAT2_META["open"]["partition|k/t/0"]
+    assert out[out.kind == "alert"].empty
+    # ... and when partition 0 gets its replica back, those same episodes resolve
+    out = call(fn, 0, rows(pmd(91, 41_000, [1, 2, 3], part=0)), s)
+    resolved = out[(out.kind == "alert") & (out.action == "resolve")]
+    assert sorted(resolved.alert) == ["IsrShrink", "UnderReplicated"]
+    assert set(resolved.alert_id) == set(restated.alert_id)  # the same episodes, not new ones
+    stored = pickle.loads(s.value[0])
+    assert stored["format"] == 3 and stored["fields"] == st.FIELDS
+    assert sorted(st.stored_entities(s.value[0])) == FORMAT2_META["entities"]
+    assert stored["partitions"]["keys"], "the quiet partitions are compacted into the table again"
+
+
+def test_the_oldest_format_a_dict_of_entities_is_read():
+    entities = st.stored_entities(FORMAT2)
+    old = pickle.dumps(entities)  # format 1: no envelope, no partition table
+    got, table, run = st._unpack(old, "r")
+    assert sorted(got) == FORMAT2_META["entities"] and len(table) == 0 and run is None
+    assert got["partition|k/t/0"]["open"].keys() == {"IsrShrink", "UnderReplicated"}
+
+
+def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default(monkeypatch):
+    """The next version adds a field to partitions: a bucket stored before it lacks the field in
+    its dict entities and in its table; both come back with the new entity's default."""
+    s = FakeState()
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    for t in (1_000, 11_000, 21_000):
+        call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
+    assert pickle.loads(s.value[0])["partitions"]["keys"], "precondition: partitions in the table"
+
+    def new_partition(cluster, topic, partition):
+        return {**rules.new_partition(cluster, topic, partition), "added_later": 7}
+
+    monkeypatch.setitem(st._TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
+    monkeypatch.setattr(st, "FIELDS", st.FIELDS + (("partition", ("added_later",)),))
+    entities, table, _ = st._unpack(s.value[0], "r")
+    parts = {k: e for k, e in entities.items() if e["kind"] == "partition"}
+    assert len(parts) == 3 and len(table) == 0
+    assert all(e["added_later"] == 7 for e in parts.values())
+    # stored again with the new signature: read as it is the next time
+    st._store(s, entities, table, st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    assert pickle.loads(s.value[0])["fields"] == st.FIELDS
+
+
+def test_a_state_from_a_newer_version_is_refused_with_what_to_do():
+    newer = pickle.dumps({"format": st._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
+    with pytest.raises(st.StateFormatError, match=r"format 4, written by a newer kafka-monitor.*formats 1\.\.3"):
+        st._unpack(newer, "r")
+
+
+def test_a_state_in_todays_format_is_not_reworked():
+    s = FakeState()
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    for t in (1_000, 11_000):
+        call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
+    _, table, _ = st._unpack(s.value[0], "r")
+    assert len(table) > 0, "the table is kept as it is when the signature matches"
