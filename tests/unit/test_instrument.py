@@ -20,7 +20,6 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_monitor.broker import free_port
-from monitor import instrument as instrument_from_package
 from monitor.contract import ClientFetch, Event, MetadataRefresh, Rebalance
 from monitor.instrument import (
     CLUSTER_ID_WAIT_S, DEFAULT_STATISTICS_INTERVAL_MS, GROUP_FAILURE_CODES, Instrumentation, InstrumentedConsumer,
@@ -129,8 +128,16 @@ def at_now(clocks: Clocks) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_package_exports_instrument():
-    assert instrument_from_package is instrument
+def test_reading_the_contract_does_not_load_the_client_wrapper():
+    """The job imports monitor.contract (and streaming.schema from it): that must not pull in
+    monitor.instrument, the wrapper the applications use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, monitor.contract, streaming.schema; "
+            "print(sorted(m for m in sys.modules if m.startswith('monitor')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "monitor.instrument" not in out and "monitor.contract" in out, out
 
 
 def test_instrument_returns_a_new_config_and_leaves_the_apps_untouched():
