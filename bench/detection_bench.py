@@ -910,7 +910,7 @@ class Bench:
         from kafka_monitor.broker import TansuBroker, create_topics, free_port
         from kafka_monitor.cluster import KafkaCluster
         from monitor.probe import ProbeConfig
-        from streaming.exporter import Exporter
+        from streaming.sinks.exporter import Exporter
         from streaming.job import JobConfig, run, spark_session, stop_spark
 
         p, args = self.plan, self.args

@@ -70,7 +70,9 @@ def _rule_settings() -> dict:
            "stop_after_s": 300.0, "warn_trend_s": 60.0, "storm_min": 5, "storm_window_s": 600.0,
            "empty_with_lag_s": 600.0, "stuck_after_s": 300.0, "source": "fallback"}
     try:
-        from streaming import rules_group, rules_lag, rules_partition
+        from streaming.rules import group as rules_group
+        from streaming.rules import lag as rules_lag
+        from streaming.rules import partition as rules_partition
         pc, lc, gc = rules_partition.PartitionRulesConfig(), rules_lag.LagConfig(), rules_group.GroupRulesConfig()
         out.update(leader_quiet_s=pc.leader_quiet_ms / 1000, imbalance_after_s=pc.imbalance_after_ms / 1000,
                    count_change_window_s=pc.count_change_window_ms / 1000,

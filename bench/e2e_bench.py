@@ -68,7 +68,7 @@ def quantile(xs: list[float], q: float) -> float | None:
 
 
 def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measure_s: float) -> dict:
-    from streaming.exporter import Exporter
+    from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
     n_topics = max(1, n_partitions // TOPIC_PARTITIONS)

@@ -227,7 +227,7 @@ class Scraper:
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0) -> dict:
-    from streaming.exporter import Exporter
+    from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
     work = tempfile.mkdtemp(prefix="km-bench-")
@@ -340,7 +340,7 @@ def main() -> int:
     if args.out is None:
         args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else "job-noop-state.json"))
     if args.state == "noop":
-        from streaming import state
+        from streaming.state import function as state
         state.make_state_function = noop_state_function
     from monitor.probe import ProbeConfig
     snapshot_cycles = (1 if args.metadata == "every-cycle"

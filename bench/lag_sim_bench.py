@@ -6,9 +6,9 @@ a wandering rate, consumers that auto-commit every 5 s or every 1 000 records, o
 probe observes them: every 10 s, the committed offset read a few ms before the HW; the true
 lag in seconds is the age of the record at offset = committed).  Each profile runs against
 
-* "before": ``streaming/rules_lag.py`` as of ``--before-rev`` (default: the last commit before
+* "before": ``streaming/rules/lag.py`` as of ``--before-rev`` (default: the last commit before
   issue 14), read with ``git show`` into a temporary directory for the run only, and
-* "after": ``streaming/rules_lag.py`` as it is in the working tree,
+* "after": ``streaming/rules/lag.py`` as it is in the working tree,
 
 each with its own default ``LagConfig``.  Figures per profile and version:
 
@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
-from streaming import rules_lag  # noqa: E402
+from streaming.rules import lag as rules_lag  # noqa: E402
 from tests.unit import test_lag_simulation as sim  # noqa: E402
 
-#: the last commit of streaming/rules_lag.py before issue 14
+#: the last commit of streaming/rules/lag.py before issue 14
 BEFORE_REV = "0f1c80a1ab61c42a7749569496efa0318505bbfa"
 
 #: (profile, LagConfig settings for both versions): variants of the healthy profiles, not
@@ -82,8 +82,8 @@ STRESS = [
 
 
 def load_before(rev: str, tmp: pathlib.Path) -> ModuleType:
-    """``streaming/rules_lag.py`` at ``rev``, imported from a temporary copy (never committed)."""
-    src = subprocess.run(["git", "show", f"{rev}:streaming/rules_lag.py"], cwd=ROOT, check=True,
+    """``streaming/rules/lag.py`` at ``rev``, imported from a temporary copy (never committed)."""
+    src = subprocess.run(["git", "show", f"{rev}:streaming/rules/lag.py"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     path = tmp / "rules_lag_before.py"
     path.write_text(src)

@@ -1,6 +1,6 @@
 """Quality-gate benchmark: what great-expectations costs per micro-batch.
 
-Measures ``streaming.quality.validate_frame`` on frames shaped like what ``mapInPandas`` hands
+Measures ``streaming.ingest.quality.validate_frame`` on frames shaped like what ``mapInPandas`` hands
 over (PySpark 4: bigint -> nullable Int64, array<bigint> -> numpy arrays, strings -> object),
 with the event mix of a watched cluster (35% partition_metadata, 35% partition_offsets, 29%
 group_offsets, 1% heartbeat), for 1k, 10k and 100k rows: median of 5 runs, wall and CPU time,
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from streaming import quality as q  # noqa: E402
+from streaming.ingest import quality as q  # noqa: E402
 from streaming.gcpause import gc_paused  # noqa: E402
 
 BATCH_S = 3.0
@@ -227,7 +227,7 @@ def import_cost() -> dict:
 
 def _import_only() -> None:
     t0 = time.perf_counter()
-    from streaming import quality as q
+    from streaming.ingest import quality as q
 
     info = q.warm_up()
     t1 = time.perf_counter()
@@ -257,7 +257,7 @@ def spark_bench(sizes: list[int], runs: int, bad_frac: float, partitions: int = 
 
     from pyspark.sql import functions as F
 
-    from streaming import quality as q
+    from streaming.ingest import quality as q
     from streaming.job import JobConfig, spark_session, stop_spark
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -269,7 +269,7 @@ def spark_bench(sizes: list[int], runs: int, bad_frac: float, partitions: int = 
 
         def worker_cost(it):  # what the first gate call in a fresh Python worker pays
             t0 = time.perf_counter()
-            from streaming import quality as wq
+            from streaming.ingest import quality as wq
 
             info = wq.warm_up()
             for _ in it:  # drain the task's input
@@ -333,7 +333,7 @@ def main() -> None:
         return
 
     once = import_cost()
-    from streaming import quality as q
+    from streaming.ingest import quality as q
 
     q.warm_up()
     g = q._gx()

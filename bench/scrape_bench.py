@@ -1,6 +1,6 @@
 """Scrape benchmark: what `/metrics` costs at scale, and what scrapes cost the sink.
 
-The job's exporter (``streaming.exporter.Exporter``, served as ``kafka-monitor job`` serves it)
+The job's exporter (``streaming.sinks.exporter.Exporter``, served as ``kafka-monitor job`` serves it)
 filled as the sink fills it at N partitions and N group partitions (every partition's HW and
 every group partition's commit and lag moving each batch): a ``partition_block`` row and one
 ``group_partition`` row per group partition per batch, as ``job.sink_rows`` hands them over.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import report  # noqa: E402
-from streaming.exporter import Exporter  # noqa: E402
+from streaming.sinks.exporter import Exporter  # noqa: E402
 
 TOPIC_PARTITIONS = 100
 

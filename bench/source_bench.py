@@ -1,16 +1,16 @@
 """Source benchmark: do records come back faster as Arrow batches than as tuples from the Python
-Kafka data source (streaming/source.py), and by how much?
+Kafka data source (streaming/read/source.py), and by how much?
 
 PySpark's Python data source API lets ``read()`` yield either tuples/Rows or
 ``pyarrow.RecordBatch`` objects.  The job's source (format ``kafka-monitor-kafka``) builds Arrow
-batches column-wise (``streaming.source.read_range``).  This benchmark starts a Tansu broker,
+batches column-wise (``streaming.read.source.read_range``).  This benchmark starts a Tansu broker,
 writes N events of the job's real mix (``bench/job_bench.py``: cycle_events + produce, lz4,
 ~340-byte JSON values) into a 6-partition topic and reads them back two ways:
 
 (a) in-process, no Spark, one consumer over all partitions; per record:
 
     consume        the read loop with consume() and its offset/EOF bookkeeping, no conversion
-    arrow          streaming.source.read_range as is (Arrow batches of 20,000 rows)
+    arrow          streaming.read.source.read_range as is (Arrow batches of 20,000 rows)
     tuples         the same loop yielding one tuple per record (defined here, mirrors read_range)
     tuples+spark   tuples fed through PySpark's own tuples -> Arrow conversion
                    (pyspark.sql.worker.plan_data_source_read.records_to_arrow_batches, 10,000
@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import report  # noqa: E402  (bench/report.py)
 import job_bench  # noqa: E402  (bench/job_bench.py: cycle_events, produce, end_offsets)
 from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
-from streaming.source import (  # noqa: E402
+from streaming.read.source import (  # noqa: E402
     ARROW_SCHEMA, FORMAT, KafkaEventSource, KafkaSourcePartition, KafkaStreamReader, messages_in_range, read_range,
 )
 
@@ -77,7 +77,7 @@ TUPLES_FORMAT = FORMAT + "-tuples"
 SPARK_ARROW_BATCH = 10_000
 
 
-# -- the tuple variants (the same range loop as streaming.source.read_range) ---------------------
+# -- the tuple variants (the same range loop as streaming.read.source.read_range) ---------------------
 
 def read_range_tuples(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[tuple]:
     """read_range, yielding one (key, value, topic, partition, offset, timestamp) tuple per

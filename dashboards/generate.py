@@ -16,7 +16,7 @@ query against a real Prometheus scraping a real run of the product.
 Conventions every panel follows:
 - datasource: the Prometheus datasource with uid ``prometheus`` (provisioned by
   deploy/grafana/provisioning/datasources/prometheus.yml), on the panel and on each target;
-- only metrics the exporter serves (streaming.exporter.CATALOGUE) plus Prometheus's own
+- only metrics the exporter serves (streaming.sinks.exporter.CATALOGUE) plus Prometheus's own
   ``up`` and ``ALERTS``; no metric is invented for what the exporter does not serve yet
   (rebalance phases and their durations, per-client partition-count catch-up);
 - entity series are aggregated with ``max by (<entity labels>)`` before anything else, so two
@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from streaming.rules import Alert  # noqa: E402
-from streaming.rules_group import GroupRulesConfig  # noqa: E402
-from streaming.rules_lag import LagConfig  # noqa: E402
-from streaming.rules_partition import PartitionRulesConfig  # noqa: E402
+from streaming.rules.base import Alert  # noqa: E402
+from streaming.rules.group import GroupRulesConfig  # noqa: E402
+from streaming.rules.lag import LagConfig  # noqa: E402
+from streaming.rules.partition import PartitionRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
 #: versions migrate it on load)

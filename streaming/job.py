@@ -1,8 +1,8 @@
 """The streaming job: events topic -> parse and quality gate -> state -> sinks.
 
-    source (kafka-monitor-kafka) -> mapInArrow(streaming.parsing: decode, flatten, GX gate; reason or null)
+    source (kafka-monitor-kafka) -> mapInArrow(streaming.ingest.parsing: decode, flatten, GX gate; reason or null)
       -> bucket = pmod(xxhash64(entity), buckets), or -1 for quarantined rows
-      -> groupBy(bucket).applyInPandasWithState(streaming.state)   [update mode, processing-time timeout]
+      -> groupBy(bucket).applyInPandasWithState(streaming.state.function)   [update mode, processing-time timeout]
       -> foreachBatch: the exporter applies the rows
 """
 
@@ -30,15 +30,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from streaming import parsing
-from streaming import rules_group, rules_lag, rules_partition
-from streaming import spark_kafka
-from streaming import state as st
-from streaming.alerts_sink import AlertsTopicSink
-from streaming.exporter import GRANULARITIES, ROW_COLUMNS, Exporter
+from streaming.ingest import parsing
+from streaming.rules import group as rules_group
+from streaming.rules import lag as rules_lag
+from streaming.rules import partition as rules_partition
+from streaming.read import spark_kafka
+from streaming.state import function as st
+from streaming.sinks.alerts import AlertsTopicSink
+from streaming.sinks.exporter import GRANULARITIES, ROW_COLUMNS, Exporter
 from streaming.gcpause import gc_paused
-from streaming.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
-from streaming.source import FORMAT, KafkaEventSource
+from streaming.ingest.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
+from streaming.read.source import FORMAT, KafkaEventSource
 from streaming.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class JobConfig:
     #: with false, records deleted by retention before they were read are skipped instead of failing
     fail_on_data_loss: bool = True
     #: "python": our confluent-kafka data source; "spark-kafka": Spark's built-in kafka source
-    #: (needs spark-sql-kafka-0-10 on the classpath, see streaming.spark_kafka)
+    #: (needs spark-sql-kafka-0-10 on the classpath, see streaming.read.spark_kafka)
     source: str = "python"
     buckets: int = 16
     entity_ttl_s: float = 900.0
@@ -129,7 +131,7 @@ class JobConfig:
     stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
     #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group]
-    #: (streaming.rules_lag.LagConfig, rules_partition.PartitionRulesConfig,
+    #: (streaming.rules.lag.LagConfig, rules_partition.PartitionRulesConfig,
     #: rules_group.GroupRulesConfig; README "Alert rule settings")
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -273,7 +275,7 @@ def parse(raw: DataFrame, cfg: Optional[JobConfig] = None) -> DataFrame:
     the frame has one) -> one flat row per observation
     (FLAT_COLUMNS), plus one per partition-count change a good metadata refresh reports, with
     ``reason`` set when the event breaks the contract (decoding, then the great-expectations
-    suite): one Python pass over Arrow per task (``streaming.parsing``, with ``cfg``'s limits).
+    suite): one Python pass over Arrow per task (``streaming.ingest.parsing``, with ``cfg``'s limits).
     A row with a reason keeps a sample of its raw text and its size, for the quarantine sink.
 
     ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
@@ -370,7 +372,7 @@ def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 class ExporterSink:
     """foreachBatch target: publishes the batch's alert transitions (exactly once, see
-    streaming.alerts_sink), writes its quarantined events, then applies everything to the
+    streaming.sinks.alerts), writes its quarantined events, then applies everything to the
     exporter.  A replayed batch id is harmless to all three."""
 
     def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,

@@ -1,7 +1,7 @@
 """Spark's Python worker daemon for this job (``spark.python.daemon.module``).
 
 PySpark forks every Python worker from one daemon process.  The quality gate builds its
-great-expectations objects once per process (``streaming.quality._gx``: ~2 s of imports and
+great-expectations objects once per process (``streaming.ingest.quality._gx``: ~2 s of imports and
 ~2 s of building on this machine), and a Spark task runs in whichever pooled worker is free —
 the source's reader, the parse-and-gate step and the state function all share the pool.  So
 without this, a batch whose parse lands in a worker that has not parsed before pays ~3-4 s of
@@ -25,7 +25,7 @@ PRELOADED: frozenset = frozenset()
 def main() -> None:
     import gc
 
-    from streaming import quality
+    from streaming.ingest import quality
 
     quality.warm_up()
     # what each worker imports before its first task: PySpark's worker, its data source and
@@ -36,7 +36,9 @@ def main() -> None:
     import pyspark.worker  # noqa: F401
     from pyspark import daemon
 
-    from streaming import parsing, source, state  # noqa: F401
+    import streaming.ingest.parsing  # noqa: F401
+    import streaming.read.source  # noqa: F401
+    import streaming.state.function  # noqa: F401
 
     # A new worker puts the task's files directory on sys.path and then calls
     # importlib.invalidate_caches(), which makes every zipimporter (one per package directory

@@ -26,8 +26,8 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_monitor.broker import create_topics
-from streaming import parsing
-from streaming.exporter import QUARANTINE_REASONS, Exporter
+from streaming.ingest import parsing
+from streaming.sinks.exporter import QUARANTINE_REASONS, Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.support import hostile

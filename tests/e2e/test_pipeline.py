@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kafka_monitor.broker import create_topics
 from monitor.contract import Event, PartitionMetadata
 from monitor.probe import Probe, ProbeConfig
-from streaming.exporter import Exporter
+from streaming.sinks.exporter import Exporter
 from streaming import job
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for

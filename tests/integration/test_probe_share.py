@@ -13,8 +13,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig, share_of
-from streaming import parsing, state
-from streaming.exporter import Exporter
+from streaming.ingest import parsing
+from streaming.state import function as state
+from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
 from tests.support.events import read_events
 

@@ -4,7 +4,7 @@
   file in deploy/prometheus/tests (series in -> expected alerts out);
 - a real Prometheus server loads the rules and evaluates them without errors;
 - what promtool cannot check: every metric a rule reads is one the exporter serves
-  (``streaming.exporter.CATALOGUE``), every alert carries for/severity/summary/description/
+  (``streaming.sinks.exporter.CATALOGUE``), every alert carries for/severity/summary/description/
   runbook, and every alert has a promtool case where it fires and one where it must not.
 
 promtool and prometheus come from the Debian package ``prometheus`` (2.42 on bookworm).
@@ -26,7 +26,7 @@ import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
 from kafka_monitor.broker import die_with_parent, free_port, stop_process
-from streaming.exporter import CATALOGUE
+from streaming.sinks.exporter import CATALOGUE
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ RULES = PROM_DIR / "rules" / "kafka-monitor.rules.yml"
 TEST_FILES = sorted((PROM_DIR / "tests").glob("*.test.yml"))
 
 #: group -> alerts; the names are part of the product (routes, silences, dashboards use them).
-#: An alert the job decides has the job's name (streaming.rules.Alert); ConsumerLagStatus has
+#: An alert the job decides has the job's name (streaming.rules.base.Alert); ConsumerLagStatus has
 #: one rule per status.  Only the monitor's own health (KafkaMonitor*) is Prometheus's.
 EXPECTED_GROUPS = {
     "kafka-monitor.kafka": ["ConsumerLagHigh", "IsrShrink", "UnderReplicated", "OfflinePartition"],
@@ -167,7 +167,7 @@ def test_every_metric_the_rules_read_is_in_the_exporter_catalogue():
                 if not known(name):
                     unknown.append(f"{r['alert']} {where}: {name}")
     assert seen, "no kafka_monitor_* metric found in the rules (is the pattern right?)"
-    assert not unknown, "metrics the exporter does not serve (streaming.exporter.CATALOGUE):\n" + "\n".join(unknown)
+    assert not unknown, "metrics the exporter does not serve (streaming.sinks.exporter.CATALOGUE):\n" + "\n".join(unknown)
 
 
 def rules_named(name: str) -> list[dict]:
@@ -178,8 +178,8 @@ def test_every_alert_the_job_decides_is_relayed_under_its_own_name():
     """One name everywhere: the job's alert X is the Prometheus alert X, read from
     kafka_monitor_alert_active{alert="X"} at the job's severity; ConsumerLagStatus (whose
     severity depends on the status) from the job's status gauges, one rule per status."""
-    from streaming.rules import SEVERITY, Alert
-    from streaming.rules_lag import STATUS_SEVERITY
+    from streaming.rules.base import SEVERITY, Alert
+    from streaming.rules.lag import STATUS_SEVERITY
 
     problems = []
     for a in Alert:

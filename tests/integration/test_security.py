@@ -47,10 +47,10 @@ from monitor.contract import Event, Heartbeat, PartitionMetadata
 from monitor.emitter import EventEmitter
 from monitor.instrument import InstrumentedConsumer
 from monitor.probe import Probe, ProbeConfig
-from streaming.alerts_sink import AlertsSinkError, AlertsTopicSink
-from streaming.exporter import Exporter
+from streaming.sinks.alerts import AlertsSinkError, AlertsTopicSink
+from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig
-from streaming.source import KafkaStreamReader, SourceError, read_range
+from streaming.read.source import KafkaStreamReader, SourceError, read_range
 from tests.conftest import wait_for
 from tests.support.capture import capturing_probe, of_type
 
@@ -89,7 +89,7 @@ def job_acls(events: str, alerts: str) -> list[Acl]:
 
 
 JOB_ACLS = job_acls(EVENTS, ALERTS)
-#: the Spark run's alerts topic: an alerts topic has one writer (streaming.alerts_sink), and the
+#: the Spark run's alerts topic: an alerts topic has one writer (streaming.sinks.alerts), and the
 #: reader test publishes with batch ids a Spark query starting at 0 would take for replays
 ALERTS_SPARK = "kafka-monitor.alerts.spark"
 #: an application's consumer and its instrumentation

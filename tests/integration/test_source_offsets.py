@@ -1,4 +1,4 @@
-"""The Kafka data source (streaming/source.py) in a real Spark streaming query when the topic's
+"""The Kafka data source (streaming/read/source.py) in a real Spark streaming query when the topic's
 offsets change under it: partitions added to the events topic, and records deleted before they
 were read (``failOnDataLoss``).
 
@@ -42,7 +42,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from streaming.source import FORMAT, KafkaEventSource
+from streaming.read.source import FORMAT, KafkaEventSource
 from tests.conftest import unique
 from tests.support import mock_cluster
 from tests.support.mock_cluster import MockCluster, MockClusterUnavailable

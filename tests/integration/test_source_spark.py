@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_monitor.broker import create_topics
-from streaming.source import FORMAT, KafkaEventSource
+from streaming.read.source import FORMAT, KafkaEventSource
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, St
 
 from kafka_monitor.broker import create_topics
 from monitor.contract import Event, Heartbeat, PartitionOffsets
-from streaming import spark_kafka
-from streaming.exporter import Exporter
+from streaming.read import spark_kafka
+from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, JobConfigError, parse, read_events, report_progress, start
-from streaming.source import SCHEMA
+from streaming.read.source import SCHEMA
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

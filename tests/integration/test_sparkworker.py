@@ -14,7 +14,7 @@ def _probe(frames):
 
     import pandas as pd
 
-    from streaming import quality
+    from streaming.ingest import quality
 
     for f in frames:
         # read before anything here could build them: warm means built by the daemon, pre-fork
@@ -49,8 +49,8 @@ def _started_warm(frames):
         zipimport._read_directory = real
     zips = sum(isinstance(f, zipimport.zipimporter) for f in sys.path_importer_cache.values())
     for f in frames:
-        yield pd.DataFrame({"ok": [all(m in preloaded for m in ("pyspark.worker", "streaming.state",
-                                                                  "streaming.source", "streaming.parsing"))] * len(f),
+        yield pd.DataFrame({"ok": [all(m in preloaded for m in ("pyspark.worker", "streaming.state.function",
+                                                                  "streaming.read.source", "streaming.ingest.parsing"))] * len(f),
                             "zips": [zips] * len(f), "read": [len(read)] * len(f)})
 
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 
 from monitor.contract import Event
-from streaming import parsing
-from streaming import state as st
-from streaming.schema import FLAT_COLUMNS
+from streaming.ingest import parsing
+from streaming.state import function as st
+from streaming.ingest.schema import FLAT_COLUMNS
 
 COLS = [n for n, _ in FLAT_COLUMNS]
 

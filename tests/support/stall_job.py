@@ -19,8 +19,8 @@ BLOCK_MAX_S = 300.0
 
 
 def blocking_state(release_path: str, fail: bool = False) -> Callable[..., Any]:
-    """A replacement for ``streaming.state.make_state_function`` (monkeypatch it)."""
-    from streaming import state
+    """A replacement for ``streaming.state.function.make_state_function`` (monkeypatch it)."""
+    from streaming.state import function as state
 
     real_make = state.make_state_function
 
@@ -47,7 +47,7 @@ def blocking_state(release_path: str, fail: bool = False) -> Callable[..., Any]:
 
 def main(argv: list[str]) -> int:
     from kafka_monitor import cli
-    from streaming import state
+    from streaming.state import function as state
 
     state.make_state_function = blocking_state("/nonexistent/never-released")
     return cli.main(argv)

@@ -8,8 +8,8 @@ import pathlib
 import re
 import time
 
-from streaming.exporter import CATALOGUE, ROW_COLUMNS, Exporter
-from streaming.state import OUTPUT_COLUMNS
+from streaming.sinks.exporter import CATALOGUE, ROW_COLUMNS, Exporter
+from streaming.state.function import OUTPUT_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -240,9 +240,9 @@ def test_packed_partition_blocks_give_the_series_their_rows_give():
     exporter ends with the series the same rows give one by one, unknown values included."""
     import numpy as np
 
-    from streaming import state as st
+    from streaming.state import function as st
     from streaming.job import sink_rows
-    from streaming.partition_table import NULL
+    from streaming.state.table import NULL
 
     def gauges(parts, hw, lso):
         n = len(parts)

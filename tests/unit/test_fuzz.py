@@ -33,8 +33,10 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streaming import parsing, quality, rules
-from streaming import state as stt
+from streaming.ingest import parsing
+from streaming.ingest import quality
+from streaming.rules import base as rules
+from streaming.state import function as stt
 from streaming.job import ENTITY_OF_TYPE
 
 CASES = int(os.environ.get("KAFKA_MONITOR_FUZZ_CASES", "2000"))

@@ -129,12 +129,12 @@ def at_now(clocks: Clocks) -> int:
 
 
 def test_reading_the_contract_does_not_load_the_client_wrapper():
-    """The job imports monitor.contract (and streaming.schema from it): that must not pull in
+    """The job imports monitor.contract (and streaming.ingest.schema from it): that must not pull in
     monitor.instrument, the wrapper the applications use."""
     import subprocess
     import sys
 
-    code = ("import sys, monitor.contract, streaming.schema; "
+    code = ("import sys, monitor.contract, streaming.ingest.schema; "
             "print(sorted(m for m in sys.modules if m.startswith('monitor')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "monitor.instrument" not in out and "monitor.contract" in out, out

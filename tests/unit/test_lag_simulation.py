@@ -47,8 +47,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from streaming import rules
-from streaming import rules_lag
+from streaming.rules import base as rules
+from streaming.rules import lag as rules_lag
 
 DT = 0.1                 # simulation step, s
 PROBE_S = 10.0           # probe interval, s

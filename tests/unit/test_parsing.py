@@ -1,4 +1,4 @@
-"""streaming.parsing without Spark: decoding (bulk and value by value agree), what a bad value
+"""streaming.ingest.parsing without Spark: decoding (bulk and value by value agree), what a bad value
 becomes, the derived partition-count-change rows, and the gate's reasons merged in."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from monitor.contract import (Event, GroupOffsets, Heartbeat, MetadataRefresh, PartitionCountChange,
                               PartitionMetadata, PartitionOffsets)
-from streaming import parsing
-from streaming.schema import FLAT_COLUMNS
+from streaming.ingest import parsing
+from streaming.ingest.schema import FLAT_COLUMNS
 
 
 def ev(data, seq: int = 1, **kw) -> dict:
@@ -296,7 +296,8 @@ def test_parse_batches_chunks_by_bytes_and_passes_timestamps(monkeypatch):
 
 
 def test_reasons_are_listed_once_for_the_exporter():
-    from streaming import exporter, quality
+    from streaming.sinks import exporter
+    from streaming.ingest import quality
     assert exporter.QUARANTINE_REASONS == parsing.REASONS + tuple(quality.RULES)
 
 

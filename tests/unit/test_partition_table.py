@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from streaming import partition_table as pt
-from streaming import state as st
+from streaming.state import table as pt
+from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, rows
 
 

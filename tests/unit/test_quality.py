@@ -1,4 +1,4 @@
-"""The quality gate (streaming.quality) on pandas frames shaped like parse()'s output, no Spark.
+"""The quality gate (streaming.ingest.quality) on pandas frames shaped like parse()'s output, no Spark.
 
 The table below is the rules' correctness proof: one good and at least one bad row per rule,
 the sentinels that must have become null upstream, the deliberate non-rules (committed above
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from streaming import quality as q
+from streaming.ingest import quality as q
 
 COLS = ["reason", "raw", "entity", "type", "cluster", "source", "seq", "observed_at", "topic", "partition",
         "group", "leader", "leader_epoch", "replicas", "isr", "offline_replicas", "min_insync_replicas",

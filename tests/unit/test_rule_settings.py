@@ -11,7 +11,9 @@ import re
 import pytest
 
 from kafka_monitor.config import ConfigError, build
-from streaming import rules_group, rules_lag, rules_partition
+from streaming.rules import group as rules_group
+from streaming.rules import lag as rules_lag
+from streaming.rules import partition as rules_partition
 from streaming.job import RULE_FAMILIES, JobConfig, JobConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def test_a_wrong_setting_is_refused_by_its_name(rules, env, message):
 
 def test_the_job_hands_the_settings_to_the_state_function(spark, monkeypatch):
     from streaming import job as job_module
-    from streaming import parsing
+    from streaming.ingest import parsing
 
     seen = {}
     real = job_module.st.make_state_function

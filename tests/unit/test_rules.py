@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from streaming import rules
-from streaming.rules import Alert
+from streaming.rules import base as rules
+from streaming.rules.base import Alert
 
 E = "k/t/0"
 

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from streaming import rules
-from streaming import rules_group as rg
-from streaming.rules import Alert, Severity
+from streaming.rules import base as rules
+from streaming.rules import group as rg
+from streaming.rules.base import Alert, Severity
 
 S = 1_000
 M = 60_000

@@ -1,4 +1,4 @@
-"""The correctness proof for the consumer-lag rules (streaming.rules_lag): tables of observation
+"""The correctness proof for the consumer-lag rules (streaming.rules.lag): tables of observation
 sequences (t seconds, committed, HW), one observation per probe interval (10 s), -> the status
 after every observation, the lag in seconds, and the transitions (and nothing else).
 
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming import rules
-from streaming import rules_lag as L
-from streaming.rules import Alert, Severity
-from streaming.rules_lag import LagConfig, LagStatus
+from streaming.rules import base as rules
+from streaming.rules import lag as L
+from streaming.rules.base import Alert, Severity
+from streaming.rules.lag import LagConfig, LagStatus
 
 E = "group_partition|k|g|t|0"
 CFG = LagConfig()
@@ -724,7 +724,7 @@ def test_statuses_are_ordered_and_every_status_has_a_severity_mapping():
 
 
 def test_exporter_gauge_values_are_the_status_values():
-    from streaming.exporter import LAG_STATUS_VALUE
+    from streaming.sinks.exporter import LAG_STATUS_VALUE
     assert LAG_STATUS_VALUE == {s.name: int(s) for s in LagStatus}
 
 

@@ -1,4 +1,4 @@
-"""The correctness proof for streaming.rules_partition: tables of observation sequences -> the
+"""The correctness proof for streaming.rules.partition: tables of observation sequences -> the
 transitions they must produce (and nothing else).
 
 Partition steps are ``(t, kind, ...)``: ``md`` (a partition_metadata observation, folded by
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from streaming import rules
-from streaming import rules_partition as rp
-from streaming.rules import Alert, Severity
+from streaming.rules import base as rules
+from streaming.rules import partition as rp
+from streaming.rules.base import Alert, Severity
 
 E = "k/t/0"
 CFG = rp.PartitionRulesConfig()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from streaming.source import cap
+from streaming.read.source import cap
 
 
 @pytest.mark.parametrize("begin, end, limit, expected", [
@@ -25,7 +25,7 @@ def test_cap(begin, end, limit, expected):
     ([(0, 3, 3)], 2, 10, []),  # nothing to read: no task
 ])
 def test_plan_tasks(ranges, max_tasks, per_task, expected):
-    from streaming.source import plan_tasks
+    from streaming.read.source import plan_tasks
     assert plan_tasks(ranges, max_tasks, per_task) == expected
 
 
@@ -33,7 +33,7 @@ def test_record_values_become_text_and_bytes_that_are_not_utf8_are_replaced():
     """read_range hands keys and values to Arrow as bytes: a batch of UTF-8 gives the same text
     as decoding each value; one bad value sends the batch through Python's decoder, which
     replaces the bad bytes (U+FFFD) and keeps the good values and the missing ones as they are."""
-    from streaming.source import _record_batch
+    from streaming.read.source import _record_batch
 
     good = ['{"a": "é"}'.encode(), None, b"plain"]
     b = _record_batch({"key": [b"k", None, b"k3"], "value": good, "partition": [0, 1, 2], "offset": [5, 6, 7],

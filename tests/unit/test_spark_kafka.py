@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from streaming import spark_kafka
+from streaming.read import spark_kafka
 from streaming.job import JobConfig, JobConfigError, report_progress, source_offsets
 
 BASE = {"subscribe": "kafka-monitor.events", "startingOffsets": "earliest", "failOnDataLoss": "true",

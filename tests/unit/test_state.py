@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from streaming import state as st
+from streaming.state import function as st
 from streaming.job import FLAT_COLUMNS
 
 COLS = [n for n, _ in FLAT_COLUMNS] + ["bucket"]
@@ -98,7 +98,7 @@ def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
     """A restarted job (a new run id) starts with an empty exporter: each bucket's first call in
     the run restates its open alerts (``open_alert`` rows, as they were opened: labels and
     severity), once, on the data path or the timer's; they are not transitions."""
-    from streaming.exporter import Exporter
+    from streaming.sinks.exporter import Exporter
     from streaming.job import sink_rows
     import pyarrow as pa
 
@@ -307,7 +307,7 @@ def test_quarantine_samples_are_bounded_per_batch_and_any_event_time_is_survived
 def test_the_read_committed_lag_is_measured_to_the_last_stable_offset():
     """An open transaction: HW 13, LSO 6, committed 2 -> lag 11, read_committed lag 4; unknown LSO:
     no read_committed lag (never a guess from the HW)."""
-    from streaming.exporter import Exporter
+    from streaming.sinks.exporter import Exporter
     from streaming.job import sink_rows
     import pyarrow as pa
 

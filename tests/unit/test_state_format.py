@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streaming import rules
-from streaming import state as st
+from streaming.rules import base as rules
+from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"

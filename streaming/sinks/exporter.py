@@ -23,18 +23,18 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
-from streaming import quality
+from streaming.ingest import quality
 
 log = logging.getLogger(__name__)
 
 P = "kafka_monitor_"
-#: lag status name -> gauge value (streaming.rules_lag.LagStatus, in severity order)
+#: lag status name -> gauge value (streaming.rules.lag.LagStatus, in severity order)
 LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope",
                       "missing_field", "out_of_range", "field_too_long", "event_time_ahead", "event_time_behind",
                       *quality.RULES)  # parsing.REASONS, then the gate's rules
-#: why the state drops a valid event (streaming.state.admit)
+#: why the state drops a valid event (streaming.state.function.admit)
 DROP_REASONS = ("duplicate", "out_of_order")
 PART = ("cluster", "topic", "partition")
 #: buckets of the delay histogram (seconds): a healthy pipeline is a trigger or two

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from streaming import source
+from streaming.read import source
 
 FORMAT = "kafka"
 SOURCES = ("python", "spark-kafka")

@@ -2,7 +2,7 @@
 PreferredLeaderImbalance, HighWatermarkStalled, PartitionUnobserved (partition entity) and
 PartitionCountChanged (topic entity).
 
-Same conventions as ``streaming.rules``: pure functions of (entity state, observation, now),
+Same conventions as ``streaming.rules.base``: pure functions of (entity state, observation, now),
 no clock and no I/O; states are plain JSON-able dicts (only dict/list/int/str/bool/None), open
 alerts live in ``state["open"]`` and go through ``rules._open`` / ``rules._resolve`` (stable
 alert id per episode; ``rules.evict`` resolves them when the entity vanishes).
@@ -28,7 +28,7 @@ The ``*_extra`` functions read the observation only from ``obs`` and their histo
 their own state keys (below); they never read what ``rules.on_partition_metadata`` writes, except
 ``state["min_isr"]`` as a fallback when ``obs`` carries no ``min_insync_replicas`` — and that key
 holds the same value before and after that call in that case.  So calling them before or after
-the ``streaming.rules`` functions gives the same transitions and the same state (a test proves
+the ``streaming.rules.base`` functions gives the same transitions and the same state (a test proves
 it); *after* is the recommended order.  Both ``*_extra`` functions count as an observation of
 the partition (they resolve PartitionUnobserved themselves); any other event that proves the
 partition is reported can call ``on_partition_observed(s, t, key)``.  ``tick_partition`` runs after
@@ -137,7 +137,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from streaming.rules import Alert, Transition, _open, _resolve, alert_id, partition_labels
+from streaming.rules.base import Alert, Transition, _open, _resolve, alert_id, partition_labels
 
 
 class PartitionRulesConfigError(ValueError):

@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from streaming import rules_partition
+from streaming.rules import partition as rules_partition
 
 NULL = np.iinfo(np.int64).min  # a missing int in the columns (None in the dicts)
 _OFFSETS, _METADATA = "partition_offsets", "partition_metadata"

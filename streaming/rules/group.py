@@ -1,6 +1,6 @@
 """Group, client and source rules: pure functions of (entity state, one observation, now).
 
-The conventions are those of :mod:`streaming.rules`: entity states are plain dicts (only dict,
+The conventions are those of :mod:`streaming.rules.base`: entity states are plain dicts (only dict,
 list, int, float, str, bool and None, so they survive the state store), ``state["open"]`` holds
 the open alerts, transitions come from ``rules._open`` / ``rules._resolve``, and no clock is
 read here (``now`` is an argument, epoch ms).  Every ``on_*`` function folds one observation
@@ -122,7 +122,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Optional
 
-from streaming.rules import Alert, Transition, _open, _resolve
+from streaming.rules.base import Alert, Transition, _open, _resolve
 
 # ---------------------------------------------------------------------------------------------
 # Configuration

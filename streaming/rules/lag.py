@@ -34,8 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
-from streaming import rules
-from streaming.rules import Alert, Severity, Transition
+from streaming.rules import base as rules
+from streaming.rules.base import Alert, Severity, Transition
 
 #: hard cap on ``LagConfig.window``: the state of every group-partition holds this many points
 WINDOW_CAP = 64

@@ -7,7 +7,7 @@ state function reads (``FLAT_COLUMNS``); ``reason`` is set for what the decoding
 ``missing_envelope``, ``missing_field``, ``out_of_range``, ``field_too_long``,
 ``event_time_ahead``, ``event_time_behind``); a metadata refresh's partition-count changes
 become rows of their own (keyed by topic); then the great-expectations suite
-(``streaming.quality``) checks the rest of the contract.  A row with a reason keeps a sample
+(``streaming.ingest.quality``) checks the rest of the contract.  A row with a reason keeps a sample
 of its raw text and its size (for the quarantine sink); the others drop both.
 
 Decoding, and what a bad value becomes
@@ -75,9 +75,9 @@ import pyarrow.json as pj
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
-from streaming import quality
+from streaming.ingest import quality
 from streaming.gcpause import gc_paused
-from streaming.schema import EVENT_SCHEMA, FLAT_COLUMNS
+from streaming.ingest.schema import EVENT_SCHEMA, FLAT_COLUMNS
 
 #: a task's rows are decoded and validated together, up to this many at a time
 MAX_ROWS_PER_CHUNK = 200_000

@@ -3,7 +3,7 @@
 Grouping keys are *buckets*, not entities: every entity (a partition, a topic, a group, a
 group's partition, a client's metadata, a source) is hashed into one of ``buckets`` keys, and
 one key's state holds the states of all its entities (one pickled binary column: the entities'
-dicts, and the bucket's quiet partitions in columns, ``streaming.partition_table``).
+dicts, and the bucket's quiet partitions in columns, ``streaming.state.table``).
 Spark pays a fixed cost per grouping key and micro-batch (a pandas frame and a Python call
 each, about 1.5-2.5 ms on 2 cores), so with one key per partition 10,000 partitions cost
 15-25 s per batch; with buckets that cost is fixed and the work inside follows the number of
@@ -20,7 +20,7 @@ whether its 28 columns are filled or not.
 
 The function stays thin: handle the timeout first, unpack the state, apply the quiet
 partitions' rows in columns (``fold_quiet``: what the rules would do to them, without calling
-them), call the pure rules (``streaming.rules*``) on the other rows in event order, run the
+them), call the pure rules (``streaming.rules.base*``) on the other rows in event order, run the
 time-driven checks, write the state back, set the timeout.  ``now`` for the rules is the
 observation's event time; for the time-driven checks it is the batch's latest event time, or
 on a timeout Spark's batch timestamp — both are the same when Spark replays a batch, so a
@@ -40,10 +40,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming import rules, rules_group, rules_lag, rules_partition
+from streaming.rules import base as rules
+from streaming.rules import group as rules_group
+from streaming.rules import lag as rules_lag
+from streaming.rules import partition as rules_partition
 from streaming.gcpause import gc_paused
-from streaming.partition_table import NULL, PartitionTable
-from streaming.schema import FLAT_COLUMNS
+from streaming.state.table import NULL, PartitionTable
+from streaming.ingest.schema import FLAT_COLUMNS
 
 QUARANTINE_BUCKET = -1
 

@@ -17,7 +17,7 @@ API
 ``warm_up()``             build the per-process GX objects now; returns import/build seconds.
 ``QualityGateError``      GX could not evaluate a rule (a code defect, never a bad event).
 
-Wiring: ``streaming.parsing.parse_values`` decodes a Spark task's events into the flat rows and
+Wiring: ``streaming.ingest.parsing.parse_values`` decodes a Spark task's events into the flat rows and
 calls ``validate_frame`` on them, in the same Python pass (``job.parse`` is one ``mapInArrow``);
 rows with a reason then go to the quarantine bucket, keep their raw text and are counted.
 (The earlier wirings, a ``mapInPandas`` gate and an iterator pandas UDF, live on in
@@ -83,7 +83,7 @@ Decisions (what is deliberately NOT a rule)
   scenario generators and unit tests use small event times (make it a config if wanted).
   ``parse()`` also compares ``observed_at`` with the record's own Kafka timestamp, part of the
   record and so the same on every replay (``event_time_ahead`` / ``event_time_behind``,
-  ``streaming.parsing``): that is what refuses events from the future or from 1970.
+  ``streaming.ingest.parsing``): that is what refuses events from the future or from 1970.
 * Offsets: null is fine where the contract makes them optional.  -1 and -1001 are Kafka's
   "no offset" sentinels that the client must turn into null; one that slips through is
   reported as ``offset_sentinel`` (a client bug), ahead of the generic ``offset_not_negative``.

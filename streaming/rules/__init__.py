@@ -1,0 +1,1 @@
+"""The alert rules: pure functions of (entity state, one observation, now) -> transitions."""
