@@ -498,6 +498,20 @@ def evaluate_status(history: Sequence[Point], cfg: LagConfig = DEFAULT_CONFIG, n
 
 # --- the entity ----------------------------------------------------------------------------
 
+def new_group_partition(cluster: str, group: str, topic: str, partition: int) -> dict:
+    return {"cluster": cluster, "group": group, "topic": topic, "partition": partition,
+            "committed": None, "hw": None, "lag": None, "last_seen": None, "open": {}}
+
+
+def offset_lag(committed: Optional[int], hw: Optional[int]) -> Optional[int]:
+    """Lag in offsets from one consistent observation: None when either side is unknown (no
+    commit yet, or HW not observed), never negative (a commit read after the HW — or a
+    just-moved leader whose HW lags — would otherwise show as negative lag)."""
+    if committed is None or hw is None:
+        return None
+    return max(0, int(hw) - int(committed))
+
+
 def group_partition_labels(state: dict) -> dict[str, Any]:
     return {"cluster": state["cluster"], "group": state["group"], "topic": state["topic"],
             "partition": state["partition"]}
@@ -582,8 +596,8 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     labels = group_partition_labels(state)
     history = state.setdefault("history", [])
     lso = _offset(obs.get("last_stable_offset"))
-    state.update(committed=committed, hw=hw, lag=rules.lag(committed, hw), last_seen=now,
-                 rc_lag=rules.lag(committed, lso))  # a read_committed consumer's lag: to the LSO
+    state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
+                 rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
                        ("trend", []), ("high_since", None)):
         state.setdefault(key, empty)

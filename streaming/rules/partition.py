@@ -1,134 +1,11 @@
-"""Partition and topic rules beyond the skeleton: UnderMinIsr / AtMinIsr, LeaderChanged,
-PreferredLeaderImbalance, HighWatermarkStalled, PartitionUnobserved (partition entity) and
-PartitionCountChanged (topic entity).
+"""Partition rules (entity cluster/topic/partition, from ``partition_metadata`` and
+``partition_offsets`` events): IsrShrink, UnderReplicated, OfflinePartition, UnderMinIsr /
+AtMinIsr, LeaderChanged, PreferredLeaderImbalance, HighWatermarkStalled, PartitionUnobserved.
 
-Same conventions as ``streaming.rules.base``: pure functions of (entity state, observation, now),
-no clock and no I/O; states are plain JSON-able dicts (only dict/list/int/str/bool/None), open
-alerts live in ``state["open"]`` and go through ``rules._open`` / ``rules._resolve`` (stable
-alert id per episode; ``rules.evict`` resolves them when the entity vanishes).
-
-Call order (partition entity)
------------------------------
-Per ``partition_metadata`` row::
-
-    out += rules.on_partition_metadata(s, r, t, key)
-    out += rules_partition.on_partition_metadata_extra(s, r, t, key, cfg)
-
-Per ``partition_offsets`` row::
-
-    out += rules.on_partition_offsets(s, r, t)
-    out += rules_partition.on_partition_offsets_extra(s, r, t, key, cfg)
-
-Then, once per micro-batch (and on a state timeout) for every partition entity of the bucket,
-*before* ``evict_stale``::
-
-    out += rules_partition.tick_partition(s, now, key, cfg)
-
-The ``*_extra`` functions read the observation only from ``obs`` and their history only from
-their own state keys (below); they never read what ``rules.on_partition_metadata`` writes, except
-``state["min_isr"]`` as a fallback when ``obs`` carries no ``min_insync_replicas`` — and that key
-holds the same value before and after that call in that case.  So calling them before or after
-the ``streaming.rules.base`` functions gives the same transitions and the same state (a test proves
-it); *after* is the recommended order.  Both ``*_extra`` functions count as an observation of
-the partition (they resolve PartitionUnobserved themselves); any other event that proves the
-partition is reported can call ``on_partition_observed(s, t, key)``.  ``tick_partition`` runs after
-the fold, so it may (and does, for evidence only) read ``state["replicas"]``.
-
-Call order (topic entity)
--------------------------
-Per ``partition_count_change`` row (one per ``metadata_refresh.partition_count_changes`` entry)::
-
-    s = entities.get(key) or rules_partition.new_topic(cluster, topic)
-    out += rules_partition.on_partition_count_change(
-        s, {"topic", "old_count", "new_count", "unseen_for_at_most_ms", "source", "seen_at"}, t, key, cfg)
-
-and ``tick_topic(s, now, key, cfg)`` every micro-batch, before ``evict_stale`` (the topic
-state's ``last_seen`` only moves when a client reports a change, so with
-``entity_ttl_s`` = 15 min eviction would otherwise race the 15 min window; a tick at
-``now - since >= window`` wins over an eviction at ``now - last_seen > ttl``).  Labels for the
-topic entity: ``topic_labels(s)``.
-
-The rules
----------
-UnderMinIsr (critical) / AtMinIsr (warning) — only when min.insync.replicas is known
-    (``obs.min_insync_replicas``, else the last known ``state["min_isr"]``).  Under: |ISR| < min
-    ISR: acks=all producers get NOT_ENOUGH_REPLICAS.  At: |ISR| == min ISR *and* |ISR| <
-    |replicas|, i.e. the partition lost redundancy it is configured to have and one more loss
-    stops acks=all writes.  A partition whose replica count equals min ISR (RF=1 / min=1, or
-    RF=2 / min=2) sits "at min" by design; paging on it would fire on every such topic forever,
-    so it is not an alert (that is a configuration review item, not an incident).  RF=3 / min=1
-    with ISR down to one replica *is* AtMinIsr: one more loss takes the partition offline.
-    Exactly one of the two is open; moving between them resolves the old one first, then
-    opens the new one.  While the partition has no leader (leader = -1) both are frozen
-    (neither opened nor resolved): OfflinePartition pages for it, and like Kafka's own
-    UnderMinIsr/AtMinIsr partition counts (computed by the leader) there is nothing to count.
-LeaderChanged (info) — event-like: opens on the first change of leader or leader epoch (an
-    epoch-only change — the same broker re-elected — counts); further changes keep the same
-    episode open and are counted (and the last ``leader_history_max`` kept as evidence); it
-    resolves in ``tick_partition`` once ``leader_quiet_ms`` passed without a change (a change
-    arriving after the quiet window when no tick ran in between resolves the old episode and
-    opens a new one, so the result does not depend on how often ticks run).  The first
-    observation of a partition is not a change; an epoch that is unknown on either side is not
-    compared (only the leader is).  Stale views: several probes may report the same partition,
-    one of them with older metadata; an observation whose leader epoch is *lower* than the last
-    accepted one is ignored, unless ``epoch_reset_after`` such observations arrive in a row (a
-    deleted and re-created topic starts again from epoch 0), which is then accepted as a change
-    (evidence ``epoch_reset: true``).  An observation older than the last accepted one (out of
-    order) is ignored by every rule here.
-PreferredLeaderImbalance (info) — leader != replicas[0] (the preferred leader) continuously for
-    ``imbalance_after_ms``; opens on the observation or the tick that reaches it (the tick only
-    while the last partition_metadata is younger than the unobserved window: it does not claim
-    an imbalance from a leader view it has stopped receiving: the view is current while the last
-    partition_metadata, or the last partition_offsets whose ``metadata_at`` says the source's
-    metadata still showed it, is younger than that window — a probe sends partition_metadata
-    only when it changes); resolves on the
-    first observation with leader == replicas[0] or with no leader (an offline partition is not
-    "imbalanced" — OfflinePartition covers it).
-HighWatermarkStalled (critical) — the HW did not move while writes were known to be pending:
-    an observation of the HW taken at least ``hw_stall_ms`` after writes were first seen pending
-    (after the HW's last move) still shows the same HW.  Resolves when the HW moves.
-
-    THIS RULE CANNOT FIRE TODAY.  Its only input is ``state["pending_writes_at"]``: the epoch ms
-    at which some client last saw writes pending on this partition (an instrumented producer or a
-    canary whose produced offset is beyond the HW, or whose acks=all produce is outstanding).
-    The v1 event contract has no event that carries that (client_fetch is a consumer's view; no
-    producer-side event exists), so nothing sets the key and the rule stays silent.  It is
-    implemented and tested so that the day a producer-side event exists, the job only has to
-    feed it: call ``note_pending_writes(s, at)`` (or write ``s["pending_writes_at"]``; the next
-    offsets observation or tick picks it up).  An HW that is merely flat is *not* a stall: an idle
-    topic has a flat HW forever.
-PartitionUnobserved (warning) — no partition_metadata / partition_offsets (or
-    ``on_partition_observed``) for the window: ``unobserved_intervals`` x the observing source's
-    interval when the job knows it (pass ``interval_ms`` to ``on_partition_observed``: the
-    probe's heartbeat ``interval_ms`` is its observation interval), else ``unobserved_after_ms``.
-    Opens in ``tick_partition``; resolves on the next (newer) observation.  Pass ``blind=True`` to
-    the tick while the job knows its sources are silent (SourceSilent open): then one
-    SourceSilent pages instead of one PartitionUnobserved per partition (already open ones stay
-    open).  A partition that is never observed again is resolved by ``rules.evict`` after the TTL.
-PartitionCountChanged (info, topic entity) — opens on the first report of a new partition count;
-    every client (``source``) that reports the same new count while the episode is open is
-    recorded with when its metadata showed it (``seen_at``), its ``unseen_for_at_most_ms`` and its
-    own old count, up to ``count_change_clients_max`` clients (the rest are counted).  The change
-    happened inside every reporting client's interval (seen_at - unseen_for_at_most_ms, seen_at],
-    so the evidence also bounds when it happened (``changed_after`` / ``changed_by``) and, per
-    client, how long it ran on the stale partition count (``stale_for_at_least_ms`` /
-    ``stale_for_at_most_ms``): keys went to other partitions meanwhile (KAFKA-INTERNALS §2).
-    Resolves ``count_change_window_ms`` after it opened, in ``tick_topic``.  A different new count
-    while open (partitions added again; or fewer partitions reported by a client that had the
-    current count: a re-created topic) resolves the episode and opens a new one.  A report of an
-    earlier change (new count below the current one from a client that did not have the current
-    one) is stale and only counted.  A client that catches up after the episode resolved opens a
-    new, ``late_catch_up`` episode: a client that ran on stale partitioning for longer than the
-    window is the most interesting evidence, not noise.
-
-State keys added to a partition state (created lazily, so states made by
-``rules.new_partition`` and states from before this module work unchanged): ``observed_at``,
-``interval_ms``, ``md_at``, ``md_confirmed_at``, ``leader_seen``, ``epoch_seen``, ``epoch_regressions``,
-``leader_episode``, ``imbalanced_since``, ``hw_seen``, ``hw_changed_at``, ``hw_observed_at``,
-``pending_writes_at``, ``pending_since``, ``due``, ``due_pw``.  ``due`` is the earliest time at
-which ``tick_partition`` has anything to do; before it the tick is two dict reads.
-
-Thresholds compare with ``>=``: a duration that reaches the threshold counts.
+Entry points: ``on_partition_metadata`` and ``on_partition_offsets`` per observation,
+``tick_partition`` once per micro-batch (and on a state timeout) before eviction.  Pure
+functions of (entity state, one observation, now): the conventions of
+:mod:`streaming.rules.base`.  How each alert decides, and the state keys: docs/rules.md.
 """
 
 from __future__ import annotations
@@ -137,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from streaming.rules.base import Alert, Transition, _open, _resolve, alert_id, partition_labels
+from streaming.rules.base import Alert, Transition, _open, _resolve
 
 
 class PartitionRulesConfigError(ValueError):
@@ -192,7 +69,6 @@ DEFAULT_CONFIG = PartitionRulesConfig()
 _UNDER, _AT = Alert.UNDER_MIN_ISR, Alert.AT_MIN_ISR
 _LC, _PLI = Alert.LEADER_CHANGED, Alert.PREFERRED_LEADER_IMBALANCE
 _HWS, _PU = Alert.HIGH_WATERMARK_STALLED, Alert.PARTITION_UNOBSERVED
-_PCC = Alert.PARTITION_COUNT_CHANGED
 
 _PARTITION_KEYS = {
     "observed_at": None, "interval_ms": None, "md_at": None, "leader_seen": None, "epoch_seen": None,
@@ -236,6 +112,68 @@ def _is_open(state: dict, alert: Alert) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+def partition_labels(state: dict) -> dict[str, Any]:
+    return {"cluster": state["cluster"], "topic": state["topic"], "partition": state["partition"]}
+
+
+def new_partition(cluster: str, topic: str, partition: int) -> dict:
+    return {"cluster": cluster, "topic": topic, "partition": partition, "leader": None,
+            "leader_epoch": None, "replicas": None, "isr": None, "min_isr": None, "hw": None,
+            "log_start": None, "lso": None, "last_seen": None, "open": {}}
+
+
+def _replication(state: dict, obs: dict, now: int, entity: str) -> list[Transition]:
+    """Fold one partition_metadata observation into ``state`` (mutated); return transitions.
+
+    - IsrShrink opens when replicas left the ISR since the previous observation while the
+      replica set stayed the same (a reassignment that drops a replica is not a shrink); it
+      resolves (IsrExpand) once every replica is back in the ISR.
+    - UnderReplicated is open while |ISR| < |replicas|.
+    - OfflinePartition is open while the partition has no leader (leader = -1).
+    """
+    labels = partition_labels(state)
+    replicas = [int(r) for r in obs["replicas"]]
+    isr = [int(r) for r in obs["isr"]]
+    prev_replicas, prev_isr = state["replicas"], state["isr"]
+    out: list[Transition] = []
+
+    removed = sorted(set(prev_isr) - set(isr)) if prev_isr is not None else []
+    if removed and set(prev_replicas or []) == set(replicas):
+        out += _open(state, Alert.ISR_SHRINK, entity, labels, now,
+                     {"isr_before": prev_isr, "isr_after": isr, "removed": removed, "replicas": replicas})
+    opened = state["open"]  # evidence for a resolve is only built when something is open
+    if opened and set(isr) >= set(replicas):
+        out += _resolve(state, Alert.ISR_SHRINK, entity, labels, now,
+                        {"isr_before": prev_isr, "isr_after": isr, "replicas": replicas})
+
+    if len(isr) < len(replicas):
+        out += _open(state, Alert.UNDER_REPLICATED, entity, labels, now,
+                     {"isr": isr, "replicas": replicas, "missing": sorted(set(replicas) - set(isr))})
+    elif opened:
+        out += _resolve(state, Alert.UNDER_REPLICATED, entity, labels, now, {"isr": isr, "replicas": replicas})
+
+    leader = int(obs["leader"])
+    if leader < 0:
+        out += _open(state, Alert.OFFLINE_PARTITION, entity, labels, now,
+                     {"leader": leader, "replicas": replicas, "offline_replicas": list(obs.get("offline_replicas") or [])})
+    elif opened:
+        out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
+
+    state.update(replicas=replicas, isr=isr, leader=leader, leader_epoch=obs.get("leader_epoch"),
+                 last_seen=now)
+    if obs.get("min_insync_replicas") is not None:
+        state["min_isr"] = int(obs["min_insync_replicas"])
+    return out
+
+
+def _offsets(state: dict, obs: dict, now: int) -> list[Transition]:
+    """Record the partition's offsets.  The HW only moves forward on a given leader; a lower
+    value is kept as reported (it is what the broker says) — rules on HW history come later."""
+    state.update(hw=int(obs["high_watermark"]), log_start=obs.get("log_start_offset"),
+                 lso=obs.get("last_stable_offset"), last_seen=now)
+    return []
+
+
 def unobserved_window_ms(state: dict, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> int:
     interval = state.get("interval_ms")
     if interval:
@@ -265,12 +203,12 @@ def on_partition_observed(state: dict, now: int, entity: str, cfg: PartitionRule
     return out
 
 
-def on_partition_metadata_extra(state: dict, obs: dict, now: int, entity: str,
-                                cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+def _leadership(state: dict, obs: dict, now: int, entity: str,
+                cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one partition_metadata observation (``obs``: leader, leader_epoch, replicas, isr,
     min_insync_replicas) into ``state`` for UnderMinIsr / AtMinIsr, LeaderChanged and
     PreferredLeaderImbalance; also resolves PartitionUnobserved.  Order-independent with
-    ``rules.on_partition_metadata`` (see the module docstring); call it right after."""
+    ``_replication`` (docs/rules.md)."""
     out = on_partition_observed(state, now, entity, cfg)
     if state["md_at"] is not None and now < state["md_at"]:
         return out  # out of order: older than what the rules already reflect
@@ -426,11 +364,11 @@ def _maybe_open_stall(state: dict, now: int, entity: str, cfg: PartitionRulesCon
                   "last_hw_observation_at": seen, "stalled_for_at_least_ms": seen - since})
 
 
-def on_partition_offsets_extra(state: dict, obs: dict, now: int, entity: str,
-                               cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+def _progress(state: dict, obs: dict, now: int, entity: str,
+              cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one partition_offsets observation (``obs["high_watermark"]``) for
     HighWatermarkStalled; also resolves PartitionUnobserved.  Order-independent with
-    ``rules.on_partition_offsets``; call it right after."""
+    ``_offsets``."""
     out = on_partition_observed(state, now, entity, cfg)
     if state["hw_observed_at"] is not None and now < state["hw_observed_at"]:
         return out  # out of order
@@ -508,138 +446,15 @@ def tick_partition(state: dict, now: int, entity: str, cfg: PartitionRulesConfig
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Topic entity: PartitionCountChanged
-# ---------------------------------------------------------------------------------------------
+def on_partition_metadata(state: dict, obs: dict, now: int, entity: str,
+                          cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+    """Fold one ``partition_metadata`` observation into ``state`` (mutated): every partition
+    alert it feeds (ISR, replication, leadership, min ISR, imbalance, being observed)."""
+    return _leadership(state, obs, now, entity, cfg) + _replication(state, obs, now, entity)
 
 
-def new_topic(cluster: str, topic: str) -> dict:
-    return {"kind": "topic", "cluster": cluster, "topic": topic, "partition_count": None,
-            "changed_after": None, "changed_by": None, "episode": None, "last_since": None,
-            "last_seen": None, "open": {}}
-
-
-def topic_labels(state: dict) -> dict[str, Any]:
-    return {"cluster": state["cluster"], "topic": state["topic"]}
-
-
-def on_partition_count_change(state: dict, change: dict, now: int, entity: str,
-                              cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
-    """One client (``change["source"]``) saw the topic's partition count change from
-    ``old_count`` to ``new_count`` in a refresh at ``seen_at`` (default ``now``);
-    ``unseen_for_at_most_ms`` bounds how long before that the change happened (may be None)."""
-    old, new = int(change["old_count"]), int(change["new_count"])
-    source = str(change.get("source"))
-    seen_at = _int(change.get("seen_at"))
-    seen_at = now if seen_at is None else seen_at
-    unseen = _int(change.get("unseen_for_at_most_ms"))
-    state["last_seen"] = now if state["last_seen"] is None else max(state["last_seen"], now)
-    if old == new:
-        return []
-    labels = topic_labels(state)
-    current = state["partition_count"]
-    ep = state["episode"]
-    out: list[Transition] = []
-
-    if current is not None and new == current:
-        if ep is not None:
-            _add_client(ep, state, source, seen_at, old, unseen, cfg)
-            return []
-        # a client caught up after the episode closed: it ran stale for longer than the window
-        return _open_count_episode(state, now, entity, labels, cfg, old, new, source, seen_at, old, unseen,
-                                   late=True)
-
-    is_new_change = current is None or new > current or old == current
-    if not is_new_change:  # a late report of an earlier change: this client is still stale
-        if ep is not None:
-            ep["stale_reports"] += 1
-        return []
-
-    if ep is not None:
-        out += _resolve_count_episode(state, now, entity, labels, {
-            "reason": "superseded", "superseded_by": {"old_count": current, "new_count": new}})
-    state.update(partition_count=new, changed_after=None, changed_by=None)
-    out += _open_count_episode(state, now, entity, labels, cfg, current if current is not None else old,
-                               new, source, seen_at, old, unseen, late=False)
-    return out
-
-
-def _bound(state: dict, seen_at: int, unseen: Optional[int]) -> None:
-    """The change happened in (seen_at - unseen, seen_at] for every reporting client."""
-    state["changed_by"] = seen_at if state["changed_by"] is None else min(state["changed_by"], seen_at)
-    if unseen is not None:
-        lo = seen_at - unseen
-        state["changed_after"] = lo if state["changed_after"] is None else max(state["changed_after"], lo)
-
-
-def _add_client(ep: dict, state: dict, source: str, seen_at: int, old: int, unseen: Optional[int],
-                cfg: PartitionRulesConfig) -> None:
-    if any(c[0] == source for c in ep["clients"]):
-        return  # a replay, or a client reporting twice: its first catch-up is the one that counts
-    _bound(state, seen_at, unseen)
-    if len(ep["clients"]) < cfg.count_change_clients_max:
-        ep["clients"].append([source, seen_at, old, unseen])
-    else:
-        ep["clients_not_listed"] += 1  # not de-duplicated: may count a replayed report twice
-
-
-def _open_count_episode(state: dict, now: int, entity: str, labels: dict, cfg: PartitionRulesConfig,
-                        old_count: int, new_count: int, source: str, seen_at: int, client_old: int,
-                        unseen: Optional[int], late: bool) -> list[Transition]:
-    state["episode"] = {"old_count": old_count, "new_count": new_count, "late_catch_up": late,
-                        "clients": [], "clients_not_listed": 0, "stale_reports": 0}
-    _add_client(state["episode"], state, source, seen_at, client_old, unseen, cfg)
-    # ids are alert|entity|since: keep ``since`` strictly increasing per topic so two episodes
-    # opened in the same millisecond (two changes in one batch) never share an id
-    since = now if state["last_since"] is None or now > state["last_since"] else state["last_since"] + 1
-    state["last_since"] = since
-    evidence = {"old_count": old_count, "new_count": new_count, "first_seen_by": source,
-                "first_seen_at": seen_at, "unseen_for_at_most_ms": unseen, "late_catch_up": late,
-                "changed_by": state["changed_by"], "changed_after": state["changed_after"]}
-    aid = alert_id(_PCC, entity, since)
-    state["open"][_PCC.value] = {"id": aid, "since": since, "evidence": evidence}
-    return [Transition(_PCC, "open", aid, now, entity, labels, evidence)]
-
-
-def _bounds_consistent(state: dict) -> bool:
-    """False when no instant fits every client's (seen_at - unseen, seen_at]: clients' clocks
-    disagree, or a client refreshed from a broker whose metadata cache still had the old count
-    after another client had seen the new one.  Then no "at most" is claimed."""
-    by, after = state["changed_by"], state["changed_after"]
-    return after is None or by is None or after < by
-
-
-def _client_evidence(state: dict, c: list) -> dict:
-    source, seen_at, old, unseen = c
-    by, after = state["changed_by"], state["changed_after"]
-    at_least = max(0, seen_at - by) if by is not None else None
-    at_most = seen_at - after if after is not None and _bounds_consistent(state) else None
-    return {"source": source, "seen_at": seen_at, "old_count": old, "unseen_for_at_most_ms": unseen,
-            "stale_for_at_least_ms": at_least, "stale_for_at_most_ms": at_most}
-
-
-def _resolve_count_episode(state: dict, now: int, entity: str, labels: dict, extra: dict) -> list[Transition]:
-    ep = state["episode"]
-    state["episode"] = None
-    clients = [_client_evidence(state, c) for c in ep["clients"]]
-    return _resolve(state, _PCC, entity, labels, now,
-                    {"old_count": ep["old_count"], "new_count": ep["new_count"], "late_catch_up": ep["late_catch_up"],
-                     "changed_after": state["changed_after"], "changed_by": state["changed_by"],
-                     "bounds_consistent": _bounds_consistent(state), "clients": clients,
-                     "clients_reported": len(clients) + ep["clients_not_listed"],
-                     "clients_not_listed": ep["clients_not_listed"],
-                     "stale_reports_of_earlier_changes": ep["stale_reports"], **extra})
-
-
-def tick_topic(state: dict, now: int, entity: str, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
-    """Resolve PartitionCountChanged ``count_change_window_ms`` after it opened.  O(1)."""
-    if state.get("episode") is None:
-        return []
-    opened = state["open"].get(_PCC.value)
-    if opened is None:  # resolved elsewhere (rules.evict): drop the episode
-        state["episode"] = None
-        return []
-    if now - opened["since"] < cfg.count_change_window_ms:
-        return []
-    return _resolve_count_episode(state, now, entity, topic_labels(state),
-                                  {"reason": "window elapsed", "window_ms": cfg.count_change_window_ms})
+def on_partition_offsets(state: dict, obs: dict, now: int, entity: str,
+                         cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+    """Fold one ``partition_offsets`` observation: the offsets, HighWatermarkStalled, being
+    observed."""
+    return _offsets(state, obs, now) + _progress(state, obs, now, entity, cfg)

@@ -42,8 +42,11 @@ import pyarrow.compute as pc
 
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
+from streaming.rules import client as rules_client
+from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
+from streaming.rules import topic as rules_topic
 from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
 from streaming.ingest.schema import FLAT_COLUMNS
@@ -304,17 +307,17 @@ def _labels(s: dict) -> dict:
 def _new(kind: str, r: dict) -> dict:
     c = r["cluster"]
     if kind == "partition":
-        s = rules.new_partition(c, r["topic"], r["partition"])
+        s = rules_partition.new_partition(c, r["topic"], r["partition"])
     elif kind == "group_partition":
-        s = rules.new_group_partition(c, r["group"], r["topic"], r["partition"])
+        s = rules_lag.new_group_partition(c, r["group"], r["topic"], r["partition"])
     elif kind == "group":
         s = rules_group.new_group(c, r["group"])
     elif kind == "client":
-        s = rules_group.new_client(c, r["source"])
+        s = rules_client.new_client(c, r["source"])
     elif kind == "source":
-        s = rules_group.new_source(c, r["source"])
+        s = rules_source.new_source(c, r["source"])
     else:
-        s = rules_partition.new_topic(c, r["topic"])
+        s = rules_topic.new_topic(c, r["topic"])
     s["kind"] = kind
     s.setdefault("open", {})
     s.setdefault("last_seen", None)
@@ -463,11 +466,9 @@ def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
         if kind in _DUE and t is not None:
             out += catch_up(s, key, int(t) - 1, cfg)  # what expired before this event
         if etype == "partition_metadata":
-            out += rules_partition.on_partition_metadata_extra(s, r, t, key, cfg.partition)
-            out += rules.on_partition_metadata(s, r, t, key)
+            out += rules_partition.on_partition_metadata(s, r, t, key, cfg.partition)
         elif etype == "partition_offsets":
-            out += rules.on_partition_offsets(s, r, t)
-            out += rules_partition.on_partition_offsets_extra(s, r, t, key, cfg.partition)
+            out += rules_partition.on_partition_offsets(s, r, t, key, cfg.partition)
         elif etype == "group_offsets":
             out += rules_lag.on_group_offsets(s, r, t, key, cfg.lag)
         elif etype == "group_state":
@@ -475,11 +476,11 @@ def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
         elif etype == "rebalance":
             out += rules_group.on_rebalance(s, {**r, "reason": None}, t, key, cfg.group)
         elif etype == "metadata_refresh":
-            out += rules_group.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
+            out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
         elif etype == "heartbeat":
-            out += rules_group.on_heartbeat(s, r, t, key, cfg.group)
+            out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
         elif etype == "partition_count_change":
-            out += rules_partition.on_partition_count_change(
+            out += rules_topic.on_partition_count_change(
                 s, {"topic": r["topic"], "old_count": r["old_count"], "new_count": r["new_count"],
                     "unseen_for_at_most_ms": r["unseen_for_at_most_ms"], "source": r["source"], "seen_at": t},
                 t, key, cfg.partition)
@@ -494,8 +495,8 @@ def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
 
 #: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
 #: at the moments they fall due, not at a batch's end (``catch_up``)
-_DUE = {"client": (rules_group.client_due_at, rules_group.tick_client),
-        "source": (rules_group.source_due_at, rules_group.tick_source)}
+_DUE = {"client": (rules_client.client_due_at, rules_client.tick_client),
+        "source": (rules_source.source_due_at, rules_source.tick_source)}
 
 
 def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Transition]:
@@ -530,7 +531,7 @@ def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Tr
         if kind == "partition":
             out += rules_partition.tick_partition(s, now, key, cfg.partition)
         elif kind == "topic":
-            out += rules_partition.tick_topic(s, now, key, cfg.partition)
+            out += rules_topic.tick_topic(s, now, key, cfg.partition)
         elif kind == "group":
             due = rules_group.group_due_at(s, cfg.group)  # None: no timer runs, tick_group would do nothing
             if due is not None and due <= now:
@@ -663,12 +664,12 @@ _MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2}
 
 #: a new entity of each kind, to complete an entity stored before a field was added
 _TEMPLATES: dict[str, Callable[[dict], dict]] = {
-    "partition": lambda e: rules.new_partition(e["cluster"], e["topic"], e["partition"]),
-    "group_partition": lambda e: rules.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
+    "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
+    "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
-    "client": lambda e: rules_group.new_client(e["cluster"], e["source"]),
-    "source": lambda e: rules_group.new_source(e["cluster"], e["source"]),
-    "topic": lambda e: rules_partition.new_topic(e["cluster"], e["topic"]),
+    "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
+    "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
+    "topic": lambda e: rules_topic.new_topic(e["cluster"], e["topic"]),
 }
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs

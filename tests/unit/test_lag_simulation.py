@@ -47,7 +47,6 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from streaming.rules import base as rules
 from streaming.rules import lag as rules_lag
 
 DT = 0.1                 # simulation step, s
@@ -267,7 +266,7 @@ def monitor(obs: Observed, rules_module: ModuleType, cfg: Any = None) -> tuple[l
     """Feed the observations to ``rules_module.on_group_offsets`` (the module as it is, or an
     older version of it): statuses, lag-seconds estimates, their bases, transitions."""
     cfg = cfg if cfg is not None else rules_module.LagConfig()
-    s = rules.new_group_partition("sim", "g", "t", 0)
+    s = rules_lag.new_group_partition("sim", "g", "t", 0)
     statuses, est, basis, trans = [], np.zeros(len(obs.t_ms)), [], []
     on = rules_module.on_group_offsets
     for i, (t, c, h) in enumerate(zip(obs.t_ms.tolist(), obs.committed.tolist(), obs.hw.tolist())):

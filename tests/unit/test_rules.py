@@ -1,11 +1,15 @@
-"""The correctness proof for the skeleton's rules: tables of observation sequences -> the
-transitions they must produce (and nothing else)."""
+"""The correctness proof for the replication half of the partition rules (IsrShrink,
+UnderReplicated, OfflinePartition: ``rules.partition._replication``), eviction and the lag in
+offsets: tables of observation sequences -> the transitions they must produce (and nothing
+else)."""
 
 from __future__ import annotations
 
 import pytest
 
 from streaming.rules import base as rules
+from streaming.rules import lag as rules_lag
+from streaming.rules import partition as rules_partition
 from streaming.rules.base import Alert
 
 E = "k/t/0"
@@ -18,11 +22,11 @@ def md(isr, replicas=(1, 2, 3), leader=1):
 def run(observations):
     """Feed partition_metadata observations at t = 1000, 2000, ...; return the transitions as
     (t, alert, action) and the final state."""
-    s = rules.new_partition("k", "t", 0)
+    s = rules_partition.new_partition("k", "t", 0)
     out = []
     for i, obs in enumerate(observations):
         t = (i + 1) * 1000
-        out += [(x.at, x.alert, x.action) for x in rules.on_partition_metadata(s, obs, t, E)]
+        out += [(x.at, x.alert, x.action) for x in rules_partition._replication(s, obs, t, E)]
     return out, s
 
 
@@ -65,19 +69,19 @@ def test_partition_rules(name, observations, expected):
 
 
 def test_resolve_carries_the_id_of_the_open_and_evidence():
-    s = rules.new_partition("k", "t", 0)
-    rules.on_partition_metadata(s, md([1, 2, 3]), 1000, E)
-    opened = rules.on_partition_metadata(s, md([1, 3]), 2000, E)
+    s = rules_partition.new_partition("k", "t", 0)
+    rules_partition._replication(s, md([1, 2, 3]), 1000, E)
+    opened = rules_partition._replication(s, md([1, 3]), 2000, E)
     shrink = [t for t in opened if t.alert is Alert.ISR_SHRINK][0]
     assert shrink.evidence == {"isr_before": [1, 2, 3], "isr_after": [1, 3], "removed": [2], "replicas": [1, 2, 3]}
     assert shrink.labels == {"cluster": "k", "topic": "t", "partition": 0}
     assert shrink.severity is rules.Severity.WARNING
-    closed = rules.on_partition_metadata(s, md([1, 2, 3]), 5000, E)
+    closed = rules_partition._replication(s, md([1, 2, 3]), 5000, E)
     resolve = [t for t in closed if t.alert is Alert.ISR_SHRINK][0]
     assert resolve.alert_id == shrink.alert_id
     assert resolve.evidence["open_since"] == 2000
     # a new episode gets a new id
-    again = [t for t in rules.on_partition_metadata(s, md([2, 3]), 9000, E) if t.alert is Alert.ISR_SHRINK][0]
+    again = [t for t in rules_partition._replication(s, md([2, 3]), 9000, E) if t.alert is Alert.ISR_SHRINK][0]
     assert again.alert_id != shrink.alert_id
 
 
@@ -99,14 +103,14 @@ def test_every_alert_has_a_severity_and_severities_are_ordered():
     (0, 0, 0),             # empty partition
 ])
 def test_lag_from_one_observation(committed, hw, expected):
-    assert rules.lag(committed, hw) == expected
+    assert rules_lag.offset_lag(committed, hw) == expected
 
 
 def test_eviction_resolves_open_alerts_of_a_vanished_entity():
-    s = rules.new_partition("k", "t", 0)
-    rules.on_partition_metadata(s, md([1, 2, 3]), 1000, E)
-    rules.on_partition_metadata(s, md([1]), 2000, E)
-    assert rules.evict(s, 2000 + 60_000, 60_000, E, rules.partition_labels(s)) is None  # still alive at the edge
-    gone = rules.evict(s, 2001 + 60_000, 60_000, E, rules.partition_labels(s))
+    s = rules_partition.new_partition("k", "t", 0)
+    rules_partition._replication(s, md([1, 2, 3]), 1000, E)
+    rules_partition._replication(s, md([1]), 2000, E)
+    assert rules.evict(s, 2000 + 60_000, 60_000, E, rules_partition.partition_labels(s)) is None  # still alive at the edge
+    gone = rules.evict(s, 2001 + 60_000, 60_000, E, rules_partition.partition_labels(s))
     assert sorted((t.alert.value, t.action) for t in gone) == [("IsrShrink", "resolve"), ("UnderReplicated", "resolve")]
     assert s["open"] == {}

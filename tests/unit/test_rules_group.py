@@ -14,6 +14,8 @@ import pytest
 
 from streaming.rules import base as rules
 from streaming.rules import group as rg
+from streaming.rules import client as rc
+from streaming.rules import source as rsrc
 from streaming.rules.base import Alert, Severity
 
 S = 1_000
@@ -330,10 +332,10 @@ def ctick(t):
 
 
 def run_client(steps, cfg=CFG, full=False):
-    s = rg.new_client("k", "probe-1")
+    s = rc.new_client("k", "probe-1")
     out = []
     for kind, t, arg in steps:
-        got = rg.on_metadata_refresh(s, arg, t, CE, cfg) if kind == "mr" else rg.tick_client(s, t, CE, cfg)
+        got = rc.on_metadata_refresh(s, arg, t, CE, cfg) if kind == "mr" else rc.tick_client(s, t, CE, cfg)
         _check_state(s, cfg)
         out += got if full else [(x.at, x.alert, x.action) for x in got]
     return out, s
@@ -457,10 +459,10 @@ def stick(t):
 
 
 def run_source(steps, cfg=CFG, full=False):
-    s = rg.new_source("k", "probe-1")
+    s = rsrc.new_source("k", "probe-1")
     out = []
     for kind, t, arg in steps:
-        got = rg.on_heartbeat(s, arg, t, SE, cfg) if kind == "hb" else rg.tick_source(s, t, SE, cfg)
+        got = rsrc.on_heartbeat(s, arg, t, SE, cfg) if kind == "hb" else rsrc.tick_source(s, t, SE, cfg)
         _check_state(s, cfg)
         out += got if full else [(x.at, x.alert, x.action) for x in got]
     return out, s
@@ -533,13 +535,13 @@ def test_restart_is_recorded_and_resolve_says_so():
 def test_ticks_are_no_ops_when_nothing_is_due():
     # fresh entities
     for s, fn in ((rg.new_group("k", "g"), lambda s, t: rg.tick_group(s, t, GE, CFG, [5])),
-                  (rg.new_client("k", "c"), lambda s, t: rg.tick_client(s, t, CE, CFG)),
-                  (rg.new_source("k", "c"), lambda s, t: rg.tick_source(s, t, SE, CFG))):
+                  (rc.new_client("k", "c"), lambda s, t: rc.tick_client(s, t, CE, CFG)),
+                  (rsrc.new_source("k", "c"), lambda s, t: rsrc.tick_source(s, t, SE, CFG))):
         before = copy.deepcopy(s)
         assert fn(s, 10**12) == [] and s == before
     assert rg.group_due_at(rg.new_group("k", "g")) is None
-    assert rg.client_due_at(rg.new_client("k", "c")) is None
-    assert rg.source_due_at(rg.new_source("k", "c")) is None
+    assert rc.client_due_at(rc.new_client("k", "c")) is None
+    assert rsrc.source_due_at(rsrc.new_source("k", "c")) is None
 
     # healthy histories: a tick just before the due time changes nothing, at the due time it acts
     _, g = run_group(bounce(0, 3))
@@ -548,20 +550,20 @@ def test_ticks_are_no_ops_when_nothing_is_due():
     assert rg.tick_group(g, 10**12, GE, CFG, _Untouchable()) == [] and g == before
 
     _, c = run_client([mr(0, max_age=60_000)])
-    due = rg.client_due_at(c)
+    due = rc.client_due_at(c)
     assert due == 120_001
     before = copy.deepcopy(c)
-    assert rg.tick_client(c, due - 1, CE, CFG) == [] and c == before
-    assert [x.alert for x in rg.tick_client(c, due, CE, CFG)] == [STALE]
-    assert rg.client_due_at(c) is None
+    assert rc.tick_client(c, due - 1, CE, CFG) == [] and c == before
+    assert [x.alert for x in rc.tick_client(c, due, CE, CFG)] == [STALE]
+    assert rc.client_due_at(c) is None
 
     _, src = run_source([hb(0)])
-    due = rg.source_due_at(src)
+    due = rsrc.source_due_at(src)
     assert due == 30_001
     before = copy.deepcopy(src)
-    assert rg.tick_source(src, due - 1, SE, CFG) == [] and src == before
-    assert [x.alert for x in rg.tick_source(src, due, SE, CFG)] == [SILENT]
-    assert rg.source_due_at(src) is None
+    assert rsrc.tick_source(src, due - 1, SE, CFG) == [] and src == before
+    assert [x.alert for x in rsrc.tick_source(src, due, SE, CFG)] == [SILENT]
+    assert rsrc.source_due_at(src) is None
 
 
 def test_due_at_of_open_storms_is_when_they_resolve():
@@ -572,10 +574,10 @@ def test_due_at_of_open_storms_is_when_they_resolve():
     assert [(x.alert, x.action) for x in rg.tick_group(g, due, GE, CFG, [])] == [(STORM, "resolve")]
 
     _, c = run_client([inv(i * 1_000) for i in range(12)])  # 0..11 s, open at 10 s
-    due = rg.client_due_at(c)
+    due = rc.client_due_at(c)
     assert due == 6_000 + 60_000 + 1  # 5 left when the 7th (t = 6 s) ages out
-    assert [x.alert for x in rg.tick_client(copy.deepcopy(c), due - 1, CE, CFG) if x.action == "resolve"] == []
-    assert [(x.alert, x.action) for x in rg.tick_client(c, due, CE, CFG)] == [(RSTORM, "resolve")]
+    assert [x.alert for x in rc.tick_client(copy.deepcopy(c), due - 1, CE, CFG) if x.action == "resolve"] == []
+    assert [(x.alert, x.action) for x in rc.tick_client(c, due, CE, CFG)] == [(RSTORM, "resolve")]
 
 
 def test_empty_group_is_always_due():
@@ -626,8 +628,8 @@ def test_processing_time_and_event_time_ticks_agree_on_what_opens():
     steps = [hb(0), hb(10_000)]
     _, a = run_source(steps)
     _, b = run_source(steps)
-    ev = rg.tick_source(a, 40_001, SE, CFG)
-    wall = rg.tick_source(b, 40_001 + 7_000, SE, CFG)
+    ev = rsrc.tick_source(a, 40_001, SE, CFG)
+    wall = rsrc.tick_source(b, 40_001 + 7_000, SE, CFG)
     assert [(x.alert, x.action) for x in ev] == [(x.alert, x.action) for x in wall] == [(SILENT, "open")]
     assert wall[0].evidence["silent_for_ms"] == 37_001
 
@@ -640,7 +642,7 @@ def test_eviction_resolves_open_group_alerts():
 
 
 def test_state_fields_the_state_function_reads():
-    g, c, s = rg.new_group("k", "g"), rg.new_client("k", "x"), rg.new_source("k", "x")
+    g, c, s = rg.new_group("k", "g"), rc.new_client("k", "x"), rsrc.new_source("k", "x")
     for st in (g, c, s):
         assert {"cluster", "last_seen", "open"} <= set(st)
     assert {"group", "state", "members", "generation", "rebalances_total"} <= set(g)

@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming.rules import base as rules
 from streaming.rules import lag as L
 from streaming.rules.base import Alert, Severity
 from streaming.rules.lag import LagConfig, LagStatus
@@ -35,7 +34,7 @@ STATUS, HIGH = Alert.CONSUMER_LAG_STATUS, Alert.CONSUMER_LAG_HIGH
 def feed(seq, cfg=CFG, state=None):
     """Feed (t_seconds, committed, hw) observations; return (statuses after each, transitions
     as (t_seconds, alert, action, severity, status named in the evidence), final state)."""
-    s = state if state is not None else rules.new_group_partition("k", "g", "t", 0)
+    s = state if state is not None else L.new_group_partition("k", "g", "t", 0)
     statuses, out = [], []
     for t, c, hw in seq:
         for x in L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, cfg):
@@ -45,7 +44,7 @@ def feed(seq, cfg=CFG, state=None):
 
 
 def feed_raw(seq, cfg=CFG):
-    s = rules.new_group_partition("k", "g", "t", 0)
+    s = L.new_group_partition("k", "g", "t", 0)
     out = []
     for t, c, hw in seq:
         out += L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, cfg)
@@ -53,7 +52,7 @@ def feed_raw(seq, cfg=CFG):
 
 
 def lag_seconds_after_each(seq, cfg=CFG):
-    s = rules.new_group_partition("k", "g", "t", 0)
+    s = L.new_group_partition("k", "g", "t", 0)
     out = []
     for t, c, hw in seq:
         L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, cfg)
@@ -260,7 +259,7 @@ def test_dead_consumer_lag_is_recomputed_at_every_observation_not_only_on_commit
     observation recomputes lag from the current HW, so a dead consumer's lag keeps growing.
     Its lag in seconds is the age of record 1850, written between 80 s (HW 1800) and 90 s (HW
     1900): at 85.05 s (the middle of its slot), growing exactly 1 s per second."""
-    s = rules.new_group_partition("k", "g", "t", 0)
+    s = L.new_group_partition("k", "g", "t", 0)
     lags, secs = [], []
     for t, c, hw in DEAD_WRITING:
         L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
@@ -758,7 +757,7 @@ def _bounded(s, cfg):
 
 def test_state_never_exceeds_its_bounds():
     for cfg in (CFG, LagConfig(window=3), LagConfig(window=64, hw_marks=3)):
-        s = rules.new_group_partition("k", "g", "t", 0)
+        s = L.new_group_partition("k", "g", "t", 0)
         long_run = [(500 + 10 * i, 2000 + 8 * i, 6000 + 10 * i) for i in range(2000)]
         for t, c, hw in DEAD_WRITING + long_run:
             L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, cfg)
@@ -791,7 +790,7 @@ def _plain(v) -> bool:
 
 def test_state_is_plain_json_and_pickle_serialisable_in_every_status():
     for _, seq, cfg, _ in STATUS_CASES:
-        s = rules.new_group_partition("k", "g", "t", 0)
+        s = L.new_group_partition("k", "g", "t", 0)
         for t, c, hw in seq:
             L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, cfg)
             assert _plain(s), s
@@ -803,7 +802,7 @@ def test_state_round_trip_mid_stream_gives_the_same_result():
     """The state store serialises between micro-batches: resuming from a JSON copy changes nothing."""
     for seq in (DEAD_WRITING, WARN_THEN_STOP, SLOW_COMMITTER):
         _, straight = feed_raw(seq)
-        s = rules.new_group_partition("k", "g", "t", 0)
+        s = L.new_group_partition("k", "g", "t", 0)
         for t, c, hw in seq:
             s = json.loads(json.dumps(s))
             L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
@@ -813,7 +812,7 @@ def test_state_round_trip_mid_stream_gives_the_same_result():
 def test_state_from_before_issue_14_is_picked_up():
     """A state stored by the previous version (no marks, waits, trend, anchor, high_since) is
     carried on: the missing parts start empty."""
-    s = rules.new_group_partition("k", "g", "t", 0)
+    s = L.new_group_partition("k", "g", "t", 0)
     s.update(history=[[0, 950, 1000], [10_000, 1050, 1100]], stuck=[10_000, 1050, 1100], status="OK",
              lag_seconds=4.95, lag_seconds_basis="interpolated", last_seen=10_000, committed=1050, hw=1100, lag=50)
     for t, c, hw in DEAD_WRITING[2:]:
@@ -825,7 +824,7 @@ def test_state_from_before_issue_14_is_picked_up():
 @given(st.lists(st.tuples(st.integers(1, 120_000), st.one_of(st.none(), st.integers(0, 5000)),
                           st.one_of(st.none(), st.integers(0, 5000))), min_size=1, max_size=80))
 def test_any_observation_stream_keeps_the_invariants(steps):
-    s = rules.new_group_partition("k", "g", "t", 0)
+    s = L.new_group_partition("k", "g", "t", 0)
     t = 0
     for dt, c, hw in steps:
         t += dt

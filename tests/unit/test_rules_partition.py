@@ -2,7 +2,7 @@
 transitions they must produce (and nothing else).
 
 Partition steps are ``(t, kind, ...)``: ``md`` (a partition_metadata observation, folded by
-``rules.on_partition_metadata`` and then ``on_partition_metadata_extra``, as the job does), ``off``
+the two halves of ``on_partition_metadata``, ``_replication`` and ``_leadership``), ``off``
 (partition_offsets), ``tick``, ``blind_tick``, ``pending`` (``note_pending_writes``), ``set_pw``
 (the job writing ``pending_writes_at`` directly) and ``seen`` (``on_partition_observed`` with an
 interval).  Every table only looks at the alerts it is about; the harness checks after every
@@ -19,6 +19,7 @@ import pytest
 
 from streaming.rules import base as rules
 from streaming.rules import partition as rp
+from streaming.rules import topic as rt
 from streaming.rules.base import Alert, Severity
 
 E = "k/t/0"
@@ -46,24 +47,24 @@ def json_round_trip(s):
 
 def run(steps, only=None, cfg=CFG, order="after"):
     """-> ([(t, alert, action)], final state, [Transition])."""
-    s = rules.new_partition("k", "t", 0)
+    s = rp.new_partition("k", "t", 0)
     out = []
     for step in steps:
         t, kind = step[0], step[1]
         if kind == "md":
             if order == "after":
-                rules.on_partition_metadata(s, step[2], t, E)
-                out += rp.on_partition_metadata_extra(s, step[2], t, E, cfg)
+                rp._replication(s, step[2], t, E)
+                out += rp._leadership(s, step[2], t, E, cfg)
             else:
-                out += rp.on_partition_metadata_extra(s, step[2], t, E, cfg)
-                rules.on_partition_metadata(s, step[2], t, E)
+                out += rp._leadership(s, step[2], t, E, cfg)
+                rp._replication(s, step[2], t, E)
         elif kind == "off":
             if order == "after":
-                rules.on_partition_offsets(s, step[2], t)
-                out += rp.on_partition_offsets_extra(s, step[2], t, E, cfg)
+                rp._offsets(s, step[2], t)
+                out += rp._progress(s, step[2], t, E, cfg)
             else:
-                out += rp.on_partition_offsets_extra(s, step[2], t, E, cfg)
-                rules.on_partition_offsets(s, step[2], t)
+                out += rp._progress(s, step[2], t, E, cfg)
+                rp._offsets(s, step[2], t)
         elif kind == "tick":
             out += rp.tick_partition(s, t, E, cfg)
         elif kind == "blind_tick":
@@ -408,8 +409,8 @@ def test_unobserved_evidence():
 
 def test_tick_works_on_a_state_only_the_skeleton_rules_touched():
     """States created before this module (no extra keys) are initialised lazily."""
-    s = rules.new_partition("k", "t", 0)
-    rules.on_partition_metadata(s, md(), 1000, E)
+    s = rp.new_partition("k", "t", 0)
+    rp._replication(s, md(), 1000, E)
     assert rp.tick_partition(s, 1000 + W - 1, E, CFG) == []
     got = rp.tick_partition(s, 1000 + W, E, CFG)
     assert [(x.alert, x.action) for x in got] == [(PU, "open")]
@@ -422,9 +423,9 @@ def test_tick_works_on_a_state_only_the_skeleton_rules_touched():
 
 
 def _observed_partition(leader=1, t=1000):
-    s = rules.new_partition("k", "t", 0)
-    rules.on_partition_metadata(s, md(leader=leader), t, E)
-    rp.on_partition_metadata_extra(s, md(leader=leader), t, E, CFG)
+    s = rp.new_partition("k", "t", 0)
+    rp._replication(s, md(leader=leader), t, E)
+    rp._leadership(s, md(leader=leader), t, E, CFG)
     return s
 
 
@@ -439,8 +440,8 @@ def test_tick_is_a_no_op_when_nothing_is_due(tick_at):
 def test_tick_due_follows_the_earliest_timer():
     s = _observed_partition(leader=1)
     assert s["due"] == 1000 + W                                # only the unobserved timer
-    rules.on_partition_metadata(s, md(leader=2), 2000, E)
-    rp.on_partition_metadata_extra(s, md(leader=2), 2000, E, CFG)
+    rp._replication(s, md(leader=2), 2000, E)
+    rp._leadership(s, md(leader=2), 2000, E, CFG)
     assert s["due"] == 2000 + W                                # unobserved < quiet < imbalance
     rp.on_partition_observed(s, 2000, E, CFG, interval_ms=10 * MIN)
     assert s["due"] == 2000 + min(30 * MIN, Q, IMB)
@@ -485,12 +486,12 @@ def test_calling_before_or_after_the_skeleton_rules_gives_the_same_result(steps,
 
 def test_numpy_values_from_pandas_rows_are_stored_as_python_ints():
     np = pytest.importorskip("numpy")
-    s = rules.new_partition("k", "t", 0)
+    s = rp.new_partition("k", "t", 0)
     obs = {"replicas": np.array([1, 2, 3]), "isr": np.array([1]), "leader": np.int64(1),
            "leader_epoch": np.int64(4), "min_insync_replicas": np.int64(2)}
-    rules.on_partition_metadata(s, obs, 1000, E)
-    out = rp.on_partition_metadata_extra(s, obs, 1000, E, CFG)
-    rp.on_partition_offsets_extra(s, {"high_watermark": np.int64(7)}, 1000, E, CFG)
+    rp._replication(s, obs, 1000, E)
+    out = rp._leadership(s, obs, 1000, E, CFG)
+    rp._progress(s, {"high_watermark": np.int64(7)}, 1000, E, CFG)
     mine = {k: v for k, v in s.items() if k not in ("leader_epoch",)}  # rules.py stores leader_epoch as given
     json_round_trip(mine)
     assert [type(s[k]) for k in ("leader_seen", "epoch_seen", "hw_seen")] == [int, int, int]
@@ -501,7 +502,7 @@ def test_evict_resolves_the_alerts_of_a_vanished_partition():
     steps = [(1000, "md", md([1], leader=2, min_isr=2)), (2000, "md", md([1], leader=3)), (1000 + IMB, "tick")]
     _, s, _ = run(steps)
     assert set(s["open"]) >= {"UnderMinIsr", "LeaderChanged", "PartitionUnobserved"}
-    gone = rules.evict(s, 10 ** 9, 60_000, E, rules.partition_labels(s))
+    gone = rules.evict(s, 10 ** 9, 60_000, E, rp.partition_labels(s))
     assert all(x.action == "resolve" for x in gone) and s["open"] == {}
 
 
@@ -519,13 +520,13 @@ def chg(source, old, new, seen_at, unseen=None):
 
 
 def run_topic(steps, cfg=CFG):
-    s = rp.new_topic("k", "orders")
+    s = rt.new_topic("k", "orders")
     out = []
     for t, kind, *rest in steps:
         if kind == "chg":
-            out += rp.on_partition_count_change(s, rest[0], t, TE, cfg)
+            out += rt.on_partition_count_change(s, rest[0], t, TE, cfg)
         else:
-            out += rp.tick_topic(s, t, TE, cfg)
+            out += rt.tick_topic(s, t, TE, cfg)
         json_round_trip(s)
     return [(x.at, x.action) for x in out], s, out
 
@@ -645,9 +646,9 @@ def test_client_list_is_bounded():
 
 def test_topic_state_is_evictable_and_ticks_survive_an_eviction():
     _, s, _ = run_topic([(1000, "chg", chg("p", 3, 6, 1000))])
-    gone = rules.evict(s, 1000 + 10 ** 7, 60_000, TE, rp.topic_labels(s))
+    gone = rules.evict(s, 1000 + 10 ** 7, 60_000, TE, rt.topic_labels(s))
     assert [(x.alert, x.action) for x in gone] == [(PCC, "resolve")]
-    assert rp.tick_topic(s, 1000 + 10 ** 7, TE, CFG) == [] and s["episode"] is None
+    assert rt.tick_topic(s, 1000 + 10 ** 7, TE, CFG) == [] and s["episode"] is None
 
 
 def test_topic_rules_are_deterministic():
@@ -683,8 +684,8 @@ def test_config_is_frozen():
 
 
 def test_a_state_saved_before_md_confirmed_at_existed_gets_it():
-    s = rules.new_partition("k", "t", 0)
-    rp.on_partition_offsets_extra(s, off(1), 1000, E, CFG)
+    s = rp.new_partition("k", "t", 0)
+    rp._progress(s, off(1), 1000, E, CFG)
     del s["md_confirmed_at"]  # what a checkpoint from before that key holds
-    rp.on_partition_offsets_extra(s, off(2, metadata_at=1500), 2000, E, CFG)
+    rp._progress(s, off(2, metadata_at=1500), 2000, E, CFG)
     assert s["md_confirmed_at"] == 1500

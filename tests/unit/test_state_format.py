@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.rules import base as rules
+from streaming.rules import partition as rules_partition
 from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, pmd, poff, rows
 
@@ -62,7 +62,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     assert pickle.loads(s.value[0])["partitions"]["keys"], "precondition: partitions in the table"
 
     def new_partition(cluster, topic, partition):
-        return {**rules.new_partition(cluster, topic, partition), "added_later": 7}
+        return {**rules_partition.new_partition(cluster, topic, partition), "added_later": 7}
 
     monkeypatch.setitem(st._TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
     monkeypatch.setattr(st, "FIELDS", st.FIELDS + (("partition", ("added_later",)),))
