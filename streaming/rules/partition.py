@@ -446,6 +446,49 @@ def tick_partition(state: dict, now: int, entity: str, cfg: PartitionRulesConfig
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Quiet partitions: what the partition table may apply without these rules
+# ---------------------------------------------------------------------------------------------
+
+
+def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
+    """What a partition_metadata observation must repeat to change nothing."""
+    return (int(leader), None if epoch is None else int(epoch), tuple(int(r) for r in replicas),
+            tuple(int(r) for r in isr))
+
+
+def is_quiet(state: dict, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> bool:
+    """Whether these rules would do nothing with a newer ``partition_offsets`` observation of
+    this partition but record its offsets and move its observation times (``hw_*``,
+    ``md_confirmed_at``, ``observed_at``, ``last_seen``, ``due``): no alert open, no leader
+    episode or imbalance timer running, no writes pending, the plain unobserved-window schedule.
+    ``repeat_signature`` says which ``partition_metadata`` observation is quiet too.
+
+    The partition table (streaming/state/table.py) applies such rows in columns, without
+    calling the rules.  A rule that reacts to an offsets row of a partition in this state (an HW
+    going back, say) must make this return False for it; the table and the rules are checked
+    against each other by tests/unit/test_partition_table_stateful.py."""
+    return (state.get("kind") == "partition" and not state["open"] and _LAST_KEY in state and "due" in state
+            and state["pending_writes_at"] is None and state["pending_since"] is None
+            and state["leader_episode"] is None and state["imbalanced_since"] is None
+            and state["observed_at"] is not None and state["last_seen"] is not None and state["hw"] is not None
+            and state["due"] == state["observed_at"] + unobserved_window_ms(state, cfg)
+            and state.get("due_pw") is None)
+
+
+def repeat_signature(state: dict) -> Optional[tuple]:
+    """For a quiet partition (``is_quiet``): the ``signature`` a ``partition_metadata``
+    observation must repeat (with the same min.insync.replicas, or none) to change nothing but
+    ``md_at``; None when no metadata observation is quiet (the leader view is not settled:
+    an epoch regression counted, no leader, or the view not yet confirmed)."""
+    if (state["epoch_regressions"] == 0 and state["md_at"] is not None and state["leader"] is not None
+            and state["leader"] >= 0 and state["leader"] == state["leader_seen"]
+            and state["leader_epoch"] == state["epoch_seen"]
+            and state["replicas"] is not None and state["isr"] is not None):
+        return signature(state["leader_seen"], state["epoch_seen"], state["replicas"], state["isr"])
+    return None
+
+
 def on_partition_metadata(state: dict, obs: dict, now: int, entity: str,
                           cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one ``partition_metadata`` observation into ``state`` (mutated): every partition

@@ -12,30 +12,23 @@ A bucket therefore keeps its quiet partitions here, as numpy columns of the fiel
 change (``hw``, ``log_start``, ``lso``, the observation times, ``md_at``, the last admitted
 offsets and metadata events) plus the few it shows (leader, replica and ISR counts), and the
 rest of each partition's dict pickled once (``cold``).  ``fold_quiet`` applies a batch's rows
-to those columns with numpy and says which partitions' gauges changed.  It takes a partition's
-rows only when the dict rules would do nothing but what it does:
+to those columns with numpy and says which partitions' gauges changed.
 
-- the partition is in the table (it is quiet: ``compact`` checked it when it went in);
-- every row of that partition in the batch is either a ``partition_offsets`` from the source
-  whose offsets it last admitted, with a high watermark, or a ``partition_metadata`` from the
-  source whose metadata it last admitted that repeats its leader, leader epoch, replicas and
-  ISR (and its min.insync.replicas, or none) — a source that stopped reporting (a restarted
-  probe's old name) keeps its ``admit`` entry in the cold part and changes nothing;
-- per type, their event times are strictly increasing and newer than what the partition has
-  seen of that type.
-
-Then ``admit`` lets each one through; ``rules.on_partition_offsets`` records the offsets;
-``on_partition_observed`` moves ``observed_at`` forward (PartitionUnobserved is not open);
-``on_partition_offsets_extra`` moves ``hw_observed_at`` / ``hw_changed_at`` /
-``md_confirmed_at`` (HighWatermarkStalled cannot open: no writes are pending); a repeated
-snapshot moves ``md_at`` and opens or resolves nothing (the same inputs gave "nothing open"
-when they were first applied); ``last_seen`` is the last row's time; and ``_schedule`` sets
-``due`` to ``observed_at`` + the unobserved window (no episode, no imbalance).  Any other row
-of the partition, a time-driven check that is due, or an eviction takes the partition out
-(``take``: its dict, exactly as the rules left it) and the dict rules handle it; at the end of
-the batch ``compact`` puts back every dict partition that is quiet again.
-``tests/unit/test_partition_table.py`` runs random batches through both paths and checks they
-give the same rows and the same states.
+Which partitions and rows may go this way is the rules' decision, not this module's:
+``rules.partition.is_quiet`` (nothing open or running, the plain unobserved-window schedule: an
+offsets row changes only the offsets and the observation times) and
+``rules.partition.repeat_signature`` (the metadata a snapshot must repeat, with the same
+min.insync.replicas or none).  On top of that, the state layer's own conditions: every row of
+the partition in the batch is an offsets row with a high watermark from the source whose
+offsets ``admit`` last let through, or such a repeated snapshot from the source whose metadata
+it last let through; per type, event times strictly increasing and newer than the partition
+has seen.  Then this module does in columns what ``admit`` and the rules would do to the dict.
+Any other row, a due time-driven check or an eviction takes the partition out (``take``: its
+dict, exactly as the rules left it) for the dict rules; at the end of the batch ``compact``
+puts back every dict partition that is quiet again.  tests/unit/test_partition_table.py
+(seeded batches) and tests/unit/test_partition_table_stateful.py (Hypothesis: HWs going back,
+metadata changes, replays, gaps, timeouts, new runs) check both paths give the same rows and
+the same states.
 """
 
 from __future__ import annotations
@@ -99,12 +92,6 @@ def _one(applied: dict, etype: str) -> Any:
     return best[1], t, ids[0]
 
 
-def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
-    """What a partition_metadata observation must repeat to change nothing."""
-    return (int(leader), None if epoch is None else int(epoch), tuple(int(r) for r in replicas),
-            tuple(int(r) for r in isr))
-
-
 #: a partition dict's key order -> (its cold keys, the position of "applied" among them): the
 #: dicts of a bucket share a handful of key orders, so compact() works this out once per order
 _COLD_KEYS: dict[tuple, tuple[tuple, int]] = {}
@@ -129,28 +116,18 @@ def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
     stored as the tuple of its values, pickled; its keys are a *layout* shared by the table's
     rows (``layouts``: key tuple -> number, extended here), which keeps a row's cold part at
     ~140 bytes instead of ~380."""
-    if (s.get("kind") != "partition" or s["open"] or rules_partition._LAST_KEY not in s or "due" not in s
-            or "applied" not in s
-            or s["pending_writes_at"] is not None or s["pending_since"] is not None
-            or s["leader_episode"] is not None or s["imbalanced_since"] is not None
-            or s["observed_at"] is None or s["last_seen"] is None or s["hw"] is None):
+    if not rules_partition.is_quiet(s, cfg) or "applied" not in s:
         return None
     applied = s["applied"] or {}
     off, md = _one(applied, _OFFSETS), _one(applied, _METADATA)
     if not off or md is False:
         return None
     window = rules_partition.unobserved_window_ms(s, cfg)
-    if s["due"] != s["observed_at"] + window or s.get("due_pw") is not None:
-        return None
     hot = _HOT_OF(s)
     for v in hot:
         if v is not None and not isinstance(v, (int, float)):
             return None
-    sig = None
-    if (md is not None and s["epoch_regressions"] == 0 and s["md_at"] is not None and s["leader"] is not None
-            and s["leader"] >= 0 and s["leader"] == s["leader_seen"] and s["leader_epoch"] == s["epoch_seen"]
-            and s["replicas"] is not None and s["isr"] is not None):
-        sig = signature(s["leader_seen"], s["epoch_seen"], s["replicas"], s["isr"])
+    sig = rules_partition.repeat_signature(s) if md is not None else None
     shown = (s["leader"], _count(s["replicas"]), _count(s["isr"]))
     sent = s.get("sent")
     sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
@@ -329,7 +306,7 @@ class PartitionTable:
         if leader == NULL or replicas is None or isr is None:
             return False
         epoch = rows["leader_epoch"][q]
-        return signature(leader, None if epoch == NULL else epoch, replicas, isr) == sig
+        return rules_partition.signature(leader, None if epoch == NULL else epoch, replicas, isr) == sig
 
     def _late(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray,
               stored: tuple[str, str]) -> np.ndarray:
