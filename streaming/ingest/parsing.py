@@ -1,63 +1,8 @@
-"""Raw events -> flat, checked rows, in one Python pass over Arrow (the job's ``mapInArrow``).
-
-For each Spark task: the records' JSON values are decoded by ``pyarrow.json`` into columns of
-the contract's schema (``EVENT_SCHEMA``); the envelope and payload become the flat columns the
-state function reads (``FLAT_COLUMNS``); ``reason`` is set for what the decoding can see
-(``REASONS``: ``oversized``, ``malformed_json``, ``unknown_schema``, ``unknown_type``,
-``missing_envelope``, ``missing_field``, ``out_of_range``, ``field_too_long``,
-``event_time_ahead``, ``event_time_behind``); a metadata refresh's partition-count changes
-become rows of their own (keyed by topic); then the great-expectations suite
-(``streaming.ingest.quality``) checks the rest of the contract.  A row with a reason keeps a sample
-of its raw text and its size (for the quarantine sink); the others drop both.
-
-Decoding, and what a bad value becomes
---------------------------------------
-``pyarrow.json`` decodes a whole task's values at once (newline-joined; ~4 us per event on
-one core, against ~10 us for Spark's ``from_json`` plus flattening in the JVM at 128k events).
-It refuses a whole block for one bad value, so a block that fails is split in halves until the
-bad values are alone, and those are decoded by ``json.loads`` and coerced to the schema field
-by field:
-
-* a value that is not JSON, or not a JSON object -> ``malformed_json``;
-* a field of the wrong type (a string where a number belongs, 1.5 or true for an integer, an
-  integer beyond int64) -> null, so that a required field becomes ``missing_field`` /
-  ``missing_envelope``, as Spark's ``from_json`` does; an array with one wrong-typed element is
-  null as a whole;
-* unknown fields are ignored (the contract's rule for newer producers);
-* bytes that are not UTF-8 become U+FFFD before decoding (``_texts``).
-
-Only values that look like one JSON object (``{`` ... ``}``, no line break) go to
-``pyarrow.json``; the rest take the per-value path directly.  This also keeps a bare ``null``
-away from it: pyarrow 26's JSON reader crashes the process on a block that starts with
-``null`` (found while writing this; see tests/unit/test_parsing.py).
-
-What a record can make the job keep (issue 19)
-----------------------------------------------
-Nothing past this module grows with a record's size:
-
-* a value longer than ``Limits.max_event_bytes`` (the job's ``max_event_bytes``, 64 KiB) is
-  ``oversized``: it is not decoded at all;
-* unknown fields are never carried (the decoders build only the schema's fields), and a good
-  row drops its raw text;
-* a refused row keeps at most ``RAW_SAMPLE_CHARS`` of its text, and ``raw_bytes``, the size
-  of the whole value; at most ``RAW_SAMPLES_PER_CHUNK`` refused rows of a chunk keep a sample
-  (the quarantine bucket bounds a batch's samples again, ``state.quarantine_rows``);
-* identifiers (``IDENTIFIER_FIELDS``: cluster, source, topic, group, ...) longer than
-  ``MAX_STRING_CHARS`` are ``field_too_long`` (they become state keys and metric labels);
-  free text (``cause``, ``error``) is cut to that length;
-* an integer beyond +-``MAX_SAFE_INT`` (2**53 - 1) is ``out_of_range``: Spark hands the state
-  function nullable longs as float64, and a ``high_watermark`` of 2**63 - 1 (a valid int64)
-  came back as 2**63 and crashed it;
-* with the record's Kafka timestamp (``timestamp``: CreateTime, set when the producer sent
-  it, or LogAppendTime), an ``observed_at`` more than ``Limits.max_clock_skew_ms`` after it is
-  ``event_time_ahead`` and more than that before it ``event_time_behind``.  An event from the
-  future would otherwise move its bucket's clock (time-driven alerts, evictions) and freeze
-  its entity (everything after it is out of order); one from 1970 would create an entity that
-  opens alerts and is evicted at once.  The timestamp is part of the record, so the verdict
-  is the same when a batch is replayed; without one (tests, old message formats) it is not
-  checked.
-* a task's rows are parsed in chunks of at most ``MAX_ROWS_PER_CHUNK`` rows and
-  ``MAX_BYTES_PER_CHUNK`` bytes of values.
+"""Raw events -> flat, checked rows, in one Python pass over Arrow (the job's ``mapInArrow``):
+``pyarrow.json`` decoding into the contract's schema, the flat columns the state reads
+(``FLAT_COLUMNS``), a ``reason`` for what decoding can see (``REASONS``), partition-count
+changes as rows of their own, then the great-expectations gate (``streaming.ingest.quality``).
+What a bad value becomes and what a record can make the job keep: docs/ingest.md.
 """
 
 from __future__ import annotations

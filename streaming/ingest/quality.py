@@ -1,100 +1,13 @@
 """The quality gate: the event contract's value rules as a great-expectations (GX Core 1.x)
-suite, run on every micro-batch between ``parse()`` and the state.
+suite, run on the rows ``parsing.parse_values`` decoded; a row that fails gets the name of the
+first rule it fails as its ``reason`` and goes to the counted quarantine.
 
-``parse()`` already sets ``reason`` for what a schema can see (malformed JSON, unknown schema
-or type, missing envelope or payload fields, a few negative values).  This gate checks the
-rest of the contract on the rows that are still good and sets ``reason`` to the name of the
-FIRST rule a row fails (suite order = priority order), so that the row goes to the counted
-quarantine path with its raw text and never reaches state or alerts.
-
-API
----
-``build_suite()``         the contract's rules as a ``gx.ExpectationSuite``, built in code; each
-                          expectation's ``meta["rule"]`` is the reason it gives.
-``validate_frame(pdf)``   -> ``pd.Series`` of reasons aligned with ``pdf.index``: None for a good
-                          row and for a row that already has an upstream reason (not re-checked).
-``RULES``                 rule name -> ``Rule(name, types, text)``, in priority order.
-``warm_up()``             build the per-process GX objects now; returns import/build seconds.
-``QualityGateError``      GX could not evaluate a rule (a code defect, never a bad event).
-
-Wiring: ``streaming.ingest.parsing.parse_values`` decodes a Spark task's events into the flat rows and
-calls ``validate_frame`` on them, in the same Python pass (``job.parse`` is one ``mapInArrow``);
-rows with a reason then go to the quarantine bucket, keep their raw text and are counted.
-(The earlier wirings, a ``mapInPandas`` gate and an iterator pandas UDF, live on in
-bench/quality_bench.py, which still compares them.)
-
-How GX is used
---------------
-* GX is the source of truth for every rule: nothing here decides pass/fail by itself.  The
-  context (ephemeral), the pandas data source, the data-frame asset, the whole-frame batch
-  definition and the suite are built ONCE per Python process (``_gx()``, a module-level cache;
-  ``BUILDS`` counts builds).  PySpark reuses Python workers, so a worker pays it once.
-* GX sees a narrowed frame: the envelope and payload scalar columns the rules read, plus two
-  derived columns; the raw JSON text and the array columns never go through GX.  Its index is
-  0..n-1 = position among the checked rows, so GX's ``unexpected_index_list`` maps back to the
-  caller's rows by position, whatever the caller's index is (filtered, duplicated, strings).
-* Type scoping by projection: ``parse()`` flattens the union of all payloads, and the contract
-  says unknown extra fields are ignored.  So in the narrowed frame a payload column keeps its
-  value only on rows whose type's payload class (``monitor.contract.PAYLOADS``) has that field,
-  and is null elsewhere; GX's column-map expectations skip nulls, so e.g. the offset rules
-  never judge a heartbeat that happens to carry an extra ``high_watermark``.  The one rule that
-  reads fields several types carry but applies to one type (HW >= log start, partition_offsets
-  only) uses a GX row condition (``Column("type") == "partition_offsets"``).  Row conditions
-  are used sparingly because GX's pandas engine re-runs ``DataFrame.query`` for every metric
-  of a conditioned expectation (~3-4 queries per expectation per validation).
-* Two passes, both GX: the common case is a clean frame, so the whole suite first runs with
-  ``BOOLEAN_ONLY`` (counts only, roughly half the cost of COMPLETE).  Only if an expectation
-  fails does a second ``validate`` run the failed expectations alone with
-  ``result_format=COMPLETE`` to get ``unexpected_index_list``.  Then each failing row gets the
-  rule of the earliest failed expectation that lists it.
-* Set-valued rules: GX has no "array column A is a subset of array column B" expectation.
-  ``_isr_subset_of_replicas`` (ISR ⊆ replicas) and ``_replica_ids_valid`` (every broker id
-  non-null and >= 0) are computed vectorised before validation (numpy over the flattened arrays,
-  one ``np.isin`` over (row, id) pairs) as True/False on partition_metadata rows and null
-  elsewhere; GX checks them with ``ExpectColumnValuesToBeInSet(value_set=[True])``.
-* Cost (bench/quality_bench.py, 2 cores): GX's per-validation overhead dominates small frames:
-  ~0.1 s CPU for the 20 expectations (~5 ms each, ~25 ms for the row-conditioned one), spent in
-  GX's Python (building the metric graph, pydantic config copies), not on the data; the rows
-  cost ~1.5-5 us each.  A frame with a bad row pays a second pass (~0.05-0.3 s).  So the gate
-  must validate once per Spark task, not once per Arrow batch (10,000 rows): ``parse_values``
-  validates a task's rows together.  Importing GX costs 3-5 s per Python
-  process (it imports pyspark.ml, scipy, altair...), paid once per Spark Python worker.
-* An expectation GX cannot evaluate (a metric raised: a dtype the rules do not expect) is a code
-  defect, not a bad event - the Spark schema fixes the dtypes - so it raises ``QualityGateError``
-  instead of quarantining or passing the whole frame.
-
-Decisions (what is deliberately NOT a rule)
--------------------------------------------
-* ``committed_offset`` has no upper bound.  A committed offset above the HW observed with it
-  happens for real: the HW is a separate read (ListOffsets or a fetch) from another moment or a
-  lagging broker's view, or the log was truncated under the group (unclean leader election,
-  ``DeleteRecords``, retention).  Those are incidents the lag rules must see (lag is clamped,
-  REWIND / offset-out-of-range evidence), not malformed events to hide in quarantine.  For the
-  same reason committed below log start (a consumer that fell off retention) is allowed.
-* ``last_stable_offset <= high_watermark`` is not enforced: with ``via = list_offsets`` the two
-  come from separate requests and can straddle a write.
-* ``observed_at`` has fixed bounds, no clock: ``1 <= observed_at < 4102444800000``
-  (2100-01-01 in epoch ms).  The upper bound catches the realistic "absurd future": unit
-  mistakes (µs or ns instead of ms give 1.7e15 / 1.7e18).  A bound relative to wall time makes
-  the verdict depend on when a batch is (re)played; a bound relative to the batch (e.g. "not
-  more than a day after the batch's median") depends on which rows share a ``mapInPandas``
-  chunk.  Quarantine is irreversible, so it must be a pure function of the row.  Late or early
-  events are the watermark's business.  The lower bound is 1 ms, not 2000-01-01, because the
-  scenario generators and unit tests use small event times (make it a config if wanted).
-  ``parse()`` also compares ``observed_at`` with the record's own Kafka timestamp, part of the
-  record and so the same on every replay (``event_time_ahead`` / ``event_time_behind``,
-  ``streaming.ingest.parsing``): that is what refuses events from the future or from 1970.
-* Offsets: null is fine where the contract makes them optional.  -1 and -1001 are Kafka's
-  "no offset" sentinels that the client must turn into null; one that slips through is
-  reported as ``offset_sentinel`` (a client bug), ahead of the generic ``offset_not_negative``.
-* Required fields (topic, partition, interval_ms, ...) are ``parse()``'s ``missing_field``; not
-  repeated here (a not-null check per type would need a row condition each).  Event type and
-  schema version are ``parse()``'s too; ``type_known`` re-checks the type (cheap, no
-  condition).  The schema version cannot be re-checked: ``parse()``'s output has no ``schema``
-  column.
-* ``leader`` may be -1 (no leader: OfflinePartition must fire on it); below -1 is invalid.
-  Whether the leader is one of the replicas is not checked (true in Kafka, but not needed by any
-  rule and not worth an extra derived column today).
+API: ``build_suite()`` (the rules as a ``gx.ExpectationSuite``, each expectation's
+``meta["rule"]`` is the reason it gives), ``validate_frame(pdf)`` (a Series of reasons aligned
+with ``pdf.index``; None for a good row or one that already has a reason), ``RULES`` (rule
+name -> ``Rule``, in priority order), ``warm_up()`` (build the per-process GX objects now),
+``QualityGateError`` (GX could not evaluate a rule: a code defect, never a bad event).
+How GX is used and what it costs: docs/ingest.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
-"""The ``applyInPandasWithState`` function and the layout of the state.
-
-Grouping keys are *buckets*, not entities: every entity (a partition, a topic, a group, a
-group's partition, a client's metadata, a source) is hashed into one of ``buckets`` keys, and
-one key's state holds the states of all its entities (one pickled binary column: the entities'
-dicts, and the bucket's quiet partitions in columns, ``streaming.state.table``).
-Spark pays a fixed cost per grouping key and micro-batch (a pandas frame and a Python call
-each, about 1.5-2.5 ms on 2 cores), so with one key per partition 10,000 partitions cost
-15-25 s per batch; with buckets that cost is fixed and the work inside follows the number of
-rows that arrived.  A group and its partitions share a bucket (group rules read their lags); so
-do a client and its source.  Bucket ``-1`` carries the rows the quality gate quarantined; it
-keeps no state and turns them into counted ``quarantine`` rows.
-
-Each entity drops observations it already applied (same ``event_id``) or that are older than
-the last one of their type from their source (``admit``), counted by reason; the gauges of
-partitions and group partitions leave the function only when they change (``changed_entity_rows``).
-Those of a bucket's quiet partitions leave it as one ``partition_block`` row (``pack_block``):
-at 100,000 partitions they are most of the output, and a row costs Spark and the sink the same
-whether its 28 columns are filled or not.
-
-The function stays thin: handle the timeout first, unpack the state, apply the quiet
-partitions' rows in columns (``fold_quiet``: what the rules would do to them, without calling
-them), call the pure rules (``streaming.rules.base*``) on the other rows in event order, run the
-time-driven checks, write the state back, set the timeout.  ``now`` for the rules is the
-observation's event time; for the time-driven checks it is the batch's latest event time, or
-on a timeout Spark's batch timestamp — both are the same when Spark replays a batch, so a
-replay produces the same transitions.
+"""The ``applyInPandasWithState`` function: per bucket of entities, admit each observation once
+and in order, fold the quiet partitions' rows in columns (``table``) and the others through the
+rules, run the time-driven checks, store the bucket (a versioned format), emit the changed
+gauges and the alert transitions.  Layout, restarts, timers and the stored format: docs/state.md.
 """
 
 from __future__ import annotations

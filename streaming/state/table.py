@@ -1,34 +1,6 @@
-"""Quiet partitions of a bucket, in columns.
-
-Most partitions of a healthy cluster are *quiet*: nothing is open on them, no leader episode
-or imbalance is running, and a cycle brings one ``partition_offsets`` observation that only
-moves the offsets and the observation times, and now and then a ``partition_metadata``
-snapshot that repeats what the partition already holds.  Folding such an observation through
-the dict rules costs ~25 µs of Python per row (the row as a dict, ``admit``, the rules, the
-gauge row, pickling the whole state dict back); at 100,000 partitions per batch that was most
-of the state stage.
-
-A bucket therefore keeps its quiet partitions here, as numpy columns of the fields such rows
-change (``hw``, ``log_start``, ``lso``, the observation times, ``md_at``, the last admitted
-offsets and metadata events) plus the few it shows (leader, replica and ISR counts), and the
-rest of each partition's dict pickled once (``cold``).  ``fold_quiet`` applies a batch's rows
-to those columns with numpy and says which partitions' gauges changed.
-
-Which partitions and rows may go this way is the rules' decision, not this module's:
-``rules.partition.is_quiet`` (nothing open or running, the plain unobserved-window schedule: an
-offsets row changes only the offsets and the observation times) and
-``rules.partition.repeat_signature`` (the metadata a snapshot must repeat, with the same
-min.insync.replicas or none).  On top of that, the state layer's own conditions: every row of
-the partition in the batch is an offsets row with a high watermark from the source whose
-offsets ``admit`` last let through, or such a repeated snapshot from the source whose metadata
-it last let through; per type, event times strictly increasing and newer than the partition
-has seen.  Then this module does in columns what ``admit`` and the rules would do to the dict.
-Any other row, a due time-driven check or an eviction takes the partition out (``take``: its
-dict, exactly as the rules left it) for the dict rules; at the end of the batch ``compact``
-puts back every dict partition that is quiet again.  tests/unit/test_partition_table.py
-(seeded batches) and tests/unit/test_partition_table_stateful.py (Hypothesis: HWs going back,
-metadata changes, replays, gaps, timeouts, new runs) check both paths give the same rows and
-the same states.
+"""Quiet partitions of a bucket, in columns: the offsets rows of partitions the rules call quiet
+(``rules.partition.is_quiet``) applied with numpy instead of the dict rules.  Why and on which
+conditions: docs/state.md; checked against the dict rules by tests/unit/test_partition_table*.py.
 """
 
 from __future__ import annotations
