@@ -42,6 +42,12 @@ def transition_sort_key(r: dict) -> tuple:
     return (r["at"] or 0, r["alert_id"] or "", r["action"] or "")
 
 
+#: (label on the alerts topic, the state row's column): the names /metrics and the Prometheus
+#: rules use (``group``, not the row's ``consumer_group``)
+_LABELS = (("cluster", "cluster"), ("topic", "topic"), ("partition", "partition"), ("group", "consumer_group"),
+           ("source", "source"))
+
+
 class AlertsTopicSink:
     def __init__(self, kafka: dict[str, str], topic: str, flush_timeout_s: float = 60.0):
         self.kafka = dict(kafka)
@@ -161,8 +167,7 @@ class AlertsTopicSink:
                 continue
             record = {
                 "alert": r["alert"], "action": r["action"], "alert_id": r["alert_id"], "severity": r["severity"],
-                "at": r["at"], "labels": {k: r[k] for k in ("cluster", "topic", "partition", "consumer_group", "source")
-                                          if r.get(k) is not None},
+                "at": r["at"], "labels": {name: r[k] for name, k in _LABELS if r.get(k) is not None},
                 "evidence": json.loads(r["evidence"]) if r.get("evidence") else {},
                 "batch_id": batch_id, "index": i, "sequence": batch_id * SEQUENCE_STRIDE + i,
             }

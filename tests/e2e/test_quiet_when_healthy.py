@@ -170,7 +170,7 @@ def test_no_shipped_rule_is_pending_or_firing_except_on_purpose(healthy_run):
 def test_the_job_raises_only_the_demos_on_purpose_alerts(healthy_run):
     group = healthy_run["group"]
     unexpected = [a for a in healthy_run["alerts"]
-                  if a["alert"] not in ON_PURPOSE or a["labels"].get("consumer_group") != group]
+                  if a["alert"] not in ON_PURPOSE or a["labels"].get("group") != group]
     kinds = sorted({a["alert"] for a in healthy_run["alerts"]})
     print(f"\njob transitions: {len(healthy_run['alerts'])} ({', '.join(kinds) or 'none'})")
     assert not unexpected, "the job raised alerts on healthy entities:\n" + "\n".join(

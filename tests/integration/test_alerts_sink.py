@@ -78,3 +78,17 @@ def test_a_partly_published_batch_is_completed_not_duplicated(tansu):
     s2.close()
     recs = read_all(tansu.bootstrap, topic)
     assert sorted(r["alert_id"] for _, r in recs) == [f"a{i:03d}" for i in range(5)]
+
+
+def test_labels_carry_the_names_metrics_and_rules_use(tansu):
+    """A group alert's group is ``group`` on the alerts topic, as on /metrics and in the
+    Prometheus rules (the state's rows call it ``consumer_group``); absent labels are left out."""
+    topic = unique("alerts")
+    create_topics(tansu.bootstrap, {topic: 1})
+    s = AlertsTopicSink({"bootstrap.servers": tansu.bootstrap}, topic)
+    lag = {**transition(0), "alert": "ConsumerLagHigh", "alert_id": "g000", "topic": "orders", "partition": 3,
+           "consumer_group": "billing"}
+    assert s.publish(0, [lag]) == 1
+    s.close()
+    [(_, rec)] = read_all(tansu.bootstrap, topic)
+    assert rec["labels"] == {"cluster": "k", "topic": "orders", "partition": 3, "group": "billing"}
