@@ -179,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 
-    from kafka_monitor import snapshot  # standard library only: cheap to import
+    from kafka_monitor import snapshot  # cheap to import: Jinja2 only when a page is rendered
     n = sub.add_parser("snapshot", help="write the cluster's state from Prometheus as one self-contained HTML file",
                        formatter_class=argparse.RawDescriptionHelpFormatter, description=snapshot.DESCRIPTION)
     snapshot.add_arguments(n)
