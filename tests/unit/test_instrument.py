@@ -23,7 +23,8 @@ from kafka_monitor.broker import free_port
 from monitor.contract import ClientFetch, Event, MetadataRefresh, Rebalance
 from monitor.instrument import (
     CLUSTER_ID_WAIT_S, DEFAULT_STATISTICS_INTERVAL_MS, GROUP_FAILURE_CODES, Instrumentation, InstrumentedConsumer,
-    MetadataRequestTracker, client_fetches, generation_of, instrument, instrumentation_of, stats_observed_at)
+    instrument, instrumentation_of)
+from monitor.rdkafka_stats import MetadataRequestTracker, client_fetches, generation_of, stats_observed_at
 
 # ---------------------------------------------------------------------------------------------
 # Fakes and canned statistics
