@@ -94,7 +94,7 @@ def alert_id(alert: Alert, entity: str, since: int) -> str:
     return hashlib.sha1(f"{alert.value}|{entity}|{since}".encode()).hexdigest()[:20]
 
 
-def _open(state: dict, alert: Alert, entity: str, labels: dict, now: int, evidence: dict) -> list[Transition]:
+def _open(state: Any, alert: Alert, entity: str, labels: dict, now: int, evidence: dict) -> list[Transition]:
     if alert.value in state["open"]:
         return []
     aid = alert_id(alert, entity, now)
@@ -102,7 +102,7 @@ def _open(state: dict, alert: Alert, entity: str, labels: dict, now: int, eviden
     return [Transition(alert, "open", aid, now, entity, labels, evidence)]
 
 
-def _resolve(state: dict, alert: Alert, entity: str, labels: dict, now: int, evidence: dict) -> list[Transition]:
+def _resolve(state: Any, alert: Alert, entity: str, labels: dict, now: int, evidence: dict) -> list[Transition]:
     if not state["open"]:  # the common case: nothing open on the entity
         return []
     was = state["open"].pop(alert.value, None)
@@ -112,7 +112,7 @@ def _resolve(state: dict, alert: Alert, entity: str, labels: dict, now: int, evi
                        {**evidence, "open_since": was["since"]})]
 
 
-def evict(state: dict, now: int, ttl_ms: int, entity: str, labels: dict) -> Optional[list[Transition]]:
+def evict(state: Any, now: int, ttl_ms: int, entity: str, labels: dict) -> Optional[list[Transition]]:
     """None when the entity is still alive; otherwise the transitions that resolve its open
     alerts (an entity that disappeared — a deleted topic, a group that went away — must not
     leave alerts open forever)."""

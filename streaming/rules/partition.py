@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
 
@@ -70,6 +70,46 @@ _UNDER, _AT = Alert.UNDER_MIN_ISR, Alert.AT_MIN_ISR
 _LC, _PLI = Alert.LEADER_CHANGED, Alert.PREFERRED_LEADER_IMBALANCE
 _HWS, _PU = Alert.HIGH_WATERMARK_STALLED, Alert.PARTITION_UNOBSERVED
 
+class PartitionState(TypedDict, total=False):
+    """A partition entity's state: what ``new_partition`` creates, the keys ``_ensure`` adds
+    lazily (a state stored before they existed works unchanged), the schedule and the state
+    layer's own (``kind``, ``applied``, ``sent``).  Stored as a plain dict; the type lets the
+    checker see every field the rules and the partition table use."""
+
+    cluster: str
+    topic: str
+    partition: int
+    kind: str
+    leader: Optional[int]
+    leader_epoch: Optional[int]
+    replicas: Optional[list[int]]
+    isr: Optional[list[int]]
+    min_isr: Optional[int]
+    hw: Optional[int]
+    log_start: Optional[int]
+    lso: Optional[int]
+    last_seen: Optional[int]
+    open: dict[str, Any]
+    observed_at: Optional[int]
+    interval_ms: Optional[int]
+    md_at: Optional[int]
+    leader_seen: Optional[int]
+    epoch_seen: Optional[int]
+    epoch_regressions: int
+    leader_episode: Optional[dict[str, Any]]
+    imbalanced_since: Optional[int]
+    hw_seen: Optional[int]
+    hw_changed_at: Optional[int]
+    hw_observed_at: Optional[int]
+    pending_writes_at: Optional[int]
+    pending_since: Optional[int]
+    md_confirmed_at: Optional[int]
+    due: Optional[int]
+    due_pw: Optional[int]
+    applied: dict[Any, Any]
+    sent: Any
+
+
 _PARTITION_KEYS = {
     "observed_at": None, "interval_ms": None, "md_at": None, "leader_seen": None, "epoch_seen": None,
     "epoch_regressions": 0, "leader_episode": None, "imbalanced_since": None, "hw_seen": None,
@@ -84,16 +124,16 @@ def _int(v: Any) -> Optional[int]:
     return None if v is None else int(v)
 
 
-def _ensure(state: dict) -> None:
+def _ensure(state: PartitionState) -> None:
     if _LAST_KEY not in state:  # keys are added together and never removed: the last one says all are there
         for k, v in _PARTITION_KEYS.items():
-            if k not in state:
-                state[k] = v
-    if state["observed_at"] is None and state.get("last_seen") is not None:
-        state["observed_at"] = int(state["last_seen"])  # a state from before this module
+            state.setdefault(k, v)  # type: ignore[misc]  # the keys of _PARTITION_KEYS are PartitionState's
+    last_seen = state.get("last_seen")
+    if state["observed_at"] is None and last_seen is not None:
+        state["observed_at"] = int(last_seen)  # a state from before this module
 
 
-def _view_at(state: dict) -> Optional[int]:
+def _view_at(state: PartitionState) -> Optional[int]:
     """When the partition's leader view was last known current: its last partition_metadata,
     or a later offsets observation whose ``metadata_at`` confirms the source's view was unchanged.
     None before the first partition_metadata."""
@@ -103,7 +143,7 @@ def _view_at(state: dict) -> Optional[int]:
     return max(md, confirmed)
 
 
-def _is_open(state: dict, alert: Alert) -> bool:
+def _is_open(state: PartitionState, alert: Alert) -> bool:
     return alert.value in state["open"]
 
 
@@ -112,17 +152,17 @@ def _is_open(state: dict, alert: Alert) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def partition_labels(state: dict) -> dict[str, Any]:
+def partition_labels(state: PartitionState) -> dict[str, Any]:
     return {"cluster": state["cluster"], "topic": state["topic"], "partition": state["partition"]}
 
 
-def new_partition(cluster: str, topic: str, partition: int) -> dict:
+def new_partition(cluster: str, topic: str, partition: int) -> PartitionState:
     return {"cluster": cluster, "topic": topic, "partition": partition, "leader": None,
             "leader_epoch": None, "replicas": None, "isr": None, "min_isr": None, "hw": None,
             "log_start": None, "lso": None, "last_seen": None, "open": {}}
 
 
-def _replication(state: dict, obs: dict, now: int, entity: str) -> list[Transition]:
+def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> list[Transition]:
     """Fold one partition_metadata observation into ``state`` (mutated); return transitions.
 
     - IsrShrink opens when replicas left the ISR since the previous observation while the
@@ -159,29 +199,29 @@ def _replication(state: dict, obs: dict, now: int, entity: str) -> list[Transiti
     elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
 
-    state.update(replicas=replicas, isr=isr, leader=leader, leader_epoch=obs.get("leader_epoch"),
-                 last_seen=now)
+    state["replicas"], state["isr"], state["leader"] = replicas, isr, leader
+    state["leader_epoch"], state["last_seen"] = obs.get("leader_epoch"), now
     if obs.get("min_insync_replicas") is not None:
         state["min_isr"] = int(obs["min_insync_replicas"])
     return out
 
 
-def _offsets(state: dict, obs: dict, now: int) -> list[Transition]:
+def _offsets(state: PartitionState, obs: dict, now: int) -> list[Transition]:
     """Record the partition's offsets.  The HW only moves forward on a given leader; a lower
     value is kept as reported (it is what the broker says) — rules on HW history come later."""
-    state.update(hw=int(obs["high_watermark"]), log_start=obs.get("log_start_offset"),
-                 lso=obs.get("last_stable_offset"), last_seen=now)
+    state["hw"], state["log_start"] = int(obs["high_watermark"]), obs.get("log_start_offset")
+    state["lso"], state["last_seen"] = obs.get("last_stable_offset"), now
     return []
 
 
-def unobserved_window_ms(state: dict, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> int:
+def unobserved_window_ms(state: PartitionState, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> int:
     interval = state.get("interval_ms")
     if interval:
         return cfg.unobserved_intervals * int(interval)
     return cfg.unobserved_after_ms
 
 
-def on_partition_observed(state: dict, now: int, entity: str, cfg: PartitionRulesConfig = DEFAULT_CONFIG,
+def on_partition_observed(state: PartitionState, now: int, entity: str, cfg: PartitionRulesConfig = DEFAULT_CONFIG,
                           interval_ms: Optional[int] = None) -> list[Transition]:
     """The partition was reported at ``now``: resolve PartitionUnobserved.  ``interval_ms``: the
     observing source's interval, when the caller knows it (sets the unobserved window).  An
@@ -203,7 +243,7 @@ def on_partition_observed(state: dict, now: int, entity: str, cfg: PartitionRule
     return out
 
 
-def _leadership(state: dict, obs: dict, now: int, entity: str,
+def _leadership(state: PartitionState, obs: dict, now: int, entity: str,
                 cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one partition_metadata observation (``obs``: leader, leader_epoch, replicas, isr,
     min_insync_replicas) into ``state`` for UnderMinIsr / AtMinIsr, LeaderChanged and
@@ -236,7 +276,7 @@ def _leadership(state: dict, obs: dict, now: int, entity: str,
     if changed:
         out += _leader_change(state, now, entity, labels, cfg, prev_leader, leader, prev_epoch, epoch,
                               replicas, epoch_reset)
-    state.update(leader_seen=leader, epoch_seen=epoch, md_at=now)
+    state["leader_seen"], state["epoch_seen"], state["md_at"] = leader, epoch, now
 
     # -- UnderMinIsr / AtMinIsr ---------------------------------------------------------------
     min_isr = _int(obs.get("min_insync_replicas"))
@@ -262,7 +302,7 @@ def _leadership(state: dict, obs: dict, now: int, entity: str,
     return out
 
 
-def _leader_change(state: dict, now: int, entity: str, labels: dict, cfg: PartitionRulesConfig,
+def _leader_change(state: PartitionState, now: int, entity: str, labels: dict, cfg: PartitionRulesConfig,
                    old_leader: Optional[int], new_leader: int, old_epoch: Optional[int],
                    new_epoch: Optional[int], replicas: list[int], epoch_reset: bool) -> list[Transition]:
     out: list[Transition] = []
@@ -286,9 +326,11 @@ def _leader_change(state: dict, now: int, entity: str, labels: dict, cfg: Partit
     return out
 
 
-def _resolve_leader_episode(state: dict, now: int, entity: str, labels: dict) -> list[Transition]:
+def _resolve_leader_episode(state: PartitionState, now: int, entity: str, labels: dict) -> list[Transition]:
     ep = state["leader_episode"]
     state["leader_episode"] = None
+    if ep is None:
+        return []
     history = [{"at": at, "old_leader": ol, "new_leader": nl, "old_epoch": oe, "new_epoch": ne}
                for at, ol, nl, oe, ne in ep["history"]]
     return _resolve(state, _LC, entity, labels, now,
@@ -298,7 +340,7 @@ def _resolve_leader_episode(state: dict, now: int, entity: str, labels: dict) ->
                      "history": history, "history_truncated": ep["changes"] - len(history)})
 
 
-def _min_isr(state: dict, now: int, entity: str, labels: dict, isr: list[int], replicas: list[int],
+def _min_isr(state: PartitionState, now: int, entity: str, labels: dict, isr: list[int], replicas: list[int],
              min_isr: int) -> list[Transition]:
     n_isr, n_rep = len(set(isr)), len(set(replicas))
     if n_isr < min_isr:
@@ -321,8 +363,8 @@ def _min_isr(state: dict, now: int, entity: str, labels: dict, isr: list[int], r
     return out
 
 
-def _maybe_open_imbalance(state: dict, now: int, entity: str, labels: dict, cfg: PartitionRulesConfig,
-                          leader: int, replicas: Optional[list[int]]) -> list[Transition]:
+def _maybe_open_imbalance(state: PartitionState, now: int, entity: str, labels: dict, cfg: PartitionRulesConfig,
+                          leader: Optional[int], replicas: Optional[list[int]]) -> list[Transition]:
     since = state["imbalanced_since"]
     if since is None or _is_open(state, _PLI) or now - since < cfg.imbalance_after_ms:
         return []
@@ -337,7 +379,7 @@ def _maybe_open_imbalance(state: dict, now: int, entity: str, labels: dict, cfg:
 # ---------------------------------------------------------------------------------------------
 
 
-def note_pending_writes(state: dict, at: int) -> None:
+def note_pending_writes(state: PartitionState, at: int) -> None:
     """Some client saw writes pending on this partition at ``at`` (epoch ms): an offset beyond
     the HW.  Nothing in the v1 contract calls this yet (see the module docstring)."""
     _ensure(state)
@@ -347,14 +389,14 @@ def note_pending_writes(state: dict, at: int) -> None:
     _sync_pending(state)
 
 
-def _sync_pending(state: dict) -> None:
+def _sync_pending(state: PartitionState) -> None:
     """pending_since = the first pending-writes time seen after the HW's last move."""
     pw, changed = state["pending_writes_at"], state["hw_changed_at"]
     if state["pending_since"] is None and pw is not None and changed is not None and pw > changed:
         state["pending_since"] = int(pw)
 
 
-def _maybe_open_stall(state: dict, now: int, entity: str, cfg: PartitionRulesConfig) -> list[Transition]:
+def _maybe_open_stall(state: PartitionState, now: int, entity: str, cfg: PartitionRulesConfig) -> list[Transition]:
     since, seen = state["pending_since"], state["hw_observed_at"]
     if since is None or seen is None or _is_open(state, _HWS) or seen - since < cfg.hw_stall_ms:
         return []
@@ -364,7 +406,7 @@ def _maybe_open_stall(state: dict, now: int, entity: str, cfg: PartitionRulesCon
                   "last_hw_observation_at": seen, "stalled_for_at_least_ms": seen - since})
 
 
-def _progress(state: dict, obs: dict, now: int, entity: str,
+def _progress(state: PartitionState, obs: dict, now: int, entity: str,
               cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one partition_offsets observation (``obs["high_watermark"]``) for
     HighWatermarkStalled; also resolves PartitionUnobserved.  Order-independent with
@@ -379,7 +421,7 @@ def _progress(state: dict, obs: dict, now: int, entity: str,
     prev = state["hw_seen"]
     state["hw_observed_at"] = now
     if prev is None or hw != prev:
-        state.update(hw_seen=hw, hw_changed_at=now, pending_since=None)
+        state["hw_seen"], state["hw_changed_at"], state["pending_since"] = hw, now, None
         if prev is not None:
             out += _resolve(state, _HWS, entity, partition_labels(state), now,
                             {"hw_before": prev, "hw_after": hw})
@@ -394,7 +436,7 @@ def _progress(state: dict, obs: dict, now: int, entity: str,
 # ---------------------------------------------------------------------------------------------
 
 
-def _schedule(state: dict, cfg: PartitionRulesConfig) -> None:
+def _schedule(state: PartitionState, cfg: PartitionRulesConfig) -> None:
     """state["due"] = the earliest time at which tick_partition has something to decide."""
     due: Optional[int] = None
     unobserved = _is_open(state, _PU)
@@ -413,7 +455,7 @@ def _schedule(state: dict, cfg: PartitionRulesConfig) -> None:
     state["due_pw"] = state["pending_writes_at"]
 
 
-def tick_partition(state: dict, now: int, entity: str, cfg: PartitionRulesConfig = DEFAULT_CONFIG,
+def tick_partition(state: PartitionState, now: int, entity: str, cfg: PartitionRulesConfig = DEFAULT_CONFIG,
                    *, blind: bool = False) -> list[Transition]:
     """Time-driven checks for one partition state: PartitionUnobserved opens, LeaderChanged
     resolves after the quiet window, PreferredLeaderImbalance opens once it lasted long enough,
@@ -457,7 +499,7 @@ def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
             tuple(int(r) for r in isr))
 
 
-def is_quiet(state: dict, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> bool:
+def is_quiet(state: PartitionState, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> bool:
     """Whether these rules would do nothing with a newer ``partition_offsets`` observation of
     this partition but record its offsets and move its observation times (``hw_*``,
     ``md_confirmed_at``, ``observed_at``, ``last_seen``, ``due``): no alert open, no leader
@@ -476,7 +518,7 @@ def is_quiet(state: dict, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> bool:
             and state.get("due_pw") is None)
 
 
-def repeat_signature(state: dict) -> Optional[tuple]:
+def repeat_signature(state: PartitionState) -> Optional[tuple]:
     """For a quiet partition (``is_quiet``): the ``signature`` a ``partition_metadata``
     observation must repeat (with the same min.insync.replicas, or none) to change nothing but
     ``md_at``; None when no metadata observation is quiet (the leader view is not settled:
@@ -489,14 +531,14 @@ def repeat_signature(state: dict) -> Optional[tuple]:
     return None
 
 
-def on_partition_metadata(state: dict, obs: dict, now: int, entity: str,
+def on_partition_metadata(state: PartitionState, obs: dict, now: int, entity: str,
                           cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one ``partition_metadata`` observation into ``state`` (mutated): every partition
     alert it feeds (ISR, replication, leadership, min ISR, imbalance, being observed)."""
     return _leadership(state, obs, now, entity, cfg) + _replication(state, obs, now, entity)
 
 
-def on_partition_offsets(state: dict, obs: dict, now: int, entity: str,
+def on_partition_offsets(state: PartitionState, obs: dict, now: int, entity: str,
                          cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one ``partition_offsets`` observation: the offsets, HighWatermarkStalled, being
     observed."""

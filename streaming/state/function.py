@@ -218,7 +218,7 @@ def _transition_row(t: rules.Transition) -> dict:
                 evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at)
 
 
-def remember_shown(entities: dict[str, dict], transitions: list[rules.Transition]) -> None:
+def remember_shown(entities: dict[str, Any], transitions: list[rules.Transition]) -> None:
     """Keep, with each alert opened, the labels and severity it was shown with: a new run of the
     job restates it from them (``active_rows``)."""
     for t in transitions:
@@ -228,7 +228,7 @@ def remember_shown(entities: dict[str, dict], transitions: list[rules.Transition
                 o["shown"] = (t.severity.name.lower(), t.labels)
 
 
-def active_rows(entities: dict[str, dict]) -> list[dict]:
+def active_rows(entities: dict[str, Any]) -> list[dict]:
     """An ``open_alert`` row per open alert of the bucket: what the alerts topic said was opened
     and not yet resolved, for a new run's exporter (which starts empty).  Not a transition:
     never published, never counted."""
@@ -281,8 +281,9 @@ def _labels(s: dict) -> dict:
     return {"cluster": s["cluster"], "source": s["source"]}
 
 
-def _new(kind: str, r: dict) -> dict:
+def _new(kind: str, r: dict) -> Any:
     c = r["cluster"]
+    s: Any
     if kind == "partition":
         s = rules_partition.new_partition(c, r["topic"], r["partition"])
     elif kind == "group_partition":
@@ -402,9 +403,9 @@ def fold_quiet(table: PartitionTable, frames: list[pd.DataFrame]) -> tuple[list[
     return rest, gauges
 
 
-def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
+def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
          dropped: Optional[dict[str, int]] = None,
-         take: Optional[Callable[[str], Optional[dict]]] = None) -> tuple[list[rules.Transition], set[str]]:
+         take: Optional[Callable[[str], Any]] = None) -> tuple[list[rules.Transition], set[str]]:
     """Apply the batch's rows (a frame, or a list of frames; in event order) to the entities;
     return (transitions, touched keys).  Rows ``admit`` refuses are counted in ``dropped`` by
     reason.  ``take(key)``: an entity kept outside ``entities`` (``PartitionTable.take``), or
@@ -428,7 +429,7 @@ def fold(entities: dict[str, dict], rows: Any, cfg: StateConfig,
         r = dict(zip(names, values))
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]
-        s = entities.get(key)
+        s: Any = entities.get(key)
         if s is None:
             s = take(key) if take is not None else None
             if s is None:
@@ -496,7 +497,7 @@ def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Tran
     return out
 
 
-def tick(entities: dict[str, dict], now: int, cfg: StateConfig) -> list[rules.Transition]:
+def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Transition]:
     """The time-driven checks of every entity in the bucket (cheap when nothing is due)."""
     out: list[rules.Transition] = []
     lags: dict[tuple[str, str], list[Optional[int]]] = {}
@@ -530,7 +531,7 @@ def _exported(s: dict) -> Optional[tuple]:
     return None
 
 
-def changed_entity_rows(entities: dict[str, dict], keys: Any, run_id: str) -> list[dict]:
+def changed_entity_rows(entities: dict[str, Any], keys: Any, run_id: str) -> list[dict]:
     """Upsert rows for the touched entities whose exported values changed since they were last
     sent in this run.  Sending only changes keeps the sink's work (collect to the driver, the
     exporter) following change, not the number of partitions."""
@@ -551,7 +552,7 @@ def dropped_rows(dropped: dict[str, int], at: Optional[int]) -> list[dict]:
     return [_row(kind="dropped", action="count", alert=why, count=n, at=at) for why, n in sorted(dropped.items()) if n]
 
 
-def evict_stale(entities: dict[str, dict], now: int, ttl_ms: int) -> list[dict]:
+def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> list[dict]:
     out = []
     for key in list(entities):
         s = entities[key]
@@ -640,7 +641,7 @@ def _from_2(v: dict) -> dict:
 _MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2}
 
 #: a new entity of each kind, to complete an entity stored before a field was added
-_TEMPLATES: dict[str, Callable[[dict], dict]] = {
+_TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
     "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
@@ -654,7 +655,7 @@ _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""
 FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in _TEMPLATES.items()))
 
 
-def _complete(entities: dict[str, dict], table: PartitionTable) -> None:
+def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
     """Give every entity the fields a new one of its kind has (defaults for those it lacks);
     the table's partitions become dicts for it (the next store compacts them again)."""
     for k in table.live_keys():
@@ -671,7 +672,7 @@ def _complete(entities: dict[str, dict], table: PartitionTable) -> None:
         e.setdefault("last_seen", None)
 
 
-def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
+def _unpack(value: bytes, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
     v = pickle.loads(value)
     fmt = v.get("format") if isinstance(v.get("format"), int) else 1
     if fmt > _FORMAT:
@@ -689,7 +690,7 @@ def _unpack(value: bytes, run_id: str) -> tuple[dict[str, dict], PartitionTable,
     return entities, table, v.get("run")
 
 
-def _load(state: Any, run_id: str) -> tuple[dict[str, dict], PartitionTable, Optional[str]]:
+def _load(state: Any, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
     return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id), run_id)
 
 
@@ -705,7 +706,7 @@ def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, 
         state.remove()
 
 
-def stored_entities(value: bytes, run_id: str = "") -> dict[str, dict]:
+def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:
     """Every entity of a stored bucket state as a dict, the table's partitions included (for
     tests and debugging)."""
     entities, table, _ = _unpack(value, run_id)

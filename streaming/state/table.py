@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pickle
 from operator import itemgetter
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -70,7 +70,7 @@ _COLD_KEYS: dict[tuple, tuple[tuple, int]] = {}
 _HOT_OF = itemgetter(*HOT)
 
 
-def _cold_keys(s: dict) -> tuple[tuple, int]:
+def _cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
     order = tuple(s)
     got = _COLD_KEYS.get(order)
     if got is None:
@@ -81,7 +81,7 @@ def _cold_keys(s: dict) -> tuple[tuple, int]:
     return got
 
 
-def compact(s: dict, run_id: str, cfg: rules_partition.PartitionRulesConfig,
+def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition.PartitionRulesConfig,
             layouts: dict[tuple, int]) -> Optional[tuple]:
     """The row for partition state ``s`` if it is quiet (see the module docstring), else None:
     (ints in ``_INT_COLUMNS`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
@@ -150,7 +150,7 @@ class PartitionTable:
     def live_keys(self) -> list[str]:
         return [k for k, a in zip(self.keys, self.alive) if a]
 
-    def take(self, key: str) -> Optional[dict]:
+    def take(self, key: str) -> Optional[rules_partition.PartitionState]:
         """The partition's dict (as the dict rules would have left it), removed from the table;
         None when it is not here."""
         i = self.index.get(key)
@@ -159,26 +159,27 @@ class PartitionTable:
         self.alive[i] = False
         return self._dict(i)
 
-    def peek(self, key: str) -> dict:
+    def peek(self, key: str) -> rules_partition.PartitionState:
         """The partition's dict without taking it out (tests and debugging)."""
         return self._dict(self.index[key])
 
-    def _dict(self, i: int) -> dict:
+    def _dict(self, i: int) -> rules_partition.PartitionState:
         c, o = self.ints, self.objs
-        s = dict(zip(self.layouts[c["layout"][i]], pickle.loads(o["cold"][i])))
+        d: dict[str, Any] = dict(zip(self.layouts[c["layout"][i]], pickle.loads(o["cold"][i])))
         for k in HOT:
-            s[k] = _o(c[k][i])
+            d[k] = _o(c[k][i])
+        s = cast(rules_partition.PartitionState, d)
         s["applied"][(_OFFSETS, o["off_src"][i])] = (int(c["off_t"][i]), [o["off_id"][i]])
         if c["md_t"][i] != NULL:
             s["applied"][(_METADATA, o["md_src"][i])] = (int(c["md_t"][i]), [o["md_id"][i]])
-        s["due"] = s["observed_at"] + int(c["window"][i])
+        s["due"] = int(c["observed_at"][i]) + int(c["window"][i])  # never NULL here (is_quiet)
         s["due_pw"] = None
         if self.sent_ok[i]:
             s["sent"] = (self.run_id, (_o(c["leader"][i]), _o(c["n_replicas"][i]), _o(c["n_isr"][i]),
                                        _o(c["sent_hw"][i]), _o(c["sent_ls"][i]), _o(c["sent_lso"][i])))
         return s
 
-    def take_due(self, now: int, ttl_ms: int) -> dict[str, dict]:
+    def take_due(self, now: int, ttl_ms: int) -> dict[str, rules_partition.PartitionState]:
         """Take out the partitions the time-driven checks or the eviction have work for: the
         unobserved window is reached (``due``), or the entity is past its TTL."""
         c = self.ints
@@ -190,7 +191,7 @@ class PartitionTable:
                 out[self.keys[i]] = s
         return out
 
-    def state(self, entities: dict[str, dict], cfg: rules_partition.PartitionRulesConfig) -> dict:
+    def state(self, entities: dict[str, Any], cfg: rules_partition.PartitionRulesConfig) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is
         quiet again (those are removed from ``entities``)."""
         rows = []
