@@ -92,7 +92,7 @@ POSITIVE = {
     ("consumer-groups.json", "Consumption vs production"): "the group commits what the producer writes",
     ("monitor-health.json", "Micro-batches per second"): "the job completes micro-batches",
     ("monitor-health.json", "State rows applied per second"): "every batch applies state rows",
-    ("monitor-health.json", "State store rows"): "the job keeps state for partitions, a group and a source",
+    ("monitor-health.json", "State store keys"): "the job keeps state for partitions, a group and a source",
     ("monitor-health.json", "Micro-batch duration"): "a micro-batch takes time",
 }
 #: the HW rate of the topic must be about what the producer writes (x/4 .. 4x)
