@@ -75,8 +75,12 @@ METADATA_REFRESH = "kafka_monitor_client_last_metadata_refresh_timestamp_seconds
 HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
 ALERT_ACTIVE = "kafka_monitor_alert_active"
 
+def default_rules() -> dict[str, Any]:
+    return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
+
+
 #: the job's rule settings the panels draw and name (build() sets them; defaults here)
-RULES: dict[str, Any] = {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
+RULES: dict[str, Any] = default_rules()
 
 
 def lag_threshold_offsets() -> dict:
@@ -758,10 +762,6 @@ DASHBOARDS = {
 
 def render(d: dict) -> str:
     return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
-
-
-def default_rules() -> dict[str, Any]:
-    return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
 
 
 def rules_from_config(path: Optional[str]) -> dict[str, Any]:

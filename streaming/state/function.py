@@ -281,21 +281,20 @@ def _labels(s: dict) -> dict:
     return {"cluster": s["cluster"], "source": s["source"]}
 
 
+#: a new entity of each kind from its identifying fields (an input row, or a stored entity to
+#: complete after a field was added)
+_TEMPLATES: dict[str, Callable[[dict], Any]] = {
+    "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
+    "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
+    "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
+    "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
+    "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
+    "topic": lambda e: rules_topic.new_topic(e["cluster"], e["topic"]),
+}
+
+
 def _new(kind: str, r: dict) -> Any:
-    c = r["cluster"]
-    s: Any
-    if kind == "partition":
-        s = rules_partition.new_partition(c, r["topic"], r["partition"])
-    elif kind == "group_partition":
-        s = rules_lag.new_group_partition(c, r["group"], r["topic"], r["partition"])
-    elif kind == "group":
-        s = rules_group.new_group(c, r["group"])
-    elif kind == "client":
-        s = rules_client.new_client(c, r["source"])
-    elif kind == "source":
-        s = rules_source.new_source(c, r["source"])
-    else:
-        s = rules_topic.new_topic(c, r["topic"])
+    s = _TEMPLATES.get(kind, _TEMPLATES["topic"])(r)
     s["kind"] = kind
     s.setdefault("open", {})
     s.setdefault("last_seen", None)
@@ -640,15 +639,6 @@ def _from_2(v: dict) -> dict:
 #: format N -> the function that turns it into format N + 1
 _MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2}
 
-#: a new entity of each kind, to complete an entity stored before a field was added
-_TEMPLATES: dict[str, Callable[[dict], Any]] = {
-    "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
-    "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
-    "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
-    "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
-    "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
-    "topic": lambda e: rules_topic.new_topic(e["cluster"], e["topic"]),
-}
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs
 #: has its entities completed (a field added since keeps its new entity's default)

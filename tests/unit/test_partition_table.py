@@ -9,6 +9,7 @@ timeouts, a new run — must give the same output rows and the same entity state
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -155,10 +156,11 @@ def test_the_table_gives_the_rows_and_states_the_dict_rules_give(seed):
         assert got_states[i] == want_states[i], f"step {i}"
 
 
-def test_the_scenarios_exercise_both_paths_and_the_alerts():
-    """The comparison above means something only if the table took rows, handed partitions
-    back to the dict rules, and alerts opened and resolved on the way."""
-    seen = {"quiet_rows": 0, "quiet_metadata": 0, "taken": 0, "alerts": set()}
+@contextlib.contextmanager
+def counting_table_paths():
+    """Count, while inside, the rows the table applies in columns (``quiet_rows``, of which
+    ``quiet_metadata``) and the partitions it hands back to the dict rules (``taken``)."""
+    seen = {"quiet_rows": 0, "quiet_metadata": 0, "taken": 0}
     real_fold, real_take = pt.PartitionTable.fold_quiet, pt.PartitionTable.take
 
     def fold_quiet(self, cols):
@@ -174,13 +176,22 @@ def test_the_scenarios_exercise_both_paths_and_the_alerts():
 
     pt.PartitionTable.fold_quiet, pt.PartitionTable.take = fold_quiet, take
     try:
+        yield seen
+    finally:
+        pt.PartitionTable.fold_quiet, pt.PartitionTable.take = real_fold, real_take
+
+
+def test_the_scenarios_exercise_both_paths_and_the_alerts():
+    """The comparison above means something only if the table took rows, handed partitions
+    back to the dict rules, and alerts opened and resolved on the way."""
+    seen: dict = {"alerts": set()}
+    with counting_table_paths() as counts:
         for seed in range(12):
             outs, _ = _run(_scenario(seed), compact=True)
             for o in outs:
                 a = o[o.kind == "alert"]
                 seen["alerts"] |= set(zip(a.alert, a.action))
-    finally:
-        pt.PartitionTable.fold_quiet, pt.PartitionTable.take = real_fold, real_take
+    seen.update(counts)
     assert seen["quiet_rows"] > 500 and seen["quiet_metadata"] > 50 and seen["taken"] > 100
     for alert in ("PartitionUnobserved", "UnderReplicated", "LeaderChanged", "OfflinePartition"):
         assert (alert, "open") in seen["alerts"] and (alert, "resolve") in seen["alerts"], alert

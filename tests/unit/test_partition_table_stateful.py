@@ -23,8 +23,7 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from streaming.state import function as st
-from streaming.state import table as pt
-from tests.unit.test_partition_table import _rows, _state
+from tests.unit.test_partition_table import _rows, _state, counting_table_paths
 from tests.unit.test_state import FakeState, call, rows
 
 PARTS = 3
@@ -178,25 +177,9 @@ test_the_table_and_the_dict_rules_agree_on_every_kind_of_row = TableVersusDicts.
 def test_the_machine_reaches_the_table_and_hands_partitions_back():
     """The comparison means something only if the machine's traffic makes the table take rows
     in columns and hand partitions back to the dict rules: count both over a run of it."""
-    seen = {"quiet": 0, "taken": 0}
-    real_fold, real_take = pt.PartitionTable.fold_quiet, pt.PartitionTable.take
-
-    def fold_quiet(self, cols):
-        done, gauges = real_fold(self, cols)
-        seen["quiet"] += int(done.sum())
-        return done, gauges
-
-    def take(self, key):
-        got = real_take(self, key)
-        seen["taken"] += got is not None
-        return got
-
-    pt.PartitionTable.fold_quiet, pt.PartitionTable.take = fold_quiet, take
-    try:
+    with counting_table_paths() as seen:
         run_state_machine_as_test(TableVersusDicts, settings=settings(
             max_examples=40, stateful_step_count=50, deadline=None, database=None, derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]))
-    finally:
-        pt.PartitionTable.fold_quiet, pt.PartitionTable.take = real_fold, real_take
-    print(f"\nrows applied in columns: {seen['quiet']}, partitions handed back: {seen['taken']}")
-    assert seen["quiet"] > 600 and seen["taken"] > 150, seen  # 1,285 and 305 when written
+    print(f"\nrows applied in columns: {seen['quiet_rows']}, partitions handed back: {seen['taken']}")
+    assert seen["quiet_rows"] > 600 and seen["taken"] > 150, seen  # 1,285 and 305 when written
