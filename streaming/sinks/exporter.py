@@ -246,6 +246,7 @@ class Exporter:
         #: group partition labels -> its gauge values in _GROUP_PARTITION_GAUGES order
         self._gparts: dict[tuple, list] = {}
         self._part_series = 0
+        self._refused = 0
         #: labels -> their text in the exposition, kept while the entity has series
         self._label_text: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -310,7 +311,7 @@ class Exporter:
                 continue
             if old is None:
                 if self.per_partition and self._full():
-                    self.m("exporter_series_refused_total").inc()
+                    self._refused += 1
                     continue
                 self._part_series += 1
             cur[i] = v
@@ -332,7 +333,7 @@ class Exporter:
                 continue
             if cur[i] is None:
                 if self.per_partition and self._full():
-                    self.m("exporter_series_refused_total").inc()
+                    self._refused += 1
                     continue
                 self._part_series += 1
             cur[i] = v
@@ -342,11 +343,17 @@ class Exporter:
         row each, with the common case — only the HW moved since the partition's last row —
         written in place (~100,000 rows a batch at 100,000 partitions)."""
         parts = self._parts
+        no_series = [None] * len(_PARTITION_GAUGES)
         for c, tp, p, hw, ls, lso, leader, rep, isr in zip(
                 cols["cluster"], cols["topic"], cols["partition"], cols["high_watermark"], cols["log_start_offset"],
                 cols["last_stable_offset"], cols["leader"], cols["replicas"], cols["isr"]):
             lab = (c, tp, str(p))
             cur = parts.get(lab)
+            if (cur is None or cur == no_series) and self.per_partition and self._full():  # all refused
+                if cur is None:
+                    parts[lab] = [None] * len(_PARTITION_GAUGES)  # known to the aggregates, with no series
+                self._refused += sum(v is not None for v in (hw, ls, lso, leader, rep, isr))
+                continue
             if (cur is not None and hw is not None and cur[0] is not None and cur[1] == ls and cur[2] == lso
                     and cur[3] == leader and cur[4] == rep and cur[5] == isr):
                 cur[0] = hw
@@ -461,6 +468,7 @@ class Exporter:
             if batch_id is not None and batch_id == self._last_batch_id:
                 return 0
             self._generation += 1
+            self._refused = 0  # series the cap refused in this batch: counted once at its end
             n = 0
             lab: tuple[Any, ...]
             vals: tuple[Any, ...]
@@ -526,6 +534,8 @@ class Exporter:
                     self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)
                 elif kind == "dropped":
                     self.m("events_dropped_total").labels(r["alert"]).inc(r["count"] or 0)
+            if self._refused:
+                self.m("exporter_series_refused_total").inc(self._refused)
             self._last_batch_id = batch_id
             return n
 

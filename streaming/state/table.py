@@ -30,6 +30,13 @@ _INT_COLUMNS = HOT + _APPLIED + _FIXED + _SENT
 #: a snapshot must repeat to be quiet (``sig``; None: metadata rows go to the dict rules),
 #: labels, and the pickled cold part
 _OBJECTS = ("off_src", "off_id", "md_src", "md_id", "sig", "cluster", "topic", "cold")
+#: columns stored as their difference from another (``encode``): where they move together the
+#: differences are mostly 0 and compress to almost nothing.  Listed so that a column's reference
+#: is restored before it is used (``lso`` before ``sent_lso``).
+_DELTA_OF = (("lso", "hw"), ("hw_seen", "hw"), ("sent_hw", "hw"), ("sent_ls", "log_start"), ("sent_lso", "lso"),
+             ("last_seen", "observed_at"), ("hw_changed_at", "observed_at"), ("hw_observed_at", "observed_at"),
+             ("md_confirmed_at", "observed_at"), ("md_at", "observed_at"), ("off_t", "observed_at"),
+             ("md_t", "observed_at"))
 #: dict keys rebuilt from the columns (so not kept in the cold part)
 _DERIVED = frozenset(HOT) | {"due", "due_pw", "sent"}
 
@@ -120,6 +127,28 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     objects = (off[0], off[2], md[0], md[2], sig, s["cluster"], s["topic"],
                pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
+
+
+def encode(state: Optional[dict]) -> Optional[dict]:
+    """A table state (``PartitionTable.state``) as it is stored: the ``_DELTA_OF`` columns as
+    differences (int64 arithmetic wraps, so NULLs and any values come back exactly)."""
+    if not state:
+        return state
+    ints = state["ints"]
+    with np.errstate(over="ignore"):
+        coded = {**ints, **{c: ints[c] - ints[ref] for c, ref in _DELTA_OF}}
+    return {**state, "ints": coded}
+
+
+def decode(state: Optional[dict]) -> Optional[dict]:
+    """``encode`` undone."""
+    if not state:
+        return state
+    ints = dict(state["ints"])
+    with np.errstate(over="ignore"):
+        for c, ref in _DELTA_OF:
+            ints[c] = ints[c] + ints[ref]
+    return {**state, "ints": ints}
 
 
 class PartitionTable:

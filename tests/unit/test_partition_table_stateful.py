@@ -15,7 +15,6 @@ row the table applies in columns (and so never sees) makes them differ.
 from __future__ import annotations
 
 import copy
-import pickle
 import random
 
 from hypothesis import HealthCheck, settings
@@ -165,7 +164,7 @@ class TableVersusDicts(RuleBasedStateMachine):
     @invariant()
     def the_reference_keeps_every_partition_a_dict(self):
         if self.ref.value is not None:
-            assert not (pickle.loads(self.ref.value[0])["partitions"] or {}).get("keys")
+            assert not (st.decode_state(self.ref.value[0])["partitions"] or {}).get("keys")
 
 
 TableVersusDicts.TestCase.settings = settings(

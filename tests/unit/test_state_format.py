@@ -17,31 +17,52 @@ from tests.unit.test_state import FakeState, call, pmd, poff, rows
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
 FORMAT2 = (FIXTURES / "format2-bucket.pickle").read_bytes()
 FORMAT2_META = json.loads((FIXTURES / "format2-bucket.json").read_text())
+OLDER = [(FIXTURES / f"format{n}-bucket.pickle").read_bytes() for n in (2, 3)]
+OLDER_META = [json.loads((FIXTURES / f"format{n}-bucket.json").read_text()) for n in (2, 3)]
 
 
 def test_every_older_format_has_a_migration():
-    assert st._FORMAT == 3
+    assert st._FORMAT == 4
     assert sorted(st._MIGRATIONS) == list(range(1, st._FORMAT))
 
 
-def test_a_job_restarts_on_a_state_written_by_the_previous_version():
-    assert pickle.loads(FORMAT2)["format"] == FORMAT2_META["format"] == 2
-    s = FakeState(value=(FORMAT2,))
+@pytest.mark.parametrize("old, meta", list(zip(OLDER, OLDER_META)), ids=["format2", "format3"])
+def test_a_job_restarts_on_a_state_written_by_a_previous_version(old, meta):
+    assert pickle.loads(old)["format"] == meta["format"]
+    s = FakeState(value=(old,))
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="after-upgrade"))
     # the first batch of the new run restates what the previous version had open ...
     out = call(fn, 0, rows(pmd(90, 31_000, [1, 3], part=0)), s)
     restated = out[out.kind == "open_alert"]
-    assert sorted(restated.alert) == FORMAT2_META["open"]["partition|k/t/0"]
+    assert sorted(restated.alert) == meta["open"]["partition|k/t/0"]
     assert out[out.kind == "alert"].empty
     # ... and when partition 0 gets its replica back, those same episodes resolve
     out = call(fn, 0, rows(pmd(91, 41_000, [1, 2, 3], part=0)), s)
     resolved = out[(out.kind == "alert") & (out.action == "resolve")]
     assert sorted(resolved.alert) == ["IsrShrink", "UnderReplicated"]
     assert set(resolved.alert_id) == set(restated.alert_id)  # the same episodes, not new ones
-    stored = pickle.loads(s.value[0])
-    assert stored["format"] == 3 and stored["fields"] == st.FIELDS
-    assert sorted(st.stored_entities(s.value[0])) == FORMAT2_META["entities"]
+    stored = st.decode_state(s.value[0])
+    assert stored["format"] == st._FORMAT and stored["fields"] == st.FIELDS
+    assert s.value[0].startswith(st._ENVELOPE)
+    assert sorted(st.stored_entities(s.value[0])) == meta["entities"]
     assert stored["partitions"]["keys"], "the quiet partitions are compacted into the table again"
+
+
+def test_the_tables_columns_come_back_exactly_from_their_encoding():
+    """Stored differences wrap in int64: missing values (NULL) and extremes survive."""
+    import numpy as np
+    from streaming.state import table as pt
+    rng = np.random.default_rng(3)
+    n = 500
+    edge = np.array([pt.NULL, np.iinfo(np.int64).max, 0, -1, 1])
+    ints = {c: np.where(rng.random(n) < 0.3, rng.choice(edge, n), rng.integers(-2**62, 2**62, n))
+            for c in pt._INT_COLUMNS}
+    state = {"keys": [str(i) for i in range(n)], "ints": ints}
+    coded = pt.encode(state)
+    assert any(not np.array_equal(coded["ints"][c], ints[c]) for c in ints)
+    back = pt.decode(coded)["ints"]
+    assert all(np.array_equal(back[c], ints[c]) for c in ints)
+    assert pt.encode(None) is None and pt.decode({}) == {}
 
 
 def test_the_oldest_format_a_dict_of_entities_is_read():
@@ -59,7 +80,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
     for t in (1_000, 11_000, 21_000):
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
-    assert pickle.loads(s.value[0])["partitions"]["keys"], "precondition: partitions in the table"
+    assert st.decode_state(s.value[0])["partitions"]["keys"], "precondition: partitions in the table"
 
     def new_partition(cluster, topic, partition):
         return {**rules_partition.new_partition(cluster, topic, partition), "added_later": 7}
@@ -72,12 +93,12 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     assert all(e["added_later"] == 7 for e in parts.values())
     # stored again with the new signature: read as it is the next time
     st._store(s, entities, table, st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
-    assert pickle.loads(s.value[0])["fields"] == st.FIELDS
+    assert st.decode_state(s.value[0])["fields"] == st.FIELDS
 
 
 def test_a_state_from_a_newer_version_is_refused_with_what_to_do():
     newer = pickle.dumps({"format": st._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
-    with pytest.raises(st.StateFormatError, match=r"format 4, written by a newer kafka-monitor.*formats 1\.\.3"):
+    with pytest.raises(st.StateFormatError, match=r"format 5, written by a newer kafka-monitor.*formats 1\.\.4"):
         st._unpack(newer, "r")
 
 
