@@ -621,7 +621,8 @@ def quarantine_rows(frames: Any) -> list[dict]:
 #:   2  {"format": 2, "entities": {key: dict}, "partitions": table state, "run": the job run
 #:      that last restated the bucket's open alerts}
 #:   3  format 2 plus "fields": the entity field signature (``FIELDS``) it was written with
-#:   4  format 3 compressed (``_ENVELOPE``), the table's columns encoded (``table.encode``)
+#:   4  format 3 compressed (``_ENVELOPE``), the table's columns encoded (``table.encode``), its
+#:      metadata signatures as their ``repr``
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
 _FORMAT = 4
 
@@ -662,7 +663,10 @@ def _from_2(v: dict) -> dict:
 
 
 def _from_3(v: dict) -> dict:
-    return {**v, "format": 4}  # the same value; only its encoding differs
+    t = v["partitions"]  # the table's signatures are their repr from format 4 on
+    if t:
+        t = {**t, "objs": {**t["objs"], "sig": [None if x is None else repr(x) for x in t["objs"]["sig"]]}}
+    return {**v, "format": 4, "partitions": t}
 
 
 #: format N -> the function that turns it into format N + 1

@@ -109,3 +109,14 @@ def test_a_state_in_todays_format_is_not_reworked():
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
     _, table, _ = st._unpack(s.value[0], "r")
     assert len(table) > 0, "the table is kept as it is when the signature matches"
+
+
+def test_format3_table_signatures_are_read_as_the_strings_format4_compares():
+    """Format 4 keeps a quiet partition's metadata signature as its repr: a format 3 table's
+    tuples are converted, so a repeated snapshot still finds its partition quiet."""
+    _, table, _ = st._unpack(OLDER[1], "r")
+    keys = table.live_keys()
+    assert keys, "precondition: the fixture has partitions in the table"
+    sigs = [table.objs["sig"][table.index[k]] for k in keys]
+    assert all(isinstance(x, str) for x in sigs)
+    assert sigs == [repr(rules_partition.repeat_signature(table.peek(k))) for k in keys]
