@@ -317,7 +317,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", default=["1000:1000", "10000:10000", "100000:10000"],
+    ap.add_argument("--sizes", nargs="+", default=["1000:1000", "10000:10000", "100000:10000", "300000:10000"],
                     help="partitions:group_partitions (default: the issue's sizes)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--backlog-cycles", type=int, default=3)

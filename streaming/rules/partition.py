@@ -495,8 +495,7 @@ def tick_partition(state: PartitionState, now: int, entity: str, cfg: PartitionR
 
 def signature(leader: Any, epoch: Any, replicas: Any, isr: Any) -> tuple:
     """What a partition_metadata observation must repeat to change nothing."""
-    return (int(leader), None if epoch is None else int(epoch), tuple(int(r) for r in replicas),
-            tuple(int(r) for r in isr))
+    return (int(leader), None if epoch is None else int(epoch), tuple(map(int, replicas)), tuple(map(int, isr)))
 
 
 def is_quiet(state: PartitionState, cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> bool:
