@@ -37,7 +37,7 @@ MAX_STRING_CHARS = 1024
 #: envelope and payload fields that become state keys, metric labels or enum values
 IDENTIFIER_FIELDS = ("event_id", "cluster", "source", "topic", "group", "state", "phase", "member_id", "reason")
 #: free-text payload fields, cut to MAX_STRING_CHARS
-TEXT_FIELDS = ("cause", "error")
+TEXT_FIELDS = ("cause", "error", "fetch_state")
 #: the reasons parse gives, in priority order (the first that applies wins); the gate's
 #: rules (quality.RULES) come after them
 REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
@@ -66,6 +66,7 @@ REQUIRED_BY_TYPE = {
     "partition_metadata": ("topic", "partition", "leader", "replicas", "isr"),
     "partition_offsets": ("topic", "partition", "high_watermark"),
     "group_offsets": ("group", "topic", "partition"),
+    "client_fetch": ("group", "topic", "partition"),
     "group_state": ("group", "state"),
     "rebalance": ("group", "phase"),
     "metadata_refresh": ("version", "reason", "ok"),
@@ -332,12 +333,14 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     gp_type = is_type["group_offsets"]
     group_types = _is(etype, ("group_state", "rebalance"))
     client_type = is_type["metadata_refresh"]
+    fetch_type = is_type["client_fetch"]
+    gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
-              pc.if_else(gp_type, _join("group_partition|", grp, "/", d["topic"], "/",
-                                        pc.cast(d["partition"], pa.string())),
+              pc.if_else(gp_type, _join("group_partition|", gtp),
+              pc.if_else(fetch_type, _join("client_fetch|", gtp),
               pc.if_else(group_types, _join("group|", grp),
-              pc.if_else(client_type, _join("client|", src), _join("source|", src)))))
-    bucket_key = pc.if_else(part_types, tp, pc.if_else(gp_type | group_types, grp, src))
+              pc.if_else(client_type, _join("client|", src), _join("source|", src))))))
+    bucket_key = pc.if_else(part_types, tp, pc.if_else(gp_type | group_types | fetch_type, grp, src))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,

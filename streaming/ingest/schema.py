@@ -55,6 +55,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
     ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
     ("committed_offset", "bigint"),
+    ("fetch_state", "string"), ("position", "bigint"), ("committed", "bigint"), ("consumer_lag", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
     ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"), ("members_sig", "string"),
     ("cycle_duration_ms", "bigint"), ("observation_lag_ms", "bigint"),

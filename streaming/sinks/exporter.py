@@ -78,6 +78,11 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "group_partition_read_committed_lag": ("gauge", "Consumer lag in offsets of a read_committed consumer: last stable offset - committed offset, from one observation; never negative; absent when the LSO is unknown.", GPART),
     P + "group_members": ("gauge", "Members of the consumer group as its coordinator reports them.", ("cluster", "group")),
     P + "group_state": ("gauge", "1 for the group's current state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead; Assigning, Reconciling for the consumer protocol; Unknown).", ("cluster", "group", "state")),
+    P + "client_fetch_position": ("gauge", "Offset of the next record the instrumented consumer's application gets from the partition (its client_fetch report).", GPART),
+    P + "client_fetch_committed_offset": ("gauge", "Offset the instrumented consumer last committed for the partition, as the client reports it.", GPART),
+    P + "client_fetch_high_watermark": ("gauge", "High watermark of the partition in the instrumented consumer's last fetch response.", GPART),
+    P + "client_fetch_lag": ("gauge", "Consumer lag in offsets as the instrumented consumer computes it (HW - committed, from its own fetches).", GPART),
+    P + "client_fetch_state": ("gauge", "1 for the instrumented consumer's fetch state of the partition (librdkafka's: active, stopped, offset-query, ...); the series of the previous state is removed.", GPART + ("state",)),
     P + "client_last_metadata_refresh_timestamp_seconds": ("gauge", "Event time of the source's last successful metadata refresh.", ("cluster", "source")),
     P + "source_last_heartbeat_timestamp_seconds": ("gauge", "Event time of the last heartbeat of a probe or instrumented client.", ("cluster", "source")),
     P + "source_heartbeat_interval_seconds": ("gauge", "Heartbeat interval the source announced (SourceSilent = no heartbeat for 3 of them).", ("cluster", "source")),
@@ -241,6 +246,7 @@ class Exporter:
             self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         self._group_state: dict[tuple, str] = {}
+        self._fetch_state: dict[tuple, str] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
         self._parts: dict[tuple, list] = {}
         #: group partition labels -> its gauge values in _GROUP_PARTITION_GAUGES order
@@ -337,6 +343,26 @@ class Exporter:
                     continue
                 self._part_series += 1
             cur[i] = v
+
+    def _apply_client_fetch(self, r: dict, action: str) -> None:
+        """An instrumented consumer's view of a partition: its gauges, and its fetch state as a
+        state set (the previous state's series removed)."""
+        lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
+        for name, v in (("client_fetch_position", r.get("position")),
+                        ("client_fetch_committed_offset", r.get("committed_offset")),
+                        ("client_fetch_high_watermark", r.get("high_watermark")),
+                        ("client_fetch_lag", r.get("lag"))):
+            if action == "remove" or v is None:
+                self._remove(name, lab)
+            else:
+                self._set(name, lab, v)
+        state = None if action == "remove" else r.get("fetch_state")
+        old = self._fetch_state.pop(lab, None)
+        if old is not None and old != state:
+            self._remove("client_fetch_state", lab + (old,))
+        if state:
+            self._set("client_fetch_state", lab + (state,), 1)
+            self._fetch_state[lab] = state
 
     def _apply_partition_block(self, cols: dict[str, list]) -> None:
         """Partition upserts given as columns (``job.sink_rows``): the same as a ``partition``
@@ -511,6 +537,8 @@ class Exporter:
                     if action != "remove" and r.get("group_state"):
                         self._set("group_state", lab + (r["group_state"],), 1)
                         self._group_state[lab] = r["group_state"]
+                elif kind == "client_fetch":
+                    self._apply_client_fetch(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

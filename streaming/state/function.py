@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
 from streaming.rules import client as rules_client
+from streaming.rules import fetch as rules_fetch
 from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
@@ -63,6 +64,8 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("last_ok_at", "long"),
     ("cycle_duration_ms", "long"),   # kind source: the last heartbeat's cycle, and how late it started
     ("observation_lag_ms", "long"),
+    ("position", "long"),         # kind client_fetch: the consumer's position
+    ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
     ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
@@ -256,6 +259,12 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
                     lag=s["lag"], lag_seconds=s.get("lag_seconds"), lag_status=s.get("status"),
                     read_committed_lag=s.get("rc_lag"), at=s["last_seen"])
+    if kind == "client_fetch":
+        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
+                    consumer_group=s["group"], source=s["source"], fetch_state=s["fetch_state"],
+                    position=s["position"], committed_offset=s["committed"], high_watermark=s["hw"],
+                    last_stable_offset=s["lso"], log_start_offset=s["log_start"], lag=s["lag"], leader=s["leader"],
+                    at=s["last_seen"])
     if kind == "group":
         return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
                     group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
@@ -273,7 +282,7 @@ def _labels(s: dict) -> dict:
     kind = s["kind"]
     if kind == "partition":
         return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "group_partition":
+    if kind in ("group_partition", "client_fetch"):
         return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
     if kind == "group":
         return {"cluster": s["cluster"], "group": s["group"]}
@@ -287,6 +296,7 @@ def _labels(s: dict) -> dict:
 _TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
     "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
+    "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
     "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
     "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
@@ -455,6 +465,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
             out += rules_group.on_rebalance(s, {**r, "reason": None}, t, key, cfg.group)
         elif etype == "metadata_refresh":
             out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
+        elif etype == "client_fetch":
+            out += rules_fetch.on_client_fetch(s, r, t, key)
         elif etype == "heartbeat":
             out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
         elif etype == "partition_count_change":

@@ -127,3 +127,49 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
         exporter.shutdown()
     assert str(q.id) not in job._QUERIES
     assert alerts_sink is not None and alerts_sink._producer is None  # stop_query released its producer
+
+
+def test_an_instrumented_consumers_view_reaches_metrics(tansu, spark, tmp_path):
+    """An application's InstrumentedConsumer reports its partitions (client_fetch); the job
+    serves them: position, committed offset, HW, lag and fetch state per group partition."""
+    from tests.integration.test_instrument_tansu import COUNTS, Instrumented, consume_and_commit
+    from tests.integration.test_instrument_tansu import produce as produce_known
+    orders, events, group, alerts = unique("orders"), unique("events"), unique("app"), unique("alerts")
+    create_topics(tansu.bootstrap, {orders: 2, events: 1, alerts: 1})
+    produce_known(tansu.bootstrap, orders, COUNTS)
+    run = consume_and_commit(Instrumented(events={"bootstrap.servers": tansu.bootstrap, "topic": events}),
+                             tansu.bootstrap, orders, group)
+    assert run.committed == COUNTS
+    exporter = Exporter()
+    port = exporter.serve(0)
+    cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp_path / "ckpt"), events_topic=events,
+                    trigger_s=1, buckets=4, metrics_port=port, alerts_topic=alerts)
+    q = start(spark, cfg, exporter, query_name=unique("e2e-fetch"))
+    try:
+        def served():
+            m = scrape(port)
+            got = {}
+            for (name, labels), value in m.items():
+                lab = dict(labels)
+                if name.startswith("kafka_monitor_client_fetch_") and lab.get("group") == group:
+                    got[(name, int(lab["partition"]), lab.get("state"))] = value
+            return got
+        expected = {}
+        for p, n in COUNTS.items():
+            expected.update({("kafka_monitor_client_fetch_position", p, None): n,
+                             ("kafka_monitor_client_fetch_committed_offset", p, None): n,
+                             ("kafka_monitor_client_fetch_high_watermark", p, None): n,
+                             ("kafka_monitor_client_fetch_lag", p, None): 0,
+                             ("kafka_monitor_client_fetch_state", p, "active"): 1})
+        seen: list = [None]
+
+        def matches():
+            seen[0] = served()
+            return seen[0] == expected
+        try:
+            wait_for(matches, timeout=120, interval=1, what="the consumer's client_fetch gauges on /metrics")
+        except AssertionError:
+            raise AssertionError(f"served {seen[0]}, expected {expected}") from None
+    finally:
+        stop_query(q)
+        exporter.shutdown()

@@ -432,3 +432,22 @@ def test_the_cap_holds_against_ten_times_the_entities_it_allows_and_counts_each_
     assert len([s for s in samples(e) if s[0].startswith(("kafka_monitor_partition_", "kafka_monitor_group_partition_"))]) <= cap
     assert v(e, "exporter_series_refused_total") > refused
     assert sum(v(e, "topic_partitions", cluster="k", topic=f"t{i}") for i in range(50)) == n_parts
+
+
+def test_a_consumers_fetch_view_is_served_and_removed_with_its_entity():
+    e = Exporter()
+    lab = dict(cluster="k", group="g", topic="t", partition="0")
+    fetch = dict(kind="client_fetch", cluster="k", consumer_group="g", topic="t", partition=0, source="app-1",
+                 position=45, committed_offset=44, high_watermark=50, lag=6, fetch_state="active")
+    e.apply([row(action="upsert", **fetch)], batch_id=0)
+    assert (v(e, "client_fetch_position", **lab), v(e, "client_fetch_committed_offset", **lab),
+            v(e, "client_fetch_high_watermark", **lab), v(e, "client_fetch_lag", **lab)) == (45, 44, 50, 6)
+    assert v(e, "client_fetch_state", state="active", **lab) == 1
+    e.apply([row(action="upsert", **{**fetch, "fetch_state": "stopped", "lag": None})], batch_id=1)
+    assert v(e, "client_fetch_state", state="active", **lab) is None
+    assert v(e, "client_fetch_state", state="stopped", **lab) == 1
+    assert v(e, "client_fetch_lag", **lab) is None  # unknown now: absent, not 0
+    e.apply([row(action="remove", **fetch)], batch_id=2)
+    assert all(v(e, m, **lab) is None for m in ("client_fetch_position", "client_fetch_committed_offset",
+                                                 "client_fetch_high_watermark"))
+    assert v(e, "client_fetch_state", state="stopped", **lab) is None

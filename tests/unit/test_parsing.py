@@ -314,3 +314,16 @@ def test_group_state_rows_carry_a_fingerprint_of_members_and_assignments():
     assert one(gs(("m1", ["t/0", "t/1"]), ("m3", ["t/2"])))["members_sig"] != a["members_sig"]  # another member
     assert one(gs(("m1", ["t/0"]), ("m2", ["t/1", "t/2"])))["members_sig"] != a["members_sig"]  # reassigned
     assert one(offsets())["members_sig"] is None  # other types: none
+
+
+def test_a_consumers_fetch_report_is_keyed_by_its_group_partition_and_keeps_its_fields():
+    from monitor.contract import ClientFetch
+    r = one(ev(ClientFetch(group="g", topic="t", partition=3, fetch_state="active", position=40, committed=38,
+                           high_watermark=50, last_stable_offset=50, log_start_offset=0, consumer_lag=12,
+                           leader=1, leader_epoch=2), seq=7), gate=True)
+    assert r["reason"] is None
+    assert (r["entity"], r["bucket_key"]) == ("client_fetch|c1/g/t/3", "c1/g")  # the bucket of its group
+    assert (r["fetch_state"], r["position"], r["committed"], r["consumer_lag"]) == ("active", 40, 38, 12)
+    assert (r["high_watermark"], r["last_stable_offset"], r["leader"]) == (50, 50, 1)
+    no_partition = with_data(ev(ClientFetch(group="g", topic="t", partition=3), seq=8), partition=None)
+    assert one(no_partition)["reason"] == "missing_field"

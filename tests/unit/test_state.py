@@ -368,3 +368,30 @@ def test_timers_expire_at_their_moment_whatever_the_batches():
         cuts = sorted(rnd.sample(range(1, len(events)), rnd.randint(1, 5)))
         parts = [events[i:j] for i, j in zip([0] + cuts, cuts + [len(events)])]
         assert run(parts) == whole, cuts
+
+
+def cfetch(seq, t, position, committed, hw, state="active", source="app-1", part=0):
+    return {"type": "client_fetch", "entity": f"client_fetch|k/g/t/{part}", "cluster": "k", "source": source,
+            "seq": seq, "observed_at": t, "group": "g", "topic": "t", "partition": part, "fetch_state": state,
+            "position": position, "committed": committed, "high_watermark": hw, "last_stable_offset": hw,
+            "log_start_offset": 0, "consumer_lag": hw - committed, "leader": 1}
+
+
+def test_a_consumers_fetch_reports_become_client_fetch_rows_and_go_with_the_ttl():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000, run_id="r"))
+    s = FakeState()
+    out = call(fn, 0, rows(cfetch(1, 1_000, 40, 38, 50), cfetch(2, 2_000, 45, 44, 50)), s)
+    got = out[out.kind == "client_fetch"]
+    assert len(got) == 1  # the latest report of the batch
+    r = got.iloc[0]
+    assert (r.consumer_group, r.topic, r.partition, r.source, r.fetch_state) == ("g", "t", 0, "app-1", "active")
+    assert (r.position, r.committed_offset, r.high_watermark, r.lag, r.leader) == (45, 44, 50, 6, 1)
+    assert out[out.kind == "alert"].empty
+    # after a rebalance the partition's new owner reports it: same entity, its values
+    out = call(fn, 0, rows(cfetch(1, 3_000, 46, 46, 52, state="offset-query", source="app-2")), s)
+    r = out[out.kind == "client_fetch"].iloc[0]
+    assert (r.source, r.fetch_state, r.position) == ("app-2", "offset-query", 46)
+    # not reported for the TTL: removed
+    s.hasTimedOut, s.processing_time_ms = True, 70_000
+    out = call(fn, 0, rows(), s)
+    assert list(zip(out.kind, out.action)) == [("client_fetch", "remove")]

@@ -114,7 +114,10 @@ def test_a_state_in_todays_format_is_not_reworked():
 def test_format3_table_signatures_are_read_as_the_strings_format4_compares():
     """Format 4 keeps a quiet partition's metadata signature as its repr: a format 3 table's
     tuples are converted, so a repeated snapshot still finds its partition quiet."""
-    _, table, _ = st._unpack(OLDER[1], "r")
+    from streaming.state.table import PartitionTable
+    v = st.decode_state(OLDER[1])
+    assert v["format"] == 3
+    table = PartitionTable(st._MIGRATIONS[3](v)["partitions"], run_id="r")
     keys = table.live_keys()
     assert keys, "precondition: the fixture has partitions in the table"
     sigs = [table.objs["sig"][table.index[k]] for k in keys]
