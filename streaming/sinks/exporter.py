@@ -356,13 +356,18 @@ class Exporter:
                 self._remove(name, lab)
             else:
                 self._set(name, lab, v)
-        state = None if action == "remove" else r.get("fetch_state")
-        old = self._fetch_state.pop(lab, None)
+        self._set_state("client_fetch_state", self._fetch_state, lab,
+                        None if action == "remove" else r.get("fetch_state"))
+
+    def _set_state(self, name: str, current: dict[tuple, str], lab: tuple, state: Optional[str]) -> None:
+        """A state set: 1 on ``state``'s series (labels ``lab`` + the state), the previous
+        state's series (``current``) removed; no state (None, empty): no series."""
+        old = current.pop(lab, None)
         if old is not None and old != state:
-            self._remove("client_fetch_state", lab + (old,))
+            self._remove(name, lab + (old,))
         if state:
-            self._set("client_fetch_state", lab + (state,), 1)
-            self._fetch_state[lab] = state
+            self._set(name, lab + (state,), 1)
+            current[lab] = state
 
     def _apply_partition_block(self, cols: dict[str, list]) -> None:
         """Partition upserts given as columns (``job.sink_rows``): the same as a ``partition``
@@ -531,12 +536,8 @@ class Exporter:
                         self._remove("group_members", lab)
                     else:
                         self._set("group_members", lab, r["members"])
-                    old = self._group_state.pop(lab, None)
-                    if old is not None and (action == "remove" or old != r.get("group_state")):
-                        self._remove("group_state", lab + (old,))
-                    if action != "remove" and r.get("group_state"):
-                        self._set("group_state", lab + (r["group_state"],), 1)
-                        self._group_state[lab] = r["group_state"]
+                    self._set_state("group_state", self._group_state, lab,
+                                    None if action == "remove" else r.get("group_state"))
                 elif kind == "client_fetch":
                     self._apply_client_fetch(r, action)
                 elif kind == "client":

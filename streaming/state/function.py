@@ -658,7 +658,7 @@ def decode_state(value: bytes) -> dict:
         at = len(_ENVELOPE)
         size = int.from_bytes(value[at:at + 8], "little")
         v = pickle.loads(_CODEC.decompress(value[at + 8:], decompressed_size=size, asbytes=True))
-        return {**v, "partitions": table_decode(v["partitions"])} if isinstance(v, dict) else v
+        return {**v, "partitions": table_decode(v["partitions"])}
     return pickle.loads(value)
 
 

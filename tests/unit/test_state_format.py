@@ -15,10 +15,9 @@ from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
-FORMAT2 = (FIXTURES / "format2-bucket.pickle").read_bytes()
-FORMAT2_META = json.loads((FIXTURES / "format2-bucket.json").read_text())
 OLDER = [(FIXTURES / f"format{n}-bucket.pickle").read_bytes() for n in (2, 3)]
 OLDER_META = [json.loads((FIXTURES / f"format{n}-bucket.json").read_text()) for n in (2, 3)]
+FORMAT2, FORMAT2_META = OLDER[0], OLDER_META[0]
 
 
 def test_every_older_format_has_a_migration():
