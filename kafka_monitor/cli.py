@@ -123,6 +123,17 @@ def _parser() -> argparse.ArgumentParser:
                         "every group's committed offsets on them -- and the state of the groups whose crc32(name) "
                         "%% N is I-1, so every partition and group is watched by exactly one probe (default: the "
                         "whole cluster; config key share)")
+    p.add_argument("--canary", action="store_true", default=None,
+                   help="also run the canary: a topic of the monitor's own (--canary-topic) with one partition "
+                        "led by each broker, acks=all writes to each every --canary-interval seconds, read back; "
+                        "reports produce and end-to-end latency, lost, duplicated and reordered writes per "
+                        "partition and broker, and lets the job raise HighWatermarkStalled. The probe creates "
+                        "and grows the topic (it needs Create and Alter on it; where refused the canary says "
+                        "what to do and stops, the probe runs on). Cost: brokers / interval writes per second "
+                        "of ~30 bytes each (config key canary; default off)")
+    p.add_argument("--canary-topic", dest="canary_topic", help="the canary's topic (default kafka-monitor-canary)")
+    p.add_argument("--canary-interval", dest="canary_interval_s", type=float,
+                   help="seconds between two canary writes to one partition (default 1)")
     p.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for every client (SASL/SSL...); repeatable")
 

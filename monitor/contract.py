@@ -216,6 +216,50 @@ class ClientFetch:
     leader_epoch: Optional[int] = _doc("Leader epoch the client uses.", default=None)
 
 
+#: upper bounds (ms) of the canary's latency histogram buckets; a last bucket counts the rest.
+#: Changing them is a new schema version (a report's bucket counts follow them by position).
+CANARY_LATENCY_BOUNDS_MS: tuple[float, ...] = (2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+
+
+@dataclass(frozen=True)
+class CanaryErrorCount:
+    code: str = _doc("librdkafka's error name for a canary write's delivery report (e.g. NOT_ENOUGH_REPLICAS, "
+                     "_MSG_TIMED_OUT).")
+    count: int = _doc("Writes that failed with it since started_at.")
+
+
+@dataclass(frozen=True)
+class Canary:
+    """One partition of the canary topic as the probe's canary sees it: its own acks=all writes
+    (sequence-numbered, timestamped) and their reading back.  Counters and histograms are
+    cumulative since ``started_at`` (a restarted canary starts from 0), so a report replayed or
+    lost changes nothing that the next one does not restate."""
+
+    topic: str = _doc("The canary topic.")
+    partition: int = _doc("Partition index.")
+    started_at: int = _doc("When this canary started (epoch ms): a change means its counters restarted.")
+    leader: Optional[int] = _doc("Leader broker id the canary last saw for the partition; -1 without a leader; "
+                                 "null when unknown.")
+    sent: int = _doc("Writes sent (acks=all).")
+    acked: int = _doc("Writes the leader acknowledged: the whole ISR had them (the HW passed them).")
+    received: int = _doc("Writes read back by the canary's consumer (each sequence number once).")
+    lost: int = _doc("Acknowledged writes not read back within the canary's loss window (lost_after_ms).")
+    duplicated: int = _doc("Writes read back more than once.")
+    out_of_order: int = _doc("Writes read back after one with a higher sequence number.")
+    pending: int = _doc("Writes sent and not acknowledged yet, at observed_at.")
+    oldest_pending_ms: Optional[int] = _doc("Age of the oldest of those at observed_at, ms; null when none.")
+    produce_latency_counts: list[int] = _doc(
+        "Acknowledged writes by time from send to ack (the replication commit time): one count per bucket of "
+        "CANARY_LATENCY_BOUNDS_MS (a value <= the bound), then one for the rest.")
+    produce_latency_sum_ms: float = _doc("Sum of those times, ms.")
+    e2e_latency_counts: list[int] = _doc(
+        "Writes read back by time from send to read (end to end), in the same buckets.")
+    e2e_latency_sum_ms: float = _doc("Sum of those times, ms.")
+    errors: list[CanaryErrorCount] = _doc("Failed writes by error code.", default_factory=list)
+    lost_after_ms: Optional[int] = _doc("How long an acknowledged write may stay unread before it counts as lost.",
+                                        default=None)
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """A source's periodic sign of life; the job raises SourceSilent when these stop."""
@@ -251,6 +295,7 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "group_state": (GroupState, ("group",)),
     "rebalance": (Rebalance, ("group",)),
     "client_fetch": (ClientFetch, ("group", "topic", "partition")),
+    "canary": (Canary, ("topic", "partition")),
     "heartbeat": (Heartbeat, ("@source",)),
 }
 EVENT_TYPES = tuple(PAYLOADS)
@@ -258,7 +303,7 @@ TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
-    ClientFetch, Heartbeat,
+    ClientFetch, Canary, Heartbeat,
 ]
 
 ENVELOPE_DOCS = {

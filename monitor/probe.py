@@ -65,6 +65,7 @@ is logged at WARNING (then at most every 5 minutes while it lasts).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import gc
@@ -88,6 +89,7 @@ from monitor.contract import (
     Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
+from monitor.canary import Canary, CanaryConfig
 from monitor.emitter import EventEmitter
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
@@ -260,6 +262,13 @@ class ProbeConfig:
     kafka: dict[str, str] = field(default_factory=dict)
     #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
     events_kafka: dict[str, str] = field(default_factory=dict)
+    #: run the canary (monitor/canary.py): acks=all writes to canary_topic, read back, reported
+    canary: bool = False
+    canary_topic: str = "kafka-monitor-canary"
+    #: seconds between two canary writes to one partition (one partition per broker)
+    canary_interval_s: float = 1.0
+    #: replicas of each canary partition (at most the number of brokers)
+    canary_replication_factor: int = 3
 
     def validate(self) -> "ProbeConfig":
         if not self.bootstrap_servers:
@@ -280,6 +289,14 @@ class ProbeConfig:
         if self.offsets_via not in OFFSETS_VIA:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
         parse_share(self.share)
+        if self.canary:
+            if not self.canary_topic:
+                raise ConfigError("probe.canary_topic: must not be empty")
+            if not 0.05 <= self.canary_interval_s <= 60:
+                raise ConfigError(f"probe.canary_interval_s: must be within 0.05..60, got {self.canary_interval_s}")
+            if not 1 <= self.canary_replication_factor <= 32:
+                raise ConfigError(f"probe.canary_replication_factor: must be within 1..32, got "
+                                  f"{self.canary_replication_factor}")
         for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
             try:
                 re.compile(getattr(self, name))
@@ -353,6 +370,8 @@ class Probe:
             metadata_max_age_ms=int((cfg.metadata_max_age_s or cfg.interval_s) * 1000),
             refresh_backoff_ms=int(cfg.refresh_backoff_s * 1000), clock=self._now_ms)
         self._watched_partitions: list[tuple[str, int]] = []
+        #: each watched partition's leader (the ListOffsets requests go to one broker each)
+        self._watched_leaders: list[int] = []
         #: when the last successful refresh (the one _watched_partitions come from) ran, epoch ms
         self._watched_at: Optional[int] = None
         #: (topic, partition) -> (what was last sent, when it is due again)
@@ -370,6 +389,8 @@ class Probe:
         #: ListOffsets requests for _watched_partitions, built again only when those change
         self._lo_for: Optional[list[tuple[str, int]]] = None
         self._lo_requests: tuple[list, list, list] = ([], [], [])
+        self._lo_owners: list[int] = []
+        self._lo_leaders: list[int] = []
         self.cycles = 0
         self.warnings: dict[str, int] = {}
         #: time spent in metadata refreshes since the last observation, s
@@ -384,6 +405,17 @@ class Probe:
         self._gc_cycles = 0
         self._overrunning_since: Optional[float] = None
         self._overrun_logged_at = float("-inf")
+        #: the canary (cfg.canary), on its own thread while run() runs; its reports wait in
+        #: _canary_out, (epoch ms, report), until this thread emits them (one thread per emitter)
+        self.canary: Optional[Canary] = None
+        self._canary_thread: Optional[threading.Thread] = None
+        self._canary_stop = threading.Event()
+        self._canary_out: collections.deque = collections.deque(maxlen=100_000)
+        if cfg.canary:
+            self.canary = Canary(
+                CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
+                             replication_factor=cfg.canary_replication_factor),
+                cfg.client_conf(), emit=lambda r: self._canary_out.append((self._now_ms(), r)))
 
     @property
     def emitter(self) -> EventEmitter:
@@ -602,6 +634,7 @@ class Probe:
         # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
         # same object while nothing changed, so "unchanged" is mostly an identity test.
         watched: list[tuple[str, int]] = []
+        leaders: list[int] = []
         md_sent, sent = self._md_sent, {}
         rows, pending = [], []
         version = change.version
@@ -610,6 +643,7 @@ class Probe:
             for pv in view.topics[name].partitions:  # sorted by partition
                 tp = (name, pv.partition)
                 watched.append(tp)
+                leaders.append(pv.leader)
                 shown = (pv, mi)
                 last = md_sent.get(tp)
                 if last is not None and now < last[1] and last[0] == shown:
@@ -625,6 +659,8 @@ class Probe:
         self._md_sent = sent  # partitions no longer watched are forgotten
         if watched != self._watched_partitions:
             self._watched_partitions = watched
+        if leaders != self._watched_leaders:
+            self._watched_leaders = leaders
         self._watched_at = now
         if self._stats_used_ts is not None:
             after = time.monotonic() - self._stats_used_ts
@@ -918,6 +954,8 @@ class Probe:
                     lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
                     out[key] = (lo if lo is not None and lo >= 0 else None, h, lso)  # kafka_offset(lo)
                 continue
+            if hi is None or lo is None:  # its broker did not answer in time (_list_offsets)
+                continue
             topic, part = key
             err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
             if err is not None:
@@ -929,6 +967,11 @@ class Probe:
             if hi is not None and hi >= 0:
                 out[(topic, part)] = (kafka_offset(lo), hi, None)
         return out, at
+
+    def offsets_wait_s(self) -> float:
+        """How long a cycle waits for ListOffsets answers: the interval (at least 1 s), at most
+        the request timeout."""
+        return min(self.cfg.request_timeout_s, max(1.0, self.cfg.interval_s))
 
     def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict, dict]:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
@@ -944,16 +987,26 @@ class Probe:
         request's brokers by a linear search per partition (``rd_kafka_ListOffsets_response_merge``),
         so a request's cost grows with the square of its partitions (20,000 in one request:
         1.5 CPU-s; in requests of 500: 0.1): the probe sends requests of ``LIST_OFFSETS_BATCH``
-        partitions, all at once.  A request that fails is an error for each of its partitions,
+        partitions, all at once, each to one leader (a request spanning brokers is answered when
+        its slowest broker answers), and waits ``offsets_wait_s`` for them.  A request that fails is an error for each of its partitions,
         as AdminClient.list_offsets reports it.  An injected admin (tests) goes through its
         list_offsets."""
-        if self._lo_for is not partitions:
+        leaders = self._watched_leaders if len(self._watched_leaders) == len(partitions) else [-1] * len(partitions)
+        if self._lo_for is not partitions or self._lo_leaders is not leaders:
             latest, earliest = OffsetSpec.latest()._value, OffsetSpec.earliest()._value
             keys = [TopicPartition(t, p) for t, p in partitions]
-            batches = [partitions[i:i + LIST_OFFSETS_BATCH] for i in range(0, len(partitions), LIST_OFFSETS_BATCH)]
+            by_leader: dict[int, list[tuple[str, int]]] = {}
+            for tp, leader in zip(partitions, leaders):
+                by_leader.setdefault(leader, []).append(tp)
+            batches, owners = [], []
+            for leader, tps in sorted(by_leader.items()):
+                for i in range(0, len(tps), LIST_OFFSETS_BATCH):
+                    batches.append(tps[i:i + LIST_OFFSETS_BATCH])
+                    owners.append(leader)
             self._lo_requests = (keys, [[TopicPartition(t, p, latest) for t, p in b] for b in batches],
                                  [[TopicPartition(t, p, earliest) for t, p in b] for b in batches])
-            self._lo_for = partitions
+            self._lo_owners = owners
+            self._lo_for, self._lo_leaders = partitions, leaders
         keys, latest_reqs, earliest_reqs = self._lo_requests
         timeout = self.cfg.request_timeout_s
         committed = IsolationLevel.READ_COMMITTED
@@ -969,16 +1022,25 @@ class Probe:
                     futures.append(f)
                 sent.append(futures)
             at = self._now_ms()
-            results = []
+            # a broker that does not answer (paused, overloaded) holds only its own partitions'
+            # requests: past the deadline they are not waited for (their partitions go
+            # unobserved this cycle; librdkafka times the requests out)
+            deadline = time.monotonic() + self.offsets_wait_s()
+            results, late = [], set()
             for (reqs, _), futures in zip(kinds, sent):
                 merged: dict = {}
-                for req, f in zip(reqs, futures):
+                for req, f, owner in zip(reqs, futures, self._lo_owners):
                     try:
-                        merged.update(f.result())
+                        merged.update(f.result(timeout=max(0.0, deadline - time.monotonic())))
+                    except concurrent.futures.TimeoutError:
+                        late.add(owner)
                     except KafkaException as e:  # the request failed: each of its partitions did
                         err = e.args[0] if e.args else e
                         merged.update(dict.fromkeys(req, err))
                 results.append(merged)
+            if late:
+                self._warn_once(f"list_offsets_late_{sorted(late)}", "offsets from broker(s) %s not answered within "
+                                "%.1fs: their partitions are not observed this cycle", sorted(late), self.offsets_wait_s())
             return at, results[0], results[1], results[2]
         futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout, **extra)
                 for spec, extra in ((OffsetSpec.latest(), {}), (OffsetSpec.earliest(), {}),
@@ -1058,6 +1120,10 @@ class Probe:
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
                  f"; share {self._share_text()} of its topics and groups" if self._share else "",
                  self.cfg.events_topic)
+        if self.canary is not None and self._canary_thread is None:
+            self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
+                                                   name="canary", daemon=True)
+            self._canary_thread.start()
         next_observation = 0.0
         while not stop.is_set() and self.fatal_error is None:
             try:
@@ -1088,6 +1154,7 @@ class Probe:
                 self._drain_tail(step)
             else:
                 stop.wait(step)
+            self._emit_canary()
             try:
                 self._emitter.poll(0)
             except KafkaException as e:  # a fatal producer error is raised once, from poll()
@@ -1098,8 +1165,22 @@ class Probe:
             if self._ops is not None and self._ops is not self._admin:
                 self._ops.poll(0)
 
+    def _emit_canary(self) -> None:
+        while self._canary_out:
+            at, report = self._canary_out.popleft()
+            self._emitter.emit(report, observed_at=at)
+
+    def stop_canary(self, timeout: float = 10.0) -> None:
+        """Stop the canary's thread (its last report is emitted by close())."""
+        self._canary_stop.set()
+        if self._canary_thread is not None:
+            self._canary_thread.join(timeout)
+            self._canary_thread = None
+
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""
+        self.stop_canary()
+        self._emit_canary()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

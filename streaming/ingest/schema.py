@@ -56,6 +56,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
     ("committed_offset", "bigint"),
     ("fetch_state", "string"), ("position", "bigint"), ("committed", "bigint"), ("consumer_lag", "bigint"),
+    ("canary", "string"),  # a canary report's counters as JSON (parsing.CANARY_FIELDS)
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
     ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"), ("members_sig", "string"),
     ("cycle_duration_ms", "bigint"), ("observation_lag_ms", "bigint"),

@@ -38,10 +38,11 @@ class PartitionRulesConfig:
     #: long.  5 min = Kafka's leader.imbalance.check.interval.seconds (300): an election briefly
     #: moves leadership, and auto.leader.rebalance.enable would have moved it back by then.
     imbalance_after_ms: int = 300_000
-    #: HighWatermarkStalled: how long writes may be pending with a flat HW.  60 s = 2 x Kafka's
-    #: replica.lag.time.max.ms (30 s): a stuck follower is dropped from the ISR after 30 s and the
-    #: HW moves again; a HW still flat after twice that is not replication lag any more.
-    hw_stall_ms: int = 60_000
+    #: HighWatermarkStalled: how long writes may be pending with a flat HW.  10 s: an acks=all
+    #: write takes milliseconds; a follower that stops fetching holds it (and the HW) until the
+    #: leader drops it from the ISR after replica.lag.time.max.ms (30 s by default), so the
+    #: stall says so before IsrShrink does.
+    hw_stall_ms: int = 10_000
     #: PartitionUnobserved window when the observing source's interval is unknown.  60 s = 3 x a
     #: 20 s interval: twice the probe's default interval (10 s) with room for a slow refresh.
     unobserved_after_ms: int = 60_000
@@ -381,7 +382,7 @@ def _maybe_open_imbalance(state: PartitionState, now: int, entity: str, labels: 
 
 def note_pending_writes(state: PartitionState, at: int) -> None:
     """Some client saw writes pending on this partition at ``at`` (epoch ms): an offset beyond
-    the HW.  Nothing in the v1 contract calls this yet (see the module docstring)."""
+    the HW, or acks=all writes not acknowledged (the canary's reports, streaming/rules/canary.py)."""
     _ensure(state)
     at = int(at)
     if state["pending_writes_at"] is None or at > state["pending_writes_at"]:

@@ -10,6 +10,7 @@ series is capped (``max_series``); what the cap refuses is counted, never silent
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import socket
 import ssl
@@ -19,10 +20,11 @@ from typing import Any, Iterable, Optional
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
+from monitor.contract import CANARY_LATENCY_BOUNDS_MS
 from streaming.ingest import quality
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,10 @@ PART = ("cluster", "topic", "partition")
 #: buckets of the delay histogram (seconds): a healthy pipeline is a trigger or two
 DELAY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
 GPART = ("cluster", "group", "topic", "partition")
+#: canary series: the partition and the broker that led it at the canary's last report
+CANARY = ("cluster", "topic", "partition", "broker")
+#: canary partitions served at most (a hostile events topic could name any number)
+MAX_CANARY_PARTITIONS = 1024
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
 #: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
@@ -90,6 +96,17 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "source_observation_lag_seconds": ("gauge", "How late the source's last observation started after its schedule (its last heartbeat's observation_lag_ms).", ("cluster", "source")),
     P + "source_events_dropped": ("gauge", "Events the source dropped since it started (its last heartbeat's events_dropped: local queue full or delivery failed); back to 0 when it restarts.", ("cluster", "source")),
     P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
+    P + "canary_produce_latency_seconds": ("histogram", "Time from a canary write (acks=all) to its acknowledgement: the replication commit time (the leader acks once every in-sync replica has the write). Cumulative since the canary started.", CANARY),
+    P + "canary_end_to_end_latency_seconds": ("histogram", "Time from a canary write to its reading back by the canary's consumer.", CANARY),
+    P + "canary_messages_sent_total": ("counter", "Canary writes sent to the partition.", CANARY),
+    P + "canary_messages_acked_total": ("counter", "Canary writes acknowledged (acks=all).", CANARY),
+    P + "canary_messages_received_total": ("counter", "Canary writes read back (each once).", CANARY),
+    P + "canary_messages_lost_total": ("counter", "Acknowledged canary writes never read back within the canary's loss window.", CANARY),
+    P + "canary_messages_duplicated_total": ("counter", "Canary writes read back more than once.", CANARY),
+    P + "canary_messages_out_of_order_total": ("counter", "Canary writes read back after one with a higher sequence number.", CANARY),
+    P + "canary_produce_errors_total": ("counter", "Canary writes that failed, by librdkafka error code.", CANARY + ("code",)),
+    P + "canary_pending_messages": ("gauge", "Canary writes sent and not acknowledged yet, at the canary's last report.", CANARY),
+    P + "canary_oldest_pending_seconds": ("gauge", "Age of the oldest of those at the canary's last report; 0 when none.", CANARY),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
@@ -134,6 +151,57 @@ class PartitionGauges:
 
     def collect(self) -> list:
         return self.exporter.partition_samples()
+
+
+class CanaryMetrics:
+    """The canary's series, from each canary partition's latest report (``Exporter._canary``):
+    its counters and histograms are cumulative since the canary started, so they are served as
+    they come (a restarted canary is a counter reset)."""
+
+    def __init__(self, exporter: "Exporter"):
+        self.exporter = exporter
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        with self.exporter._lock:
+            reports = sorted(self.exporter._canary.items())
+        fams: dict[str, Any] = {}
+
+        def fam(name: str, kind: Any) -> Any:
+            if name not in fams:
+                full = P + name
+                labels = list(CATALOGUE[full][2])
+                fams[name] = kind(full[:-len("_total")] if kind is CounterMetricFamily else full,
+                                  CATALOGUE[full][1], labels=labels)
+            return fams[name]
+        bounds = [floatToGoString(b / 1000.0) for b in CANARY_LATENCY_BOUNDS_MS] + ["+Inf"]
+        for (cluster, topic, partition), (leader, rep) in reports:
+            lab = [cluster, topic, str(partition), "" if leader is None else str(leader)]
+            for name, key in (("canary_messages_sent_total", "sent"), ("canary_messages_acked_total", "acked"),
+                              ("canary_messages_received_total", "received"), ("canary_messages_lost_total", "lost"),
+                              ("canary_messages_duplicated_total", "duplicated"),
+                              ("canary_messages_out_of_order_total", "out_of_order")):
+                if isinstance(rep.get(key), int):
+                    fam(name, CounterMetricFamily).add_metric(lab, rep[key])
+            for code, n in sorted((rep.get("errors") or {}).items()):
+                fam("canary_produce_errors_total", CounterMetricFamily).add_metric(lab + [code], n)
+            if isinstance(rep.get("pending"), int):
+                fam("canary_pending_messages", GaugeMetricFamily).add_metric(lab, rep["pending"])
+                fam("canary_oldest_pending_seconds", GaugeMetricFamily).add_metric(
+                    lab, (rep.get("oldest_pending_ms") or 0) / 1000.0)
+            for name, key in (("canary_produce_latency_seconds", "produce_latency"),
+                              ("canary_end_to_end_latency_seconds", "e2e_latency")):
+                counts, total = rep.get(key + "_counts"), rep.get(key + "_sum_ms")
+                if not isinstance(counts, list) or len(counts) != len(bounds) or not isinstance(total, (int, float)):
+                    continue  # another schema's buckets: not served rather than served wrong
+                acc, buckets = 0, []
+                for b, n in zip(bounds, counts):
+                    acc += int(n or 0)
+                    buckets.append((b, acc))
+                fam(name, HistogramMetricFamily).add_metric(lab, buckets, total / 1000.0)
+        return list(fams.values())
 
 
 class _Registry:
@@ -231,6 +299,8 @@ class Exporter:
             short = name[len(P):]
             if short in _PARTITION_GAUGES or short in _GROUP_PARTITION_GAUGES or short in _AGGREGATES:
                 continue  # served from self._parts / self._gparts (PartitionGauges)
+            if short.startswith("canary_"):
+                continue  # served from self._canary (CanaryMetrics)
             # prometheus_client appends _total to counters itself
             if typ == "counter":
                 self._m[name] = Counter(name[: -len("_total")], help_, labels, registry=self._base)
@@ -238,6 +308,7 @@ class Exporter:
                 self._m[name] = Histogram(name, help_, labels, buckets=DELAY_BUCKETS, registry=self._base)
             else:
                 self._m[name] = Gauge(name, help_, labels, registry=self._base)
+        self._base.register(CanaryMetrics(self))
         self.registry.register(_Registry(self._base))
         self.m("job_start_timestamp_seconds").set(time.time())
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
@@ -247,6 +318,8 @@ class Exporter:
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         self._group_state: dict[tuple, str] = {}
         self._fetch_state: dict[tuple, str] = {}
+        #: (cluster, topic, partition) -> (leader, its latest canary report)
+        self._canary: dict[tuple, tuple[Optional[int], dict]] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
         self._parts: dict[tuple, list] = {}
         #: group partition labels -> its gauge values in _GROUP_PARTITION_GAUGES order
@@ -358,6 +431,22 @@ class Exporter:
                 self._set(name, lab, v)
         self._set_state("client_fetch_state", self._fetch_state, lab,
                         None if action == "remove" else r.get("fetch_state"))
+
+    def _apply_canary(self, r: dict, action: str) -> None:
+        lab = (r["cluster"], r["topic"], int(r["partition"]))
+        if action == "remove":
+            self._canary.pop(lab, None)
+            return
+        try:
+            rep = json.loads(r.get("canary") or "")
+        except ValueError:
+            return
+        if not isinstance(rep, dict):
+            return
+        if lab not in self._canary and len(self._canary) >= MAX_CANARY_PARTITIONS:
+            self._refused += 1
+            return
+        self._canary[lab] = (r.get("leader"), rep)
 
     def _set_state(self, name: str, current: dict[tuple, str], lab: tuple, state: Optional[str]) -> None:
         """A state set: 1 on ``state``'s series (labels ``lab`` + the state), the previous
@@ -540,6 +629,8 @@ class Exporter:
                                     None if action == "remove" else r.get("group_state"))
                 elif kind == "client_fetch":
                     self._apply_client_fetch(r, action)
+                elif kind == "canary":
+                    self._apply_canary(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
 from streaming.rules import client as rules_client
+from streaming.rules import canary as rules_canary
 from streaming.rules import fetch as rules_fetch
 from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
@@ -66,6 +67,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("observation_lag_ms", "long"),
     ("position", "long"),         # kind client_fetch: the consumer's position
     ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
+    ("canary", "string"),         # kind canary: the report's counters as JSON (parsing.CANARY_FIELDS)
     ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
@@ -265,6 +267,9 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     position=s["position"], committed_offset=s["committed"], high_watermark=s["hw"],
                     last_stable_offset=s["lso"], log_start_offset=s["log_start"], lag=s["lag"], leader=s["leader"],
                     at=s["last_seen"])
+    if kind == "canary":
+        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
+                    source=s["source"], leader=s["leader"], canary=s["report"], at=s["last_seen"])
     if kind == "group":
         return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
                     group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
@@ -280,7 +285,7 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
 
 def _labels(s: dict) -> dict:
     kind = s["kind"]
-    if kind == "partition":
+    if kind in ("partition", "canary"):
         return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
     if kind in ("group_partition", "client_fetch"):
         return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
@@ -297,6 +302,7 @@ _TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
     "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
     "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
+    "canary": lambda e: rules_canary.new_canary(e["cluster"], e["topic"], e["partition"]),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
     "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
     "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
@@ -467,6 +473,17 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
             out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
         elif etype == "client_fetch":
             out += rules_fetch.on_client_fetch(s, r, t, key)
+        elif etype == "canary":
+            out += rules_canary.on_canary(s, r, t, key)
+            if t is not None and rules_canary.pending_writes(r):
+                pkey = rules_canary.partition_key(key)
+                ps = entities.get(pkey)
+                if ps is None and take is not None:
+                    ps = take(pkey)
+                    if ps is not None:
+                        entities[pkey] = ps
+                if ps is not None:  # not observed yet: nothing to stall
+                    rules_partition.note_pending_writes(ps, t)
         elif etype == "heartbeat":
             out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
         elif etype == "partition_count_change":

@@ -613,3 +613,15 @@ def test_no_password_in_events_alerts_metrics_quarantine_or_errors(secure):
             texts[topic] = "\n".join(f"{m.key()!r} {m.value()!r} {m.headers()!r}" for m in read_topic(secure, topic))
     assert len(texts["events topic"]) > 1000 and "probe-sec" in texts["events topic"]
     assert_no_secret(texts, secure)
+
+
+def test_the_canary_says_what_to_do_where_it_may_not_create_its_topic(secure):
+    from monitor.canary import Canary, CanaryConfig
+    secure.add_acls("monitor", PROBE_ACLS)  # the probe's ACLs: no Create on the canary's topic
+    canary = Canary(CanaryConfig(topic="sec.canary"),
+                    {"bootstrap.servers": secure.bootstrap_servers, **_kv(x_settings(secure, "monitor"), "-X")},
+                    emit=lambda r: None)
+    canary.run(threading.Event())  # returns: refused for good
+    assert canary.failed is not None
+    assert "'sec.canary'" in canary.failed and "TOPIC_AUTHORIZATION_FAILED" in canary.failed, canary.failed
+    assert "--replica-assignment" in canary.failed and "without --canary" in canary.failed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+import json
 import pathlib
 import re
 import time
@@ -451,3 +452,49 @@ def test_a_consumers_fetch_view_is_served_and_removed_with_its_entity():
     assert all(v(e, m, **lab) is None for m in ("client_fetch_position", "client_fetch_committed_offset",
                                                  "client_fetch_high_watermark"))
     assert v(e, "client_fetch_state", state="stopped", **lab) is None
+
+
+def canary_row(action="upsert", leader=2, **kw):
+    rep = {"started_at": 1, "sent": 12, "acked": 10, "received": 9, "lost": 1, "duplicated": 0, "out_of_order": 0,
+           "pending": 2, "oldest_pending_ms": 1500, "produce_latency_counts": [0, 4, 5] + [0] * 10 + [1],
+           "produce_latency_sum_ms": 40_100.0, "e2e_latency_counts": [0, 0, 9] + [0] * 11, "e2e_latency_sum_ms": 63.0,
+           "errors": {"NOT_ENOUGH_REPLICAS": 2}, **kw}
+    return row(kind="canary", action=action, cluster="k", topic="c", partition=0, leader=leader, canary=json.dumps(rep))
+
+
+def test_canary_reports_are_served_as_histograms_counters_and_gauges_of_partition_and_broker():
+    e = Exporter()
+    e.apply([canary_row()], batch_id=0)
+    lab = {"cluster": "k", "topic": "c", "partition": "0", "broker": "2"}
+    assert v(e, "canary_messages_sent_total", **lab) == 12
+    assert v(e, "canary_messages_lost_total", **lab) == 1
+    assert v(e, "canary_produce_errors_total", **lab, code="NOT_ENOUGH_REPLICAS") == 2
+    assert v(e, "canary_pending_messages", **lab) == 2 and v(e, "canary_oldest_pending_seconds", **lab) == 1.5
+    # buckets are cumulative, in seconds: 4 writes <= 5 ms, 9 <= 10 ms, the 10th above 30 s
+    assert v(e, "canary_produce_latency_seconds_bucket", **lab, le="0.005") == 4
+    assert v(e, "canary_produce_latency_seconds_bucket", **lab, le="0.01") == 9
+    assert v(e, "canary_produce_latency_seconds_bucket", **lab, le="30.0") == 9
+    assert v(e, "canary_produce_latency_seconds_bucket", **lab, le="+Inf") == 10
+    assert v(e, "canary_produce_latency_seconds_count", **lab) == 10
+    assert v(e, "canary_produce_latency_seconds_sum", **lab) == 40.1
+    text = e.render().decode()
+    assert "# TYPE kafka_monitor_canary_end_to_end_latency_seconds histogram" in text
+    # leadership moved: the partition's series follow its broker (no series left for the old one)
+    e.apply([canary_row(leader=3, sent=20)], batch_id=1)
+    assert v(e, "canary_messages_sent_total", **lab) is None
+    assert v(e, "canary_messages_sent_total", **{**lab, "broker": "3"}) == 20
+    e.apply([canary_row(action="remove")], batch_id=2)
+    assert "kafka_monitor_canary_messages_sent_total{" not in e.render().decode()
+
+
+def test_canary_histograms_of_other_buckets_are_not_served_and_partitions_are_capped(monkeypatch):
+    import streaming.sinks.exporter as ex
+    e = Exporter()
+    e.apply([canary_row(produce_latency_counts=[1, 2, 3])], batch_id=0)
+    lab = {"cluster": "k", "topic": "c", "partition": "0", "broker": "2"}
+    assert v(e, "canary_produce_latency_seconds_count", **lab) is None  # not served rather than served wrong
+    assert v(e, "canary_end_to_end_latency_seconds_count", **lab) == 9
+    monkeypatch.setattr(ex, "MAX_CANARY_PARTITIONS", 1)
+    e.apply([{**canary_row(), "partition": 1}], batch_id=1)
+    assert v(e, "canary_messages_sent_total", **{**lab, "partition": "1"}) is None
+    assert v(e, "exporter_series_refused_total") == 1

@@ -121,6 +121,17 @@ def payload(draw, etype: str) -> dict:
                 "ok": ok, "duration_ms": draw(st.one_of(st.none(), st.floats(0, 1e4))),
                 "error": None if ok else draw(st.text(max_size=30)), "partition_count_changes": changes,
                 "metadata_max_age_ms": draw(st.one_of(st.none(), st.integers(1000, 600_000)))}
+    if etype == "canary":
+        n = draw(st.integers(0, 50))
+        buckets = st.lists(st.integers(0, 9), min_size=14, max_size=14)
+        return {"topic": "kafka-monitor-canary", "partition": part, "started_at": BASE - 10 ** 6,
+                "leader": draw(st.one_of(st.none(), st.integers(-1, 4))), "sent": n + 2, "acked": n, "received": n,
+                "lost": 0, "duplicated": draw(st.integers(0, 2)), "out_of_order": 0, "pending": draw(st.integers(0, 2)),
+                "oldest_pending_ms": draw(st.one_of(st.none(), st.integers(0, 60_000))),
+                "produce_latency_counts": draw(buckets), "produce_latency_sum_ms": draw(st.floats(0, 1e6)),
+                "e2e_latency_counts": draw(buckets), "e2e_latency_sum_ms": draw(st.floats(0, 1e6)),
+                "errors": [{"code": draw(st.sampled_from(["NOT_ENOUGH_REPLICAS", "_MSG_TIMED_OUT"])),
+                            "count": draw(st.integers(1, 5))} for _ in range(draw(st.integers(0, 2)))]}
     return {"interval_ms": draw(st.sampled_from([1000, 10_000])), "events_sent": draw(st.integers(0, 10 ** 6)),
             "events_dropped": draw(st.integers(0, 10)), "started_at": draw(st.one_of(st.none(), st.just(BASE - 10 ** 6)))}
 

@@ -327,3 +327,26 @@ def test_a_consumers_fetch_report_is_keyed_by_its_group_partition_and_keeps_its_
     assert (r["high_watermark"], r["last_stable_offset"], r["leader"]) == (50, 50, 1)
     no_partition = with_data(ev(ClientFetch(group="g", topic="t", partition=3), seq=8), partition=None)
     assert one(no_partition)["reason"] == "missing_field"
+
+
+def test_a_canary_report_shares_its_partitions_bucket_and_keeps_its_counters_as_json():
+    from monitor.canary import CanaryStats
+    stats = CanaryStats(b"run-0001", 30.0)
+    seq, value = stats.next_record(2)
+    stats.on_delivery(2, seq, None, 0.004)
+    stats.on_record(2, value)
+    stats.on_delivery(2, stats.next_record(2)[0], "NOT_ENOUGH_REPLICAS")
+    (report,) = stats.reports("t", 1_700_000_000_000)
+    r = one(ev(report, seq=9), gate=True)
+    assert r["reason"] is None
+    assert (r["entity"], r["bucket_key"], r["leader"]) == ("canary|c1/t/2", "c1/t/2", None)  # the partition's bucket
+    rep = json.loads(r["canary"])
+    assert (rep["sent"], rep["acked"], rep["received"], rep["pending"], rep["errors"]) == (
+        2, 1, 1, 0, {"NOT_ENOUGH_REPLICAS": 1})
+    assert sum(rep["produce_latency_counts"]) == 1 and rep["started_at"] == 1_700_000_000_000
+    # error codes become label values: bounded in number and length
+    d = ev(report, seq=10)
+    d["data"]["errors"] = [{"code": f"E{i}" + "x" * 100, "count": 1} for i in range(40)]
+    errors = json.loads(one(d)["canary"])["errors"]
+    assert len(errors) == parsing.CANARY_MAX_CODES and all(len(c) == parsing.CANARY_CODE_CHARS for c in errors)
+    assert one(with_data(ev(report, seq=11), started_at=None))["reason"] == "missing_field"

@@ -308,8 +308,8 @@ def test_imbalance_evidence():
 
 
 # ---------------------------------------------------------------------------------------------
-# HighWatermarkStalled (cannot fire in production until a producer-side event feeds pending
-# writes; the rule is driven here through note_pending_writes / the state key)
+# HighWatermarkStalled (the canary's reports feed pending writes, streaming/rules/canary.py; the
+# rule is driven here through note_pending_writes / the state key)
 # ---------------------------------------------------------------------------------------------
 
 ST = CFG.hw_stall_ms
@@ -318,7 +318,7 @@ HW_CASES = [
     case("a flat HW without pending writes never fires (an idle topic)",
          [(t * MIN, "off", off(100)) for t in range(1, 60)] + [(61 * MIN, "tick")], [], HW),
     case("writes pending and the HW flat for the stall window: opens; the HW moves: resolves",
-         [(1000, "off", off(100)), (2000, "pending"), (30 * S, "off", off(100)), (1999 + ST, "off", off(100)),
+         [(1000, "off", off(100)), (2000, "pending"), (1000 + ST // 2, "off", off(100)), (1999 + ST, "off", off(100)),
           (2000 + ST, "off", off(100)), (2000 + ST + 10 * S, "off", off(100)), (80 * S, "off", off(101))],
          [(2000 + ST, HWS, "open"), (80 * S, HWS, "resolve")], HW),
     case("writes pending but the HW keeps moving: nothing",
@@ -666,7 +666,7 @@ def test_topic_rules_are_deterministic():
 def test_config_defaults():
     assert dataclasses.asdict(CFG) == {
         "leader_quiet_ms": 300_000, "leader_history_max": 20, "epoch_reset_after": 3,
-        "imbalance_after_ms": 300_000, "hw_stall_ms": 60_000, "unobserved_after_ms": 60_000,
+        "imbalance_after_ms": 300_000, "hw_stall_ms": 10_000, "unobserved_after_ms": 60_000,
         "unobserved_intervals": 3, "count_change_window_ms": 900_000, "count_change_clients_max": 50}
 
 

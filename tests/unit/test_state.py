@@ -395,3 +395,42 @@ def test_a_consumers_fetch_reports_become_client_fetch_rows_and_go_with_the_ttl(
     s.hasTimedOut, s.processing_time_ms = True, 70_000
     out = call(fn, 0, rows(), s)
     assert list(zip(out.kind, out.action)) == [("client_fetch", "remove")]
+
+
+def canary(seq, t, pending, sent=10, part=0):
+    report = {"started_at": 1, "leader": 1, "sent": sent, "acked": sent - pending, "received": sent - pending,
+              "lost": 0, "duplicated": 0, "out_of_order": 0, "pending": pending, "oldest_pending_ms": None,
+              "produce_latency_counts": [0] * 14, "produce_latency_sum_ms": 0.0, "e2e_latency_counts": [0] * 14,
+              "e2e_latency_sum_ms": 0.0, "lost_after_ms": 30_000, "errors": {}}
+    return {"type": "canary", "entity": f"canary|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
+            "observed_at": t, "topic": "t", "partition": part, "leader": 1, "started_at": 1,
+            "canary": json.dumps(report)}
+
+
+def test_canary_writes_pending_under_a_flat_hw_raise_high_watermark_stalled_until_it_moves():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+    call(fn, 0, rows(pmd(1, 1_000, [1, 2, 3]), poff(2, 1_000, 100)), s)
+    # the canary reports its latest counters; none pending: nothing to decide
+    out = call(fn, 0, rows(canary(1, 2_000, 0), poff(3, 2_000, 110)), s)
+    got = out[out.kind == "canary"].iloc[0]
+    assert (got.topic, got.partition, got.leader, json.loads(got.canary)["sent"]) == ("t", 0, 1, 10)
+    # writes pending from 10 s on, the HW flat: the stall opens once it lasted hw_stall_ms (10 s)
+    out = call(fn, 0, rows(canary(2, 10_000, 3, sent=20), poff(4, 10_000, 110), poff(5, 19_000, 110)), s)
+    assert out[out.kind == "alert"].empty
+    out = call(fn, 0, rows(poff(6, 20_000, 110)), s)
+    (opened,) = out[(out.kind == "alert") & (out.action == "open")].itertuples()
+    assert opened.alert == "HighWatermarkStalled" and json.loads(opened.evidence)["pending_writes_since"] == 10_000
+    # the HW moves (the write path recovered): resolved
+    out = call(fn, 0, rows(canary(3, 71_000, 0, sent=30), poff(7, 72_000, 130)), s)
+    (resolved,) = out[(out.kind == "alert") & (out.action == "resolve")].itertuples()
+    assert resolved.alert == "HighWatermarkStalled"
+
+
+def test_a_canary_report_without_pending_writes_never_stalls_a_flat_hw():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+    call(fn, 0, rows(pmd(1, 1_000, [1, 2, 3]), poff(2, 1_000, 100)), s)
+    for i in range(1, 10):  # an idle partition with a canary that has nothing in flight
+        out = call(fn, 0, rows(canary(i, i * 20_000, 0), poff(2 + i, i * 20_000, 100)), s)
+        assert out[out.kind == "alert"].empty
