@@ -216,6 +216,26 @@ class ClientFetch:
     leader_epoch: Optional[int] = _doc("Leader epoch the client uses.", default=None)
 
 
+@dataclass(frozen=True)
+class BrokerState:
+    """One broker as one metadata refresh of a probe shows it, over every partition in the
+    response (not only the watched topics).  Sent by an unshared probe, or by share 1 of n."""
+
+    node_id: int = _doc("Broker id.")
+    registered: bool = _doc("Listed among the response's brokers: registered and unfenced in the KRaft quorum "
+                            "(a fenced or stopped broker is not listed; which of the two is not told).")
+    metadata_version: int = _doc("Version of the client's metadata this came from.")
+    leader_partitions: int = _doc("Partitions it leads.")
+    replica_partitions: int = _doc("Partitions with a replica on it.")
+    out_of_sync_replicas: int = _doc("Of those, the partitions whose ISR does not include it.")
+    host: Optional[str] = _doc("Advertised host, when registered.", default=None)
+    port: Optional[int] = _doc("Advertised port, when registered.", default=None)
+    rack: Optional[str] = _doc("Rack, when registered and it reports one.", default=None)
+    is_controller: Optional[bool] = _doc("Whether it is the active controller; null: unknown (a KRaft cluster's "
+                                         "metadata names a random broker, see metadata_refresh.controller_id).",
+                                         default=None)
+
+
 #: upper bounds (ms) of the canary's latency histogram buckets; a last bucket counts the rest.
 #: Changing them is a new schema version (a report's bucket counts follow them by position).
 CANARY_LATENCY_BOUNDS_MS: tuple[float, ...] = (2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -296,6 +316,7 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "rebalance": (Rebalance, ("group",)),
     "client_fetch": (ClientFetch, ("group", "topic", "partition")),
     "canary": (Canary, ("topic", "partition")),
+    "broker_state": (BrokerState, ("node_id",)),
     "heartbeat": (Heartbeat, ("@source",)),
 }
 EVENT_TYPES = tuple(PAYLOADS)
@@ -303,7 +324,7 @@ TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
-    ClientFetch, Canary, Heartbeat,
+    ClientFetch, Canary, BrokerState, Heartbeat,
 ]
 
 ENVELOPE_DOCS = {

@@ -86,7 +86,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResult
 
 import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
-    Broker, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
+    Broker, BrokerState, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
 from monitor.canary import Canary, CanaryConfig
@@ -370,6 +370,9 @@ class Probe:
             metadata_max_age_ms=int((cfg.metadata_max_age_s or cfg.interval_s) * 1000),
             refresh_backoff_ms=int(cfg.refresh_backoff_s * 1000), clock=self._now_ms)
         self._watched_partitions: list[tuple[str, int]] = []
+        #: the broker_state counts, and the view they were counted from (_emit_broker_states)
+        self._broker_sig: Optional[tuple] = None
+        self._broker_counts: tuple = ({}, {}, {})
         #: each watched partition's leader (the ListOffsets requests go to one broker each)
         self._watched_leaders: list[int] = []
         #: when the last successful refresh (the one _watched_partitions come from) ran, epoch ms
@@ -623,6 +626,8 @@ class Probe:
                 for t, (old, new) in sorted(change.partition_count_changes.items()) if self._owns(t)],
             leaderless_partitions=len(change.no_leader),
             metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
+        if self._share is None or self._share[0] == 1:
+            self._emit_broker_states(view, change.version, now)
         topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
         if not topics:
             self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
@@ -668,6 +673,33 @@ class Probe:
                 self._after_stats_s += 0.3 * (after - self._after_stats_s)
             self._stats_used_ts = None
         return True
+
+    def _emit_broker_states(self, view: ClusterView, version: int, now: int) -> None:
+        """One ``broker_state`` per broker the response lists or a replica names: what it leads,
+        holds, and holds out of the ISR, over every partition of the response.  Counted again
+        only when a topic changed (unchanged topics are the same objects, ClusterView.from_confluent)."""
+        sig = (tuple(map(id, view.topics.values())), view.brokers)
+        if sig != self._broker_sig:
+            leads: collections.Counter = collections.Counter()
+            holds: collections.Counter = collections.Counter()
+            behind: collections.Counter = collections.Counter()
+            for t in view.topics.values():
+                for pv in t.partitions:
+                    leads[pv.leader] += 1
+                    holds.update(pv.replicas)
+                    if len(pv.isr) != len(pv.replicas):
+                        behind.update(r for r in pv.replicas if r not in pv.isr)
+            self._broker_counts = (leads, holds, behind)
+            self._broker_sig = sig
+        leads, holds, behind = self._broker_counts
+        live = {b.node_id: b for b in view.brokers}
+        rows = []
+        for node in sorted(set(live) | set(holds)):
+            b = live.get(node)
+            rows.append((node, b is not None, version, leads.get(node, 0), holds.get(node, 0), behind.get(node, 0),
+                         None if b is None else b.host, None if b is None else b.port, None if b is None else b.rack,
+                         None))
+        self._emit_rows(BrokerState, rows, now)
 
     def _refresh_start_in(self) -> float:
         """Seconds until the next metadata refresh should start (0: now).

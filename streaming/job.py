@@ -266,7 +266,7 @@ def stop_spark(spark: SparkSession, timeout_s: float = 30.0) -> None:
 ENTITY_OF_TYPE = {
     "partition_metadata": "partition", "partition_offsets": "partition", "group_offsets": "group_partition",
     "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
-    "client_fetch": "client_fetch", "canary": "canary",
+    "client_fetch": "client_fetch", "canary": "canary", "broker_state": "broker",
     "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry
 }
 

@@ -67,7 +67,8 @@ REQUIRED_BY_TYPE = {
     "partition_offsets": ("topic", "partition", "high_watermark"),
     "group_offsets": ("group", "topic", "partition"),
     "client_fetch": ("group", "topic", "partition"),
-    "canary": ("topic", "partition", "started_at"),  # counters missing from a report: not served
+    "canary": ("topic", "partition", "started_at"),
+    "broker_state": ("node_id", "registered", "leader_partitions", "replica_partitions", "out_of_sync_replicas"),  # counters missing from a report: not served
     "group_state": ("group", "state"),
     "rebalance": ("group", "phase"),
     "metadata_refresh": ("version", "reason", "ok"),
@@ -332,6 +333,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     src = _join(cl, "/", src_name)
     part_types = _is(etype, ("partition_metadata", "partition_offsets"))
     canary_type = is_type["canary"]
+    broker_type = is_type["broker_state"]
+    brk = _join(cl, "/broker/", pc.cast(d["node_id"], pa.string()))
     gp_type = is_type["group_offsets"]
     group_types = _is(etype, ("group_state", "rebalance"))
     client_type = is_type["metadata_refresh"]
@@ -339,11 +342,12 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
               pc.if_else(canary_type, _join("canary|", tp),
+              pc.if_else(broker_type, _join("broker|", brk),
               pc.if_else(gp_type, _join("group_partition|", gtp),
               pc.if_else(fetch_type, _join("client_fetch|", gtp),
               pc.if_else(group_types, _join("group|", grp),
-              pc.if_else(client_type, _join("client|", src), _join("source|", src)))))))
-    bucket_key = pc.if_else(part_types | canary_type, tp, pc.if_else(gp_type | group_types | fetch_type, grp, src))
+              pc.if_else(client_type, _join("client|", src), _join("source|", src))))))))
+    bucket_key = pc.if_else(part_types | canary_type, tp, pc.if_else(broker_type, brk, pc.if_else(gp_type | group_types | fetch_type, grp, src)))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,

@@ -57,6 +57,8 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("committed_offset", "bigint"),
     ("fetch_state", "string"), ("position", "bigint"), ("committed", "bigint"), ("consumer_lag", "bigint"),
     ("canary", "string"),  # a canary report's counters as JSON (parsing.CANARY_FIELDS)
+    ("node_id", "bigint"), ("registered", "boolean"), ("leader_partitions", "bigint"),
+    ("replica_partitions", "bigint"), ("out_of_sync_replicas", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),
     ("group_state", "string"), ("generation", "bigint"), ("members", "bigint"), ("members_sig", "string"),
     ("cycle_duration_ms", "bigint"), ("observation_lag_ms", "bigint"),

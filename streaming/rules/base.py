@@ -49,6 +49,9 @@ class Alert(str, enum.Enum):
     METADATA_STALE = "MetadataStale"                  # no successful refresh for 2 x metadata.max.age
     METADATA_REFRESH_STORM = "MetadataRefreshStorm"   # invalidation-driven refreshes above N per minute
     SOURCE_SILENT = "SourceSilent"                    # no heartbeat for 3 x its interval
+    # broker
+    BROKER_DOWN = "BrokerDown"                        # holds replicas, not registered (stopped or fenced)
+    BROKER_UNDER_REPLICATING = "BrokerUnderReplicating"  # registered, some of its replicas out of the ISR
 
 
 SEVERITY = {
@@ -70,6 +73,8 @@ SEVERITY = {
     Alert.METADATA_STALE: Severity.WARNING,
     Alert.METADATA_REFRESH_STORM: Severity.WARNING,
     Alert.SOURCE_SILENT: Severity.CRITICAL,
+    Alert.BROKER_DOWN: Severity.CRITICAL,
+    Alert.BROKER_UNDER_REPLICATING: Severity.WARNING,
 }
 
 

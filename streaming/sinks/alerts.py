@@ -45,7 +45,7 @@ def transition_sort_key(r: dict) -> tuple:
 #: (label on the alerts topic, the state row's column): the names /metrics and the Prometheus
 #: rules use (``group``, not the row's ``consumer_group``)
 _LABELS = (("cluster", "cluster"), ("topic", "topic"), ("partition", "partition"), ("group", "consumer_group"),
-           ("source", "source"))
+           ("source", "source"), ("broker", "broker"))
 
 
 class AlertsTopicSink:

@@ -46,7 +46,8 @@ GPART = ("cluster", "group", "topic", "partition")
 CANARY = ("cluster", "topic", "partition", "broker")
 #: canary partitions served at most (a hostile events topic could name any number)
 MAX_CANARY_PARTITIONS = 1024
-ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source")
+ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source", "broker")
+BROKER = ("cluster", "broker")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
 #: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
 #: a series per partition (at 100,000 partitions: ~900,000 series against ~few thousand)
@@ -96,6 +97,10 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "source_observation_lag_seconds": ("gauge", "How late the source's last observation started after its schedule (its last heartbeat's observation_lag_ms).", ("cluster", "source")),
     P + "source_events_dropped": ("gauge", "Events the source dropped since it started (its last heartbeat's events_dropped: local queue full or delivery failed); back to 0 when it restarts.", ("cluster", "source")),
     P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
+    P + "broker_registered": ("gauge", "1 while the broker is listed in the probe's metadata (registered and unfenced), 0 while it holds replicas and is not (stopped or fenced).", BROKER),
+    P + "broker_leader_partitions": ("gauge", "Partitions the broker leads (every partition in the probe's metadata, not only the watched topics).", BROKER),
+    P + "broker_replicas": ("gauge", "Partitions with a replica on the broker.", BROKER),
+    P + "broker_out_of_sync_replicas": ("gauge", "Partitions with a replica on the broker whose ISR does not include it.", BROKER),
     P + "canary_produce_latency_seconds": ("histogram", "Time from a canary write (acks=all) to its acknowledgement: the replication commit time (the leader acks once every in-sync replica has the write). Cumulative since the canary started.", CANARY),
     P + "canary_end_to_end_latency_seconds": ("histogram", "Time from a canary write to its reading back by the canary's consumer.", CANARY),
     P + "canary_messages_sent_total": ("counter", "Canary writes sent to the partition.", CANARY),
@@ -631,6 +636,14 @@ class Exporter:
                     self._apply_client_fetch(r, action)
                 elif kind == "canary":
                     self._apply_canary(r, action)
+                elif kind == "broker":
+                    lab = (r["cluster"], str(r["broker"]))
+                    registered = r.get("registered")
+                    for name, v in (("broker_registered", None if registered is None else int(bool(registered))),
+                                    ("broker_leader_partitions", r.get("leader_partitions")),
+                                    ("broker_replicas", r.get("replicas")),
+                                    ("broker_out_of_sync_replicas", r.get("out_of_sync_replicas"))):
+                        self._remove(name, lab) if action == "remove" or v is None else self._set(name, lab, v)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0
@@ -641,7 +654,7 @@ class Exporter:
                 elif kind == "alert" or kind == "open_alert":
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
                            "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "",
-                           r.get("source") or "")
+                           r.get("source") or "", "" if r.get("broker") is None else str(r["broker"]))
                     if kind == "open_alert":  # still open, restated for a new run: not a transition
                         self._set("alert_active", lab, 1)
                         continue

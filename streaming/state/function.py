@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
 from streaming.rules import client as rules_client
+from streaming.rules import broker as rules_broker
 from streaming.rules import canary as rules_canary
 from streaming.rules import fetch as rules_fetch
 from streaming.rules import source as rules_source
@@ -68,6 +69,10 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("position", "long"),         # kind client_fetch: the consumer's position
     ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
     ("canary", "string"),         # kind canary: the report's counters as JSON (parsing.CANARY_FIELDS)
+    ("broker", "long"),           # kind broker, and the alerts on one: the broker id
+    ("leader_partitions", "long"),     # kind broker: partitions it leads
+    ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
+    ("registered", "long"),       # kind broker: 1 while listed in the metadata, else 0
     ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
@@ -220,7 +225,7 @@ def _transition_row(t: rules.Transition) -> dict:
     lab = t.labels
     return _row(kind="alert", action=t.action, cluster=lab.get("cluster"), topic=lab.get("topic"),
                 partition=lab.get("partition"), consumer_group=lab.get("group"), source=lab.get("source"),
-                alert=t.alert.value, alert_id=t.alert_id, severity=t.severity.name.lower(),
+                broker=lab.get("broker"), alert=t.alert.value, alert_id=t.alert_id, severity=t.severity.name.lower(),
                 evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at)
 
 
@@ -244,8 +249,8 @@ def active_rows(entities: dict[str, Any]) -> list[dict]:
             severity, lab = o.get("shown") or (rules.SEVERITY[rules.Alert(name)].name.lower(), _labels(s))
             out.append(_row(kind="open_alert", action="restate", cluster=lab.get("cluster"), topic=lab.get("topic"),
                             partition=lab.get("partition"), consumer_group=lab.get("group"),
-                            source=lab.get("source"), alert=name, alert_id=o["id"], severity=severity,
-                            at=o["since"]))
+                            source=lab.get("source"), broker=lab.get("broker"), alert=name, alert_id=o["id"],
+                            severity=severity, at=o["since"]))
     return out
 
 
@@ -267,6 +272,11 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     position=s["position"], committed_offset=s["committed"], high_watermark=s["hw"],
                     last_stable_offset=s["lso"], log_start_offset=s["log_start"], lag=s["lag"], leader=s["leader"],
                     at=s["last_seen"])
+    if kind == "broker":
+        return _row(kind=kind, action=action, cluster=s["cluster"], broker=s["broker"], source=s["source"],
+                    registered=None if s["registered"] is None else int(bool(s["registered"])), leader_partitions=s["leader_partitions"],
+                    replicas=s["replica_partitions"], out_of_sync_replicas=s["out_of_sync_replicas"],
+                    at=s["last_seen"])
     if kind == "canary":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     source=s["source"], leader=s["leader"], canary=s["report"], at=s["last_seen"])
@@ -285,6 +295,8 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
 
 def _labels(s: dict) -> dict:
     kind = s["kind"]
+    if kind == "broker":
+        return rules_broker.broker_labels(s)
     if kind in ("partition", "canary"):
         return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
     if kind in ("group_partition", "client_fetch"):
@@ -303,6 +315,7 @@ _TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
     "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
     "canary": lambda e: rules_canary.new_canary(e["cluster"], e["topic"], e["partition"]),
+    "broker": lambda e: rules_broker.new_broker(e["cluster"], e.get("node_id") or 0),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
     "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
     "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
@@ -473,6 +486,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
             out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
         elif etype == "client_fetch":
             out += rules_fetch.on_client_fetch(s, r, t, key)
+        elif etype == "broker_state":
+            out += rules_broker.on_broker_state(s, r, t, key)
         elif etype == "canary":
             out += rules_canary.on_canary(s, r, t, key)
             if t is not None and rules_canary.pending_writes(r):

@@ -91,6 +91,17 @@ def job_alerts(url: str, topic: str) -> set[tuple[str, str]]:
     return out
 
 
+def broker_alerts(url: str) -> set[tuple[str, str]]:
+    """(alert, broker) of every kafka_monitor_alert_active series with a broker."""
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = set()
+    for line in body.splitlines():
+        m = re.search(r'broker="([^"]+)"', line) if line.startswith("kafka_monitor_alert_active{") else None
+        if m:
+            out.add((re.search(r'alert="([^"]*)"', line).group(1), m.group(1)))
+    return out
+
+
 @pytest.fixture(scope="module")
 def real(kafka_cluster, tansu, spark, tmp_path_factory):
     if prometheus_binary() is None:
@@ -206,9 +217,17 @@ def test_a_stopped_leader_then_a_second_broker_under_min_isr(real):
     try:
         wait_job(real, rep, {("LeaderChanged", "1"), ("UnderReplicated", "0"), ("UnderReplicated", "1"),
                              ("AtMinIsr", "0"), ("AtMinIsr", "1")})
+        # one alert names the broker, beside the partition alerts it explains
+        wait_for(lambda: ("BrokerDown", "2") in broker_alerts(real["url"]), timeout=60, interval=0.5,
+                 what="BrokerDown for broker 2 on /metrics")
+        wait_for(lambda: any(a["labels"].get("alertname") == "BrokerDown" and a["labels"].get("broker") == "2"
+                             and a["state"] == "firing" for a in real["prom"].alerts()), timeout=30, interval=0.5,
+                 what="BrokerDown firing for broker 2")
         c.stop_broker(3)
         try:
             wait_job(real, rep, {("UnderMinIsr", "0"), ("UnderMinIsr", "1")})
+            wait_for(lambda: {("BrokerDown", "2"), ("BrokerDown", "3")} <= broker_alerts(real["url"]), timeout=60,
+                     interval=0.5, what="BrokerDown for brokers 2 and 3 on /metrics")
             wait_for(lambda: firing(real, "UnderMinIsr", rep) == {"0", "1"}, timeout=30, interval=0.5,
                      what="UnderMinIsr firing for both partitions")
         finally:
@@ -219,6 +238,8 @@ def test_a_stopped_leader_then_a_second_broker_under_min_isr(real):
                          ("UnderReplicated", "1"), ("AtMinIsr", "0"), ("AtMinIsr", "1")}, gone=True, timeout=120)
     wait_for(lambda: not firing(real, "UnderMinIsr", rep) and not firing(real, "UnderReplicated", rep),
              timeout=30, interval=0.5, what="the Prometheus alerts resolved")
+    wait_for(lambda: not {a for a, _ in broker_alerts(real["url"])} & {"BrokerDown"}, timeout=60, interval=0.5,
+             what="BrokerDown resolved for both brokers")
     c.elect_leaders("preferred", [(rep, 0), (rep, 1)])
 
 

@@ -45,12 +45,14 @@ EXPECTED_GROUPS = {
     "kafka-monitor.partitions": ["UnderMinIsr", "AtMinIsr", "HighWatermarkStalled", "PartitionUnobserved",
                                  "LeaderChanged", "PreferredLeaderImbalance", "PartitionCountChanged"],
     "kafka-monitor.clients": ["MetadataStale", "MetadataRefreshStorm"],
+    "kafka-monitor.brokers": ["BrokerDown", "BrokerUnderReplicating"],
     "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
                            "KafkaMonitorJobFallingBehind", "KafkaMonitorEventsQuarantined"],
 }
 SEVERITIES = {"info", "warning", "critical"}
 #: labels a rule may group or match on: the metrics' vocabulary plus the scrape's own labels
-LABELS = {"cluster", "topic", "partition", "group", "source", "alert", "severity", "reason", "job", "instance"}
+LABELS = {"cluster", "topic", "partition", "group", "source", "broker", "alert", "severity", "reason", "job",
+          "instance"}
 METRIC = re.compile(r"kafka_monitor_[a-z_]+")
 SUFFIXES = ("_bucket", "_count", "_sum")
 

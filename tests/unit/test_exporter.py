@@ -53,7 +53,7 @@ def test_alert_series_open_and_resolve_and_counters():
     e = Exporter()
     a = dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0)
     e.apply([row(action="open", **a)], batch_id=0)
-    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "", "source": ""}
+    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "", "source": "", "broker": ""}
     assert v(e, "alert_active", **lab) == 1
     e.apply([row(action="resolve", **a)], batch_id=1)
     assert v(e, "alert_active", **lab) is None
@@ -402,7 +402,7 @@ def test_per_topic_aggregates_at_both_granularities_and_only_them_at_topic():
         per_partition = {n for n, _ in got if n.startswith(("partition_", "group_partition_"))}
         assert bool(per_partition) == (granularity == "partition"), (granularity, per_partition)
         assert v(e, "alert_active", alert="UnderReplicated", severity="warning", cluster="k", topic="t",
-                 partition="1", group="", source="") == 1  # alerts keep their partition at both
+                 partition="1", group="", source="", broker="") == 1  # alerts keep their partition at both
         text = e.render().decode()
         assert 'kafka_monitor_group_topic_lag_max{cluster="k",group="g",topic="t"} 10.0' in text
         assert ("kafka_monitor_partition_high_watermark{" in text) == (granularity == "partition")

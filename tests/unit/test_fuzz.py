@@ -121,6 +121,11 @@ def payload(draw, etype: str) -> dict:
                 "ok": ok, "duration_ms": draw(st.one_of(st.none(), st.floats(0, 1e4))),
                 "error": None if ok else draw(st.text(max_size=30)), "partition_count_changes": changes,
                 "metadata_max_age_ms": draw(st.one_of(st.none(), st.integers(1000, 600_000)))}
+    if etype == "broker_state":
+        holds = draw(st.integers(0, 50))
+        return {"node_id": draw(st.integers(0, 4)), "registered": draw(st.booleans()), "metadata_version": 3,
+                "leader_partitions": draw(st.integers(0, holds)), "replica_partitions": holds,
+                "out_of_sync_replicas": draw(st.integers(0, holds)), "host": "127.0.0.1", "port": 9092}
     if etype == "canary":
         n = draw(st.integers(0, 50))
         buckets = st.lists(st.integers(0, 9), min_size=14, max_size=14)

@@ -350,3 +350,16 @@ def test_a_canary_report_shares_its_partitions_bucket_and_keeps_its_counters_as_
     errors = json.loads(one(d)["canary"])["errors"]
     assert len(errors) == parsing.CANARY_MAX_CODES and all(len(c) == parsing.CANARY_CODE_CHARS for c in errors)
     assert one(with_data(ev(report, seq=11), started_at=None))["reason"] == "missing_field"
+
+
+def test_a_broker_state_is_keyed_by_its_broker_and_keeps_its_counts():
+    from monitor.contract import BrokerState
+    r = one(ev(BrokerState(node_id=3, registered=False, metadata_version=4, leader_partitions=0,
+                           replica_partitions=12, out_of_sync_replicas=12), seq=5), gate=True)
+    assert r["reason"] is None
+    assert (r["entity"], r["bucket_key"]) == ("broker|c1/broker/3", "c1/broker/3")
+    assert (r["node_id"], r["registered"], r["replica_partitions"], r["out_of_sync_replicas"]) == (3, False, 12, 12)
+    d = ev(BrokerState(node_id=3, registered=True, metadata_version=4, leader_partitions=1, replica_partitions=2,
+                       out_of_sync_replicas=0), seq=6)
+    del d["data"]["registered"]
+    assert one(d)["reason"] == "missing_field"

@@ -128,7 +128,7 @@ def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
     e.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=0)
     assert e.registry.get_sample_value("kafka_monitor_alert_active", {
         "alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "",
-        "source": ""}) == 1
+        "source": "", "broker": ""}) == 1
     assert e.registry.get_sample_value("kafka_monitor_alert_transitions_total",
                                        {"alert": "IsrShrink", "action": "open"}) is None
 
@@ -434,3 +434,34 @@ def test_a_canary_report_without_pending_writes_never_stalls_a_flat_hw():
     for i in range(1, 10):  # an idle partition with a canary that has nothing in flight
         out = call(fn, 0, rows(canary(i, i * 20_000, 0), poff(2 + i, i * 20_000, 100)), s)
         assert out[out.kind == "alert"].empty
+
+
+def bstate(seq, t, node, registered, holds=10, behind=0, leads=3):
+    return {"type": "broker_state", "entity": f"broker|k/broker/{node}", "cluster": "k", "source": "p", "seq": seq,
+            "observed_at": t, "node_id": node, "registered": registered, "leader_partitions": leads,
+            "replica_partitions": holds, "out_of_sync_replicas": behind}
+
+
+def test_a_broker_down_then_back_and_a_broker_behind_are_one_alert_each_naming_the_broker():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+    out = call(fn, 0, rows(bstate(1, 1_000, 3, True)), s)
+    got = out[out.kind == "broker"].iloc[0]
+    assert (got.broker, got.registered, got.leader_partitions, got.replicas, got.out_of_sync_replicas) == (3, 1, 3, 10, 0)
+    assert out[out.kind == "alert"].empty
+    # stopped: not listed, its replicas out of every ISR; one alert, not one per partition
+    out = call(fn, 0, rows(bstate(2, 2_000, 3, False, behind=10, leads=0), bstate(3, 3_000, 3, False, behind=10, leads=0)), s)
+    (down,) = out[out.kind == "alert"].itertuples()
+    assert (down.alert, down.action, down.broker, down.severity) == ("BrokerDown", "open", 3, "critical")
+    assert json.loads(down.evidence) == {"replica_partitions": 10, "leader_partitions": 0, "out_of_sync_replicas": 10,
+                                         "unlisted_since": 2_000}
+    # back, catching up: BrokerDown resolves, BrokerUnderReplicating until its replicas are in sync
+    out = call(fn, 0, rows(bstate(4, 4_000, 3, True, behind=4, leads=0)), s)
+    assert sorted(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("BrokerDown", "resolve"), ("BrokerUnderReplicating", "open")]
+    out = call(fn, 0, rows(bstate(5, 5_000, 3, True, behind=0)), s)
+    assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("BrokerUnderReplicating", "resolve")]
+    # a broker that holds nothing and is not listed (decommissioned) is not down
+    out = call(fn, 1, rows(bstate(1, 6_000, 7, False, holds=0, leads=0)), FakeState())
+    assert out[out.kind == "alert"].empty
