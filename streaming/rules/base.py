@@ -104,6 +104,8 @@ def _open(state: Any, alert: Alert, entity: str, labels: dict, now: int, evidenc
         return []
     aid = alert_id(alert, entity, now)
     state["open"][alert.value] = {"id": aid, "since": now, "evidence": evidence}
+    if "broker" in labels and labels.get("topic") is not None:  # a partition alert blaming a broker
+        state["open"][alert.value]["labels"] = labels  # its resolve carries the same (_resolve)
     return [Transition(alert, "open", aid, now, entity, labels, evidence)]
 
 
@@ -113,7 +115,7 @@ def _resolve(state: Any, alert: Alert, entity: str, labels: dict, now: int, evid
     was = state["open"].pop(alert.value, None)
     if was is None:
         return []
-    return [Transition(alert, "resolve", was["id"], now, entity, labels,
+    return [Transition(alert, "resolve", was["id"], now, entity, was.get("labels", labels),
                        {**evidence, "open_since": was["since"]})]
 
 

@@ -163,6 +163,13 @@ def new_partition(cluster: str, topic: str, partition: int) -> PartitionState:
             "log_start": None, "lso": None, "last_seen": None, "open": {}}
 
 
+def blame(labels: dict, brokers: list) -> dict:
+    """A partition alert's labels, with ``broker`` when exactly one broker explains it (the
+    replica that left the ISR or is missing, the leader it lost): Alertmanager inhibits it while
+    that broker's own alert (BrokerDown, BrokerUnderReplicating) fires, and groups by it."""
+    return {**labels, "broker": int(brokers[0])} if len(brokers) == 1 else labels
+
+
 def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> list[Transition]:
     """Fold one partition_metadata observation into ``state`` (mutated); return transitions.
 
@@ -179,8 +186,9 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
     out: list[Transition] = []
 
     removed = sorted(set(prev_isr) - set(isr)) if prev_isr is not None else []
+    missing = sorted(set(replicas) - set(isr))
     if removed and set(prev_replicas or []) == set(replicas):
-        out += _open(state, Alert.ISR_SHRINK, entity, labels, now,
+        out += _open(state, Alert.ISR_SHRINK, entity, blame(labels, removed), now,
                      {"isr_before": prev_isr, "isr_after": isr, "removed": removed, "replicas": replicas})
     opened = state["open"]  # evidence for a resolve is only built when something is open
     if opened and set(isr) >= set(replicas):
@@ -188,14 +196,16 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
                         {"isr_before": prev_isr, "isr_after": isr, "replicas": replicas})
 
     if len(isr) < len(replicas):
-        out += _open(state, Alert.UNDER_REPLICATED, entity, labels, now,
-                     {"isr": isr, "replicas": replicas, "missing": sorted(set(replicas) - set(isr))})
+        out += _open(state, Alert.UNDER_REPLICATED, entity, blame(labels, missing), now,
+                     {"isr": isr, "replicas": replicas, "missing": missing})
     elif opened:
         out += _resolve(state, Alert.UNDER_REPLICATED, entity, labels, now, {"isr": isr, "replicas": replicas})
 
     leader = int(obs["leader"])
     if leader < 0:
-        out += _open(state, Alert.OFFLINE_PARTITION, entity, labels, now,
+        last = state["leader"]  # the leader it lost (unknown when first seen offline)
+        out += _open(state, Alert.OFFLINE_PARTITION, entity,
+                     blame(labels, [last] if last is not None and last >= 0 else []), now,
                      {"leader": leader, "replicas": replicas, "offline_replicas": list(obs.get("offline_replicas") or [])})
     elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
@@ -360,7 +370,7 @@ def _min_isr(state: PartitionState, now: int, entity: str, labels: dict, isr: li
         if alert is not target:
             out += _resolve(state, alert, entity, labels, now, {**evidence, "now": now_is})
     if target is not None:
-        out += _open(state, target, entity, labels, now, evidence)
+        out += _open(state, target, entity, blame(labels, sorted(set(replicas) - set(isr))), now, evidence)
     return out
 
 

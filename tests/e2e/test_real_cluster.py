@@ -35,6 +35,7 @@ from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.e2e.test_recovery import read_alerts
+from tests.integration.test_dashboards import alertmanager  # noqa: F401 - fixture
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
@@ -103,7 +104,7 @@ def broker_alerts(url: str) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def real(kafka_cluster, tansu, spark, tmp_path_factory):
+def real(kafka_cluster, tansu, spark, tmp_path_factory, alertmanager):  # noqa: F811
     if prometheus_binary() is None:
         pytest.fail("'prometheus' is not on PATH: install the Debian package prometheus", pytrace=False)
     c = kafka_cluster
@@ -150,12 +151,13 @@ def real(kafka_cluster, tansu, spark, tmp_path_factory):
         prom_cfg = json.dumps({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules_copy)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.split("//", 1)[1]]}]}]},
             "scrape_configs": [{"job_name": "kafka-monitor", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]})
         prom = PrometheusServer(prom_cfg, tmp / "prometheus").start()
         cleanup.callback(prom.stop)
         url = f"http://127.0.0.1:{port}/metrics"
         yield {"cluster": c, "rep": rep, "prefix": prefix, "url": url, "prom": prom, "query": query,
-               "tansu": tansu, "alerts_topic": alerts, "writer": writer}
+               "tansu": tansu, "alerts_topic": alerts, "writer": writer, "alertmanager": alertmanager}
 
 
 def firing(real, alertname: str, topic: str) -> set[str]:
@@ -174,6 +176,32 @@ def wait_job(real, topic: str, want: set[tuple[str, str]], timeout: float = 90, 
     wait_for(ok, timeout=timeout, interval=0.5,
              what=f"{'no ' if gone else ''}{sorted(want)} on /metrics for {topic} "
                   f"(open now: {sorted(job_alerts(real['url'], topic))})")
+
+
+def notifications(real, broker: str) -> None:
+    """With the shipped Alertmanager configuration, once BrokerDown for ``broker`` and the
+    partition alerts of the same failure reached it: how many notifications they make (groups
+    with an alert not inhibited), against the configuration before broker correlation (one per
+    alert name and cluster, nothing inhibited) and against one per alert."""
+    url = real["alertmanager"] + "/api/v2/alerts/groups?filter=cluster%3D%22real-e2e%22"
+
+    def settled():
+        groups = [g for g in json.load(urllib.request.urlopen(url, timeout=5)) if g["alerts"]]
+        alerts = [a for g in groups for a in g["alerts"]]
+        names = {a["labels"]["alertname"] for a in alerts}
+        ok = {"BrokerDown", "UnderReplicated", "AtMinIsr", "IsrShrink"} <= names and all(
+            a["status"]["state"] != "unprocessed" for a in alerts)
+        return (groups, alerts) if ok else None
+    groups, alerts = wait_for(settled, timeout=60, interval=1, what="BrokerDown and its partition alerts in Alertmanager")
+    with_correlation = sum(1 for g in groups if any(a["status"]["state"] == "active" for a in g["alerts"]))
+    before = len({a["labels"]["alertname"] for a in alerts})  # group_by [alertname, cluster], no broker rules
+    print(f"\n[notifications] broker {broker} stopped: {len(alerts)} alerts in Alertmanager "
+          f"({sorted(':'.join((a['labels']['alertname'], a['labels'].get('partition', ''), a['labels'].get('broker', ''), a['status']['state'])) for a in alerts)}); "
+          f"notifications: {with_correlation} with broker correlation, {before} grouped by alert name only, "
+          f"{len(alerts)} one per alert")
+    assert with_correlation < before
+    broker_groups = [g for g in groups if g["labels"].get("broker") == broker]
+    assert broker_groups and any(a["labels"]["alertname"] == "BrokerDown" for g in broker_groups for a in g["alerts"])
 
 
 def test_a_healthy_start_raises_nothing(real):
@@ -223,6 +251,7 @@ def test_a_stopped_leader_then_a_second_broker_under_min_isr(real):
         wait_for(lambda: any(a["labels"].get("alertname") == "BrokerDown" and a["labels"].get("broker") == "2"
                              and a["state"] == "firing" for a in real["prom"].alerts()), timeout=30, interval=0.5,
                  what="BrokerDown firing for broker 2")
+        notifications(real, broker="2")
         c.stop_broker(3)
         try:
             wait_job(real, rep, {("UnderMinIsr", "0"), ("UnderMinIsr", "1")})

@@ -656,3 +656,71 @@ def test_offline_partition_inhibits_its_under_replicated_and_isr_shrink_pages(al
             break
         time.sleep(0.2)
     assert got == want
+
+
+def test_a_broker_down_inhibits_the_partition_alerts_it_explains_and_no_others(alertmanager):
+    """BrokerDown for broker 3 silences the partition alerts the job blamed on broker 3; a
+    partition alert blamed on broker 2, and one no single broker explains, still notify."""
+    def alert(name: str, partition: str = "", broker: str = "") -> dict:
+        labels = {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"], "cluster": "c2"}
+        labels.update({k: v for k, v in (("topic", "orders" if partition else ""), ("partition", partition),
+                                         ("broker", broker)) if v})
+        return {"labels": labels, "annotations": {"summary": "test"}}
+
+    sent = [alert("BrokerDown", broker="3"), alert("IsrShrink", "0", "3"), alert("UnderReplicated", "1", "3"),
+            alert("OfflinePartition", "4", "3"), alert("UnderReplicated", "2", "2"), alert("UnderMinIsr", "3")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D%22c2%22", timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"].get("partition", "")): a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("BrokerDown", ""): "active", ("IsrShrink", "0"): "suppressed", ("UnderReplicated", "1"): "suppressed",
+            ("OfflinePartition", "4"): "suppressed", ("UnderReplicated", "2"): "active",
+            ("UnderMinIsr", "3"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
+def test_one_notification_group_per_broker_and_per_consumer_group(alertmanager):
+    """Alerts of one broker (its own and the partition alerts blamed on it) form one group per
+    receiver, as do the alerts of one consumer group across its topics; others group by alert
+    name.  (BrokerUnderReplicating would also inhibit that IsrShrink: grouping is shown here.)"""
+    def alert(name: str, **labels: str) -> dict:
+        return {"labels": {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"], "cluster": "c3",
+                           **labels}, "annotations": {"summary": "test"}}
+
+    sent = [alert("BrokerUnderReplicating", broker="3"), alert("IsrShrink", topic="t", partition="0", broker="3"),
+            alert("UnderMinIsr", topic="t", partition="1", broker="3"),
+            alert("IsrShrink", topic="t", partition="2", broker="2"),
+            alert("ConsumerLagHigh", group="billing", topic="t1"), alert("GroupEmptyWithLag", group="billing"),
+            alert("ConsumerLagHigh", group="audit", topic="t1"),
+            alert("UnderMinIsr", topic="t", partition="4"), alert("UnderMinIsr", topic="t", partition="5")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def groups():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts/groups?filter=cluster%3D%22c3%22",
+                                               timeout=5))
+        out = sorted((tuple(sorted(g["labels"].items())), g["receiver"]["name"], tuple(sorted(
+            (a["labels"]["alertname"], a["labels"].get("partition", a["labels"].get("topic", ""))) for a in g["alerts"])))
+            for g in got if g["alerts"])
+        return out if sum(len(a) for _, _, a in out) == len(sent) else None
+
+    got = wait_for(groups, timeout=20, interval=0.2, what="Alertmanager's groups")
+    by_key = {(dict(k).get("broker") or dict(k).get("group") or dict(k).get("alertname"), receiver): alerts
+              for k, receiver, alerts in got}
+    # each severity keeps its receiver: a broker's warnings and its critical alert are two notifications
+    assert by_key == {
+        ("3", "warning"): (("BrokerUnderReplicating", ""), ("IsrShrink", "0")),
+        ("3", "critical"): (("UnderMinIsr", "1"),),
+        ("2", "warning"): (("IsrShrink", "2"),),
+        ("billing", "warning"): (("ConsumerLagHigh", "t1"), ("GroupEmptyWithLag", "")),
+        ("audit", "warning"): (("ConsumerLagHigh", "t1"),),
+        ("UnderMinIsr", "critical"): (("UnderMinIsr", "4"), ("UnderMinIsr", "5")),
+    }, got

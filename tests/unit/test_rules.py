@@ -74,15 +74,25 @@ def test_resolve_carries_the_id_of_the_open_and_evidence():
     opened = rules_partition._replication(s, md([1, 3]), 2000, E)
     shrink = [t for t in opened if t.alert is Alert.ISR_SHRINK][0]
     assert shrink.evidence == {"isr_before": [1, 2, 3], "isr_after": [1, 3], "removed": [2], "replicas": [1, 2, 3]}
-    assert shrink.labels == {"cluster": "k", "topic": "t", "partition": 0}
+    # the one replica that left names the broker (Alertmanager inhibits it under that broker's alert)
+    assert shrink.labels == {"cluster": "k", "topic": "t", "partition": 0, "broker": 2}
     assert shrink.severity is rules.Severity.WARNING
     closed = rules_partition._replication(s, md([1, 2, 3]), 5000, E)
     resolve = [t for t in closed if t.alert is Alert.ISR_SHRINK][0]
     assert resolve.alert_id == shrink.alert_id
+    assert resolve.labels == shrink.labels  # the series it opened is the one it removes
     assert resolve.evidence["open_since"] == 2000
     # a new episode gets a new id
     again = [t for t in rules_partition._replication(s, md([2, 3]), 9000, E) if t.alert is Alert.ISR_SHRINK][0]
     assert again.alert_id != shrink.alert_id
+    assert again.labels["broker"] == 1
+    # two replicas gone at once: no single broker to blame
+    both = [t for t in rules_partition._replication(s, md([3]), 9500, E) if t.alert is Alert.UNDER_REPLICATED]
+    assert both == []  # UnderReplicated is open since 9000 (missing 1), labels unchanged
+    t = rules_partition.new_partition("k", "t", 1)
+    rules_partition._replication(t, md([1, 2, 3]), 1000, E)
+    (under,) = [x for x in rules_partition._replication(t, md([1]), 2000, E) if x.alert is Alert.UNDER_REPLICATED]
+    assert "broker" not in under.labels
 
 
 def test_rules_are_deterministic():

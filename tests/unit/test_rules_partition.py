@@ -139,7 +139,8 @@ def test_min_isr_evidence_and_severity():
     _, _, out = run([(1000, "md", md([1, 2], min_isr=2)), (2000, "md", md([1]))], MIN_ISR)
     at_open, at_resolve, under_open = out
     assert at_open.severity is Severity.WARNING and under_open.severity is Severity.CRITICAL
-    assert at_open.labels == {"cluster": "k", "topic": "t", "partition": 0}
+    assert at_open.labels == {"cluster": "k", "topic": "t", "partition": 0, "broker": 3}  # the one missing
+    assert "broker" not in under_open.labels  # two missing: no single broker to name
     assert under_open.evidence == {"isr": [1], "isr_size": 1, "min_insync_replicas": 2, "replicas": [1, 2, 3],
                                    "replication_factor": 3}
     assert at_resolve.alert_id == at_open.alert_id

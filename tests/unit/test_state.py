@@ -114,7 +114,7 @@ def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
     out = call(again, 0, rows(goff(5, 4000, 0, 20)), s)  # the partition itself is not in the batch
     restated = out[out.kind == "open_alert"]
     assert out[out.kind == "alert"].empty
-    cols = ["alert", "alert_id", "severity", "cluster", "topic", "partition", "at"]
+    cols = ["alert", "alert_id", "severity", "cluster", "topic", "partition", "broker", "at"]
     assert (restated[cols].sort_values("alert").reset_index(drop=True)
             .equals(opened[cols].sort_values("alert").reset_index(drop=True)))
     assert call(again, 0, rows(goff(6, 5000, 0, 30)), s).query("kind == 'open_alert'").empty  # once a run
@@ -128,7 +128,7 @@ def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
     e.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=0)
     assert e.registry.get_sample_value("kafka_monitor_alert_active", {
         "alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0", "group": "",
-        "source": "", "broker": ""}) == 1
+        "source": "", "broker": "2"}) == 1  # broker 2 left the ISR: the alert names it
     assert e.registry.get_sample_value("kafka_monitor_alert_transitions_total",
                                        {"alert": "IsrShrink", "action": "open"}) is None
 
