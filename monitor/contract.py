@@ -217,6 +217,33 @@ class ClientFetch:
 
 
 @dataclass(frozen=True)
+class ClientProduce:
+    """One partition an instrumented producer writes to, as its statistics report it; the
+    leader's request figures are those of the broker that leads the partition for this client."""
+
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    leader: Optional[int] = _doc("Leader broker id the client writes to; null when unknown.", default=None)
+    queued_messages: Optional[int] = _doc("Messages waiting in the client to be sent (librdkafka msgq_cnt + "
+                                          "xmit_msgq_cnt).", default=None)
+    in_flight_messages: Optional[int] = _doc("Messages sent and not acknowledged yet (msgs_inflight): writes "
+                                             "pending on the partition.", default=None)
+    sent_messages: Optional[int] = _doc("Messages sent since the client started (txmsgs).", default=None)
+    sent_bytes: Optional[int] = _doc("Bytes of those (txbytes).", default=None)
+    leader_rtt_avg_ms: Optional[float] = _doc("Mean request round trip to the leader over the last statistics "
+                                              "interval (librdkafka rtt), ms; null when no request.", default=None)
+    leader_rtt_p99_ms: Optional[float] = _doc("99th percentile of that, ms.", default=None)
+    leader_queue_latency_p99_ms: Optional[float] = _doc(
+        "99th percentile of the time requests to the leader waited in the client before being sent "
+        "(librdkafka int_latency), ms.", default=None)
+    leader_request_errors: Optional[int] = _doc("Requests to the leader that failed since the client started "
+                                                "(txerrs).", default=None)
+    leader_request_retries: Optional[int] = _doc("Requests to the leader sent again (txretries).", default=None)
+    leader_request_timeouts: Optional[int] = _doc("Requests to the leader that timed out (req_timeouts).",
+                                                  default=None)
+
+
+@dataclass(frozen=True)
 class BrokerState:
     """One broker as one metadata refresh of a probe shows it, over every partition in the
     response (not only the watched topics).  Sent by an unshared probe, or by share 1 of n."""
@@ -317,6 +344,7 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "client_fetch": (ClientFetch, ("group", "topic", "partition")),
     "canary": (Canary, ("topic", "partition")),
     "broker_state": (BrokerState, ("node_id",)),
+    "client_produce": (ClientProduce, ("@source", "topic", "partition")),
     "heartbeat": (Heartbeat, ("@source",)),
 }
 EVENT_TYPES = tuple(PAYLOADS)
@@ -324,7 +352,7 @@ TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
-    ClientFetch, Canary, BrokerState, Heartbeat,
+    ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat,
 ]
 
 ENVELOPE_DOCS = {

@@ -87,8 +87,8 @@ from confluent_kafka import Consumer, KafkaError
 
 from monitor.contract import Payload, Rebalance
 from monitor.emitter import EventEmitter
-from monitor.rdkafka_stats import (MetadataRequestTracker, _interval_ms, client_fetches, generation_of, parse_stats,
-                                   partition_names, stats_observed_at)
+from monitor.rdkafka_stats import (MetadataRequestTracker, _interval_ms, client_fetches, client_produces, generation_of,
+                                   parse_stats, partition_names, stats_observed_at)
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +334,8 @@ class Instrumentation:
             refresh = self._metadata.observe(stats)
         for fetch in client_fetches(stats, self.group):
             self._emit(fetch, observed_at)
+        for produce in client_produces(stats):
+            self._emit(produce, observed_at)
         if refresh is not None:
             self._emit(refresh, observed_at)
 

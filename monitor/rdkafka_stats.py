@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from monitor.contract import Broker, ClientFetch, MetadataRefresh, PartitionCountChange, kafka_offset
+from monitor.contract import Broker, ClientFetch, ClientProduce, MetadataRefresh, PartitionCountChange, kafka_offset
 
 #: statistics older than this (or from the future) get the callback time as observed_at instead
 MAX_STATS_DELAY_US = 10 * 60 * 1_000_000
@@ -79,6 +79,51 @@ def client_fetches(stats: Mapping[str, Any], group: Optional[str]) -> list[Clien
     if stats.get("type") != "consumer" or not group:
         return []
     return [client_fetch_of(group, t, part, p) for t, part, p in assigned_partitions(stats)]
+
+
+def _window_ms(b: Optional[Mapping[str, Any]], name: str, stat: str) -> Optional[float]:
+    """A broker's windowed latency statistic (librdkafka: microseconds over the last interval) in
+    ms; None when the window saw nothing."""
+    w: Any = b.get(name) if b is not None else None
+    if not isinstance(w, Mapping) or not _int(w.get("cnt")):
+        return None
+    v = w.get(stat)
+    return round(v / 1000.0, 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def client_produces(stats: Mapping[str, Any]) -> list[ClientProduce]:
+    """``client_produce`` payloads for a producer's statistics: one per partition it has sent to
+    or holds messages for (librdkafka lists every partition it knows; the others are left out);
+    none for consumers."""
+    if stats.get("type") != "producer":
+        return []
+    by_id: dict[int, Mapping[str, Any]] = {}
+    for broker in _brokers(stats).values():
+        node = _broker_id(broker.get("nodeid"))
+        if node is not None:
+            by_id[node] = broker
+    out = []
+    for tname, topic in (stats.get("topics") or {}).items():
+        if not isinstance(topic, Mapping):
+            continue
+        named = topic.get("topic")
+        name = named if isinstance(named, str) else str(tname)
+        for p in _partitions(topic):
+            queued = (_int(p.get("msgq_cnt")) or 0) + (_int(p.get("xmit_msgq_cnt")) or 0)
+            inflight, sent = _int(p.get("msgs_inflight")), _int(p.get("txmsgs"))
+            if not (sent or queued or inflight):
+                continue
+            leader = _broker_id(p.get("leader"))
+            b = by_id.get(leader) if leader is not None else None
+            out.append(ClientProduce(
+                topic=name, partition=p["partition"], leader=leader, queued_messages=queued,
+                in_flight_messages=inflight, sent_messages=sent, sent_bytes=_int(p.get("txbytes")),
+                leader_rtt_avg_ms=_window_ms(b, "rtt", "avg"), leader_rtt_p99_ms=_window_ms(b, "rtt", "p99"),
+                leader_queue_latency_p99_ms=_window_ms(b, "int_latency", "p99"),
+                leader_request_errors=None if b is None else _int(b.get("txerrs")),
+                leader_request_retries=None if b is None else _int(b.get("txretries")),
+                leader_request_timeouts=None if b is None else _int(b.get("req_timeouts"))))
+    return out
 
 
 def stats_observed_at(stats: Mapping[str, Any], now_ms: int, monotonic_us: int) -> int:

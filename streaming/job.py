@@ -267,6 +267,7 @@ ENTITY_OF_TYPE = {
     "partition_metadata": "partition", "partition_offsets": "partition", "group_offsets": "group_partition",
     "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
     "client_fetch": "client_fetch", "canary": "canary", "broker_state": "broker",
+    "client_produce": "client_produce",
     "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry
 }
 

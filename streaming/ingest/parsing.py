@@ -68,7 +68,8 @@ REQUIRED_BY_TYPE = {
     "group_offsets": ("group", "topic", "partition"),
     "client_fetch": ("group", "topic", "partition"),
     "canary": ("topic", "partition", "started_at"),
-    "broker_state": ("node_id", "registered", "leader_partitions", "replica_partitions", "out_of_sync_replicas"),  # counters missing from a report: not served
+    "broker_state": ("node_id", "registered", "leader_partitions", "replica_partitions", "out_of_sync_replicas"),
+    "client_produce": ("topic", "partition"),  # counters missing from a report: not served
     "group_state": ("group", "state"),
     "rebalance": ("group", "phase"),
     "metadata_refresh": ("version", "reason", "ok"),
@@ -333,6 +334,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     src = _join(cl, "/", src_name)
     part_types = _is(etype, ("partition_metadata", "partition_offsets"))
     canary_type = is_type["canary"]
+    produce_type = is_type["client_produce"]
     broker_type = is_type["broker_state"]
     brk = _join(cl, "/broker/", pc.cast(d["node_id"], pa.string()))
     gp_type = is_type["group_offsets"]
@@ -342,12 +344,14 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
               pc.if_else(canary_type, _join("canary|", tp),
+              pc.if_else(produce_type, _join("client_produce|", cl, "/", src_name, "/", d["topic"], "/",
+                                             pc.cast(d["partition"], pa.string())),
               pc.if_else(broker_type, _join("broker|", brk),
               pc.if_else(gp_type, _join("group_partition|", gtp),
               pc.if_else(fetch_type, _join("client_fetch|", gtp),
               pc.if_else(group_types, _join("group|", grp),
-              pc.if_else(client_type, _join("client|", src), _join("source|", src))))))))
-    bucket_key = pc.if_else(part_types | canary_type, tp, pc.if_else(broker_type, brk, pc.if_else(gp_type | group_types | fetch_type, grp, src)))
+              pc.if_else(client_type, _join("client|", src), _join("source|", src)))))))))
+    bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(gp_type | group_types | fetch_type, grp, src)))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
@@ -356,7 +360,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
-        "canary": _canary_report(data, canary_type),
+        "report": _report(data, canary_type, produce_type),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
@@ -364,29 +368,38 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     return pa.concat_tables([out, derived]) if derived.num_rows else out
 
 
-#: a canary report's fields the job keeps (streaming/rules/canary.py), as one JSON text
-CANARY_FIELDS = ("started_at", "leader", "sent", "acked", "received", "lost", "duplicated", "out_of_order",
-                 "pending", "oldest_pending_ms", "produce_latency_counts", "produce_latency_sum_ms",
-                 "e2e_latency_counts", "e2e_latency_sum_ms", "lost_after_ms")
+#: the report fields the job keeps of a canary (streaming/rules/canary.py) and a client_produce
+#: (streaming/rules/produce.py) event, as one JSON text
+REPORT_FIELDS = {
+    "canary": ("started_at", "leader", "sent", "acked", "received", "lost", "duplicated", "out_of_order",
+               "pending", "oldest_pending_ms", "produce_latency_counts", "produce_latency_sum_ms",
+               "e2e_latency_counts", "e2e_latency_sum_ms", "lost_after_ms"),
+    "client_produce": ("leader", "queued_messages", "in_flight_messages", "sent_messages", "sent_bytes",
+                       "leader_rtt_avg_ms", "leader_rtt_p99_ms", "leader_queue_latency_p99_ms",
+                       "leader_request_errors", "leader_request_retries", "leader_request_timeouts"),
+}
 #: error codes kept per canary report (librdkafka's names are short; the rest is cut)
 CANARY_MAX_CODES, CANARY_CODE_CHARS = 16, 64
 
 
-def _canary_report(data: pa.Array, rows: np.ndarray) -> pa.Array:
-    """For each ``canary`` row, its counters as JSON (``CANARY_FIELDS``, and ``errors`` as
-    {code: count}: at most CANARY_MAX_CODES codes of at most CANARY_CODE_CHARS characters: they
-    become label values).  Few rows (one per canary partition per probe cycle): a Python loop."""
+def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray) -> pa.Array:
+    """For each ``canary`` and ``client_produce`` row, its report as JSON (``REPORT_FIELDS``; a
+    canary's ``errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
+    CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
+    produced-to partition per report): a Python loop."""
     out: list[Optional[str]] = [None] * len(data)
-    for i in np.flatnonzero(rows):
-        d = data[int(i)].as_py() or {}
-        rep = {f: d.get(f) for f in CANARY_FIELDS}
-        errors: dict[str, int] = {}
-        for e in (d.get("errors") or [])[:CANARY_MAX_CODES]:
-            code, n = (e or {}).get("code"), (e or {}).get("count")
-            if isinstance(code, str) and isinstance(n, int):
-                errors[code[:CANARY_CODE_CHARS]] = n
-        rep["errors"] = errors
-        out[i] = json.dumps(rep, separators=(",", ":"))
+    for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"])):
+        for i in np.flatnonzero(rows):
+            d = data[int(i)].as_py() or {}
+            rep = {f: d.get(f) for f in fields}
+            if rows is canary:
+                errors: dict[str, int] = {}
+                for e in (d.get("errors") or [])[:CANARY_MAX_CODES]:
+                    code, n = (e or {}).get("code"), (e or {}).get("count")
+                    if isinstance(code, str) and isinstance(n, int):
+                        errors[code[:CANARY_CODE_CHARS]] = n
+                rep["errors"] = errors
+            out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
 
 

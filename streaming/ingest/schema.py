@@ -56,7 +56,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
     ("committed_offset", "bigint"),
     ("fetch_state", "string"), ("position", "bigint"), ("committed", "bigint"), ("consumer_lag", "bigint"),
-    ("canary", "string"),  # a canary report's counters as JSON (parsing.CANARY_FIELDS)
+    ("report", "string"),  # a canary or client_produce report's fields as JSON (parsing.REPORT_FIELDS)
     ("node_id", "bigint"), ("registered", "boolean"), ("leader_partitions", "bigint"),
     ("replica_partitions", "bigint"), ("out_of_sync_replicas", "bigint"),
     ("interval_ms", "bigint"), ("events_sent", "bigint"), ("events_dropped", "bigint"), ("started_at", "bigint"),

@@ -21,7 +21,7 @@ def new_canary(cluster: str, topic: str, partition: int) -> dict:
 def on_canary(state: dict, ev: dict[str, Any], now: int, entity: str) -> list[Transition]:
     """The latest report wins (the counters are cumulative: a lost or replayed report changes
     nothing the next one does not restate)."""
-    state["report"] = ev.get("canary")
+    state["report"] = ev.get("report")
     state["leader"] = ev.get("leader")
     state["source"] = ev.get("source")
     return []
@@ -29,7 +29,7 @@ def on_canary(state: dict, ev: dict[str, Any], now: int, entity: str) -> list[Tr
 
 def pending_writes(ev: dict[str, Any]) -> bool:
     """Whether the report says writes were sent and not acknowledged at its time."""
-    rep: Optional[str] = ev.get("canary")
+    rep: Optional[str] = ev.get("report")
     if not rep:
         return False
     try:
@@ -38,7 +38,3 @@ def pending_writes(ev: dict[str, Any]) -> bool:
         return False
     return isinstance(n, int) and n > 0
 
-
-def partition_key(canary_key: str) -> str:
-    """The entity key of the partition a canary entity writes to."""
-    return "partition|" + canary_key.split("|", 1)[1]

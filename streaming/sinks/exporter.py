@@ -44,8 +44,10 @@ DELAY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
 GPART = ("cluster", "group", "topic", "partition")
 #: canary series: the partition and the broker that led it at the canary's last report
 CANARY = ("cluster", "topic", "partition", "broker")
-#: canary partitions served at most (a hostile events topic could name any number)
-MAX_CANARY_PARTITIONS = 1024
+CPROD = ("cluster", "source", "topic", "partition", "broker")
+#: canary partitions, and instrumented producers' partitions, served at most (a hostile events
+#: topic could name any number)
+MAX_CANARY_PARTITIONS = 10_000
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source", "broker")
 BROKER = ("cluster", "broker")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
@@ -97,6 +99,13 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "source_observation_lag_seconds": ("gauge", "How late the source's last observation started after its schedule (its last heartbeat's observation_lag_ms).", ("cluster", "source")),
     P + "source_events_dropped": ("gauge", "Events the source dropped since it started (its last heartbeat's events_dropped: local queue full or delivery failed); back to 0 when it restarts.", ("cluster", "source")),
     P + "source_heartbeat_delay_seconds": ("histogram", "Pipeline delay of heartbeats: from a heartbeat's event time at its source to the moment the job's exporter serves it (source -> events topic -> micro-batch -> sink).", ()),
+    P + "client_produce_queued_messages": ("gauge", "Messages an instrumented producer holds for the partition, not sent yet (its last statistics).", CPROD),
+    P + "client_produce_in_flight_messages": ("gauge", "Messages an instrumented producer sent to the partition and has no acknowledgement for yet: writes pending on it.", CPROD),
+    P + "client_produce_sent_messages_total": ("counter", "Messages an instrumented producer sent to the partition since it started.", CPROD),
+    P + "client_produce_leader_rtt_p99_seconds": ("gauge", "99th percentile of the producer's request round trip to the partition's leader over its last statistics interval; absent when it sent nothing then.", CPROD),
+    P + "client_produce_leader_queue_latency_p99_seconds": ("gauge", "99th percentile of the time the producer's requests to the partition's leader waited in the client before being sent, over its last statistics interval.", CPROD),
+    P + "client_produce_leader_request_errors_total": ("counter", "The producer's requests to the partition's leader that failed, since it started.", CPROD),
+    P + "client_produce_leader_request_retries_total": ("counter", "The producer's requests to the partition's leader sent again, since it started.", CPROD),
     P + "broker_registered": ("gauge", "1 while the broker is listed in the probe's metadata (registered and unfenced), 0 while it holds replicas and is not (stopped or fenced).", BROKER),
     P + "broker_leader_partitions": ("gauge", "Partitions the broker leads (every partition in the probe's metadata, not only the watched topics).", BROKER),
     P + "broker_replicas": ("gauge", "Partitions with a replica on the broker.", BROKER),
@@ -159,9 +168,10 @@ class PartitionGauges:
 
 
 class CanaryMetrics:
-    """The canary's series, from each canary partition's latest report (``Exporter._canary``):
-    its counters and histograms are cumulative since the canary started, so they are served as
-    they come (a restarted canary is a counter reset)."""
+    """The canary's series, from each canary partition's latest report (``Exporter._canary``),
+    and the instrumented producers' (``Exporter._produce``): their counters and histograms are
+    cumulative since the client started, so they are served as they come (a restart is a
+    counter reset)."""
 
     def __init__(self, exporter: "Exporter"):
         self.exporter = exporter
@@ -181,6 +191,22 @@ class CanaryMetrics:
                 fams[name] = kind(full[:-len("_total")] if kind is CounterMetricFamily else full,
                                   CATALOGUE[full][1], labels=labels)
             return fams[name]
+        with self.exporter._lock:
+            produced = sorted(self.exporter._produce.items())
+        for (cluster, source, topic, partition), (leader, rep) in produced:
+            lab = [cluster, source, topic, str(partition), "" if leader is None else str(leader)]
+            for name, key, kind, scale in (
+                    ("client_produce_queued_messages", "queued_messages", GaugeMetricFamily, 1),
+                    ("client_produce_in_flight_messages", "in_flight_messages", GaugeMetricFamily, 1),
+                    ("client_produce_sent_messages_total", "sent_messages", CounterMetricFamily, 1),
+                    ("client_produce_leader_rtt_p99_seconds", "leader_rtt_p99_ms", GaugeMetricFamily, 1000),
+                    ("client_produce_leader_queue_latency_p99_seconds", "leader_queue_latency_p99_ms",
+                     GaugeMetricFamily, 1000),
+                    ("client_produce_leader_request_errors_total", "leader_request_errors", CounterMetricFamily, 1),
+                    ("client_produce_leader_request_retries_total", "leader_request_retries", CounterMetricFamily, 1)):
+                v = rep.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    fam(name, kind).add_metric(lab, v / scale)
         bounds = [floatToGoString(b / 1000.0) for b in CANARY_LATENCY_BOUNDS_MS] + ["+Inf"]
         for (cluster, topic, partition), (leader, rep) in reports:
             lab = [cluster, topic, str(partition), "" if leader is None else str(leader)]
@@ -325,6 +351,8 @@ class Exporter:
         self._fetch_state: dict[tuple, str] = {}
         #: (cluster, topic, partition) -> (leader, its latest canary report)
         self._canary: dict[tuple, tuple[Optional[int], dict]] = {}
+        #: (cluster, source, topic, partition) -> (leader, its latest client_produce report)
+        self._produce: dict[tuple, tuple[Optional[int], dict]] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
         self._parts: dict[tuple, list] = {}
         #: group partition labels -> its gauge values in _GROUP_PARTITION_GAUGES order
@@ -437,21 +465,27 @@ class Exporter:
         self._set_state("client_fetch_state", self._fetch_state, lab,
                         None if action == "remove" else r.get("fetch_state"))
 
-    def _apply_canary(self, r: dict, action: str) -> None:
-        lab = (r["cluster"], r["topic"], int(r["partition"]))
+    def _apply_report(self, r: dict, action: str) -> None:
+        """A canary's or an instrumented producer's latest report of a partition (served by
+        CanaryMetrics); at most MAX_CANARY_PARTITIONS entities of each kind."""
+        lab: tuple
+        if r["kind"] == "canary":
+            store, lab = self._canary, (r["cluster"], r["topic"], int(r["partition"]))
+        else:
+            store, lab = self._produce, (r["cluster"], r["source"] or "", r["topic"], int(r["partition"]))
         if action == "remove":
-            self._canary.pop(lab, None)
+            store.pop(lab, None)
             return
         try:
-            rep = json.loads(r.get("canary") or "")
+            rep = json.loads(r.get("report") or "")
         except ValueError:
             return
         if not isinstance(rep, dict):
             return
-        if lab not in self._canary and len(self._canary) >= MAX_CANARY_PARTITIONS:
+        if lab not in store and len(store) >= MAX_CANARY_PARTITIONS:
             self._refused += 1
             return
-        self._canary[lab] = (r.get("leader"), rep)
+        store[lab] = (r.get("leader"), rep)
 
     def _set_state(self, name: str, current: dict[tuple, str], lab: tuple, state: Optional[str]) -> None:
         """A state set: 1 on ``state``'s series (labels ``lab`` + the state), the previous
@@ -634,8 +668,8 @@ class Exporter:
                                     None if action == "remove" else r.get("group_state"))
                 elif kind == "client_fetch":
                     self._apply_client_fetch(r, action)
-                elif kind == "canary":
-                    self._apply_canary(r, action)
+                elif kind == "canary" or kind == "client_produce":
+                    self._apply_report(r, action)
                 elif kind == "broker":
                     lab = (r["cluster"], str(r["broker"]))
                     registered = r.get("registered")

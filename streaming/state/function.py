@@ -26,6 +26,7 @@ from streaming.rules import fetch as rules_fetch
 from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
+from streaming.rules import produce as rules_produce
 from streaming.rules import topic as rules_topic
 from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
@@ -68,7 +69,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("observation_lag_ms", "long"),
     ("position", "long"),         # kind client_fetch: the consumer's position
     ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
-    ("canary", "string"),         # kind canary: the report's counters as JSON (parsing.CANARY_FIELDS)
+    ("report", "string"),         # kinds canary, client_produce: the report as JSON (parsing.REPORT_FIELDS)
     ("broker", "long"),           # kind broker, and the alerts on one: the broker id
     ("leader_partitions", "long"),     # kind broker: partitions it leads
     ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
@@ -277,9 +278,12 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     registered=None if s["registered"] is None else int(bool(s["registered"])), leader_partitions=s["leader_partitions"],
                     replicas=s["replica_partitions"], out_of_sync_replicas=s["out_of_sync_replicas"],
                     at=s["last_seen"])
+    if kind == "client_produce":
+        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], topic=s["topic"],
+                    partition=s["partition"], leader=s["leader"], report=s["report"], at=s["last_seen"])
     if kind == "canary":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
-                    source=s["source"], leader=s["leader"], canary=s["report"], at=s["last_seen"])
+                    source=s["source"], leader=s["leader"], report=s["report"], at=s["last_seen"])
     if kind == "group":
         return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
                     group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
@@ -299,6 +303,8 @@ def _labels(s: dict) -> dict:
         return rules_broker.broker_labels(s)
     if kind in ("partition", "canary"):
         return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
+    if kind == "client_produce":
+        return {"cluster": s["cluster"], "source": s["source"], "topic": s["topic"], "partition": s["partition"]}
     if kind in ("group_partition", "client_fetch"):
         return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
     if kind == "group":
@@ -315,6 +321,7 @@ _TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
     "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
     "canary": lambda e: rules_canary.new_canary(e["cluster"], e["topic"], e["partition"]),
+    "client_produce": lambda e: rules_produce.new_client_produce(e["cluster"], e["source"], e["topic"], e["partition"]),
     "broker": lambda e: rules_broker.new_broker(e["cluster"], e.get("node_id") or 0),
     "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
     "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
@@ -488,10 +495,15 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
             out += rules_fetch.on_client_fetch(s, r, t, key)
         elif etype == "broker_state":
             out += rules_broker.on_broker_state(s, r, t, key)
-        elif etype == "canary":
-            out += rules_canary.on_canary(s, r, t, key)
-            if t is not None and rules_canary.pending_writes(r):
-                pkey = rules_canary.partition_key(key)
+        elif etype in ("canary", "client_produce"):
+            if etype == "canary":
+                out += rules_canary.on_canary(s, r, t, key)
+                pending = rules_canary.pending_writes(r)
+            else:
+                out += rules_produce.on_client_produce(s, r, t, key)
+                pending = rules_produce.in_flight(r)
+            if t is not None and pending:
+                pkey = f"partition|{r['cluster']}/{r['topic']}/{int(r['partition'])}"
                 ps = entities.get(pkey)
                 if ps is None and take is not None:
                     ps = take(pkey)

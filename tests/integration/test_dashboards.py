@@ -91,7 +91,7 @@ MUST_SHOW_ALERTS = {
 }
 #: Grafana's own variables a query may use
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
-METRIC = re.compile(r"\bkafka_monitor_[a-z_]+")
+METRIC = re.compile(r"\bkafka_monitor_[a-z0-9_]+")
 #: metrics that are not the exporter's but Prometheus's own
 PROMETHEUS_METRICS = {"up", "ALERTS"}
 SEVERITIES = {"critical", "warning", "info"}

@@ -290,7 +290,7 @@ def test_an_unreachable_events_cluster_neither_slows_nor_breaks_the_app(tansu):
     assert inst.instrumentation_errors == 0 and inst.events_sent == 0 and inst.events_emitted > 0
 
 
-def test_an_instrumented_producer_reports_metadata_refreshes_and_no_fetches(tansu):
+def test_an_instrumented_producer_reports_metadata_refreshes_its_writes_and_no_fetches(tansu):
     """A producer's first refreshes go through the bootstrap broker, which librdkafka then drops from
     statistics (its Metadata counter with it): the bootstrap refresh is recognised from the topic's
     metadata_age; the periodic one (the app's own 1 s refresh interval) from both signals."""
@@ -313,9 +313,15 @@ def test_an_instrumented_producer_reports_metadata_refreshes_and_no_fetches(tans
         undelivered = inst.close(5)
     assert undelivered == 0 and sorted(delivered) == [0, 1, 2]
     evs = sorted(read_events(tansu.bootstrap, events), key=lambda e: e.seq)
-    assert {e.type for e in evs} == {"metadata_refresh"}
+    assert {e.type for e in evs} == {"metadata_refresh", "client_produce"}  # no fetches
     assert {(e.cluster, e.source) for e in evs} == {("it", "producer-it")}
-    refreshes = [e.data for e in evs]
+    # what its writes saw: the last report says all 3 sent, none held or in flight
+    produced = [e.data for e in evs if e.type == "client_produce"]
+    assert {(p.topic, p.partition) for p in produced} == {(topic, 0)}
+    last = produced[-1]
+    assert (last.sent_messages, last.queued_messages, last.in_flight_messages) == (3, 0, 0)
+    assert last.leader is not None and last.leader_request_errors == 0
+    refreshes = [e.data for e in evs if e.type == "metadata_refresh"]
     assert refreshes[0].reason == "bootstrap" and topic in refreshes[0].cause
     assert {r.reason for r in refreshes[1:]} == {"periodic"} and len(refreshes) >= 2
     assert [r.version for r in refreshes] == sorted({r.version for r in refreshes})

@@ -53,7 +53,7 @@ SEVERITIES = {"info", "warning", "critical"}
 #: labels a rule may group or match on: the metrics' vocabulary plus the scrape's own labels
 LABELS = {"cluster", "topic", "partition", "group", "source", "broker", "alert", "severity", "reason", "job",
           "instance"}
-METRIC = re.compile(r"kafka_monitor_[a-z_]+")
+METRIC = re.compile(r"kafka_monitor_[a-z0-9_]+")
 SUFFIXES = ("_bucket", "_count", "_sum")
 
 

@@ -79,7 +79,7 @@ def test_series_cap_refuses_and_counts():
 
 def test_every_metric_is_documented_in_the_catalogue():
     doc = (ROOT / "docs" / "metrics.md").read_text()
-    documented = set(re.findall(r"^\| `(kafka_monitor_[a-z_]+)`", doc, re.M))
+    documented = set(re.findall(r"^\| `(kafka_monitor_[a-z0-9_]+)`", doc, re.M))
     assert documented == set(CATALOGUE)
     for name, (typ, _, labels) in CATALOGUE.items():
         assert name.endswith("_total") == (typ == "counter"), name
@@ -459,7 +459,7 @@ def canary_row(action="upsert", leader=2, **kw):
            "pending": 2, "oldest_pending_ms": 1500, "produce_latency_counts": [0, 4, 5] + [0] * 10 + [1],
            "produce_latency_sum_ms": 40_100.0, "e2e_latency_counts": [0, 0, 9] + [0] * 11, "e2e_latency_sum_ms": 63.0,
            "errors": {"NOT_ENOUGH_REPLICAS": 2}, **kw}
-    return row(kind="canary", action=action, cluster="k", topic="c", partition=0, leader=leader, canary=json.dumps(rep))
+    return row(kind="canary", action=action, cluster="k", topic="c", partition=0, leader=leader, report=json.dumps(rep))
 
 
 def test_canary_reports_are_served_as_histograms_counters_and_gauges_of_partition_and_broker():
@@ -498,3 +498,21 @@ def test_canary_histograms_of_other_buckets_are_not_served_and_partitions_are_ca
     e.apply([{**canary_row(), "partition": 1}], batch_id=1)
     assert v(e, "canary_messages_sent_total", **{**lab, "partition": "1"}) is None
     assert v(e, "exporter_series_refused_total") == 1
+
+
+def test_an_instrumented_producers_partition_report_is_served_per_source_and_leader():
+    e = Exporter()
+    rep = {"leader": 1, "queued_messages": 4, "in_flight_messages": 2, "sent_messages": 40, "sent_bytes": 4000,
+           "leader_rtt_avg_ms": 1.5, "leader_rtt_p99_ms": 3.9, "leader_queue_latency_p99_ms": None,
+           "leader_request_errors": 2, "leader_request_retries": 5, "leader_request_timeouts": 1}
+    r = row(kind="client_produce", action="upsert", cluster="k", source="app-1", topic="t", partition=0, leader=1,
+            report=json.dumps(rep))
+    e.apply([r], batch_id=0)
+    lab = {"cluster": "k", "source": "app-1", "topic": "t", "partition": "0", "broker": "1"}
+    assert v(e, "client_produce_in_flight_messages", **lab) == 2
+    assert v(e, "client_produce_sent_messages_total", **lab) == 40
+    assert v(e, "client_produce_leader_rtt_p99_seconds", **lab) == 0.0039
+    assert v(e, "client_produce_leader_queue_latency_p99_seconds", **lab) is None  # unknown: absent, not 0
+    assert v(e, "client_produce_leader_request_errors_total", **lab) == 2
+    e.apply([{**r, "action": "remove"}], batch_id=1)
+    assert v(e, "client_produce_in_flight_messages", **lab) is None

@@ -121,6 +121,10 @@ def payload(draw, etype: str) -> dict:
                 "ok": ok, "duration_ms": draw(st.one_of(st.none(), st.floats(0, 1e4))),
                 "error": None if ok else draw(st.text(max_size=30)), "partition_count_changes": changes,
                 "metadata_max_age_ms": draw(st.one_of(st.none(), st.integers(1000, 600_000)))}
+    if etype == "client_produce":
+        return {"topic": topic, "partition": part, "leader": draw(st.one_of(st.none(), st.integers(1, 4))),
+                "queued_messages": draw(st.integers(0, 9)), "in_flight_messages": draw(st.integers(0, 9)),
+                "sent_messages": draw(st.integers(0, 10 ** 6)), "leader_rtt_p99_ms": draw(st.one_of(st.none(), st.floats(0, 1e4)))}
     if etype == "broker_state":
         holds = draw(st.integers(0, 50))
         return {"node_id": draw(st.integers(0, 4)), "registered": draw(st.booleans()), "metadata_version": 3,

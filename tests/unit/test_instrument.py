@@ -24,7 +24,8 @@ from monitor.contract import ClientFetch, Event, MetadataRefresh, Rebalance
 from monitor.instrument import (
     CLUSTER_ID_WAIT_S, DEFAULT_STATISTICS_INTERVAL_MS, GROUP_FAILURE_CODES, Instrumentation, InstrumentedConsumer,
     instrument, instrumentation_of)
-from monitor.rdkafka_stats import MetadataRequestTracker, client_fetches, generation_of, stats_observed_at
+from monitor.rdkafka_stats import (MetadataRequestTracker, client_fetches, client_produces, generation_of,
+                                   stats_observed_at)
 
 # ---------------------------------------------------------------------------------------------
 # Fakes and canned statistics
@@ -734,3 +735,26 @@ def test_instrumented_consumer_is_a_consumer_and_closes_its_emitter():
     finally:
         c.close()
     assert c.instrumentation_errors == 0
+
+
+def test_a_producer_reports_each_partition_it_wrote_to_with_its_leaders_request_figures():
+    name, b1 = broker(1, 1)
+    b1.update(txerrs=2, txretries=5, req_timeouts=1,
+              rtt={"min": 900, "max": 4000, "avg": 1500, "p50": 1200, "p99": 3900, "cnt": 12},
+              int_latency={"min": 10, "max": 300, "avg": 40, "p50": 30, "p99": 250, "cnt": 12})
+    name2, b2 = broker(2, 1, nodename="127.0.0.1:9093")
+    b2.update(rtt={"min": 0, "max": 0, "avg": 0, "p50": 0, "p99": 0, "cnt": 0})
+    sent = dict(msgq_cnt=3, xmit_msgq_cnt=1, msgs_inflight=2, txmsgs=40, txbytes=4000)
+    idle = dict(msgq_cnt=0, xmit_msgq_cnt=0, msgs_inflight=0, txmsgs=0, txbytes=0)
+    s = stats(kind="producer", brokers=[(name, b1), (name2, b2)],
+              topics={"out": [part(0, desired=False, **sent), part(1, desired=False, leader=2, **{**sent, "msgs_inflight": 0}),
+                              part(2, desired=False, **idle), UA]})
+    got = {p.partition: p for p in client_produces(s)}
+    assert sorted(got) == [0, 1]  # partition 2: nothing sent, nothing held
+    p0 = got[0]
+    assert (p0.topic, p0.leader, p0.queued_messages, p0.in_flight_messages, p0.sent_messages, p0.sent_bytes) == (
+        "out", 1, 4, 2, 40, 4000)
+    assert (p0.leader_rtt_avg_ms, p0.leader_rtt_p99_ms, p0.leader_queue_latency_p99_ms) == (1.5, 3.9, 0.25)
+    assert (p0.leader_request_errors, p0.leader_request_retries, p0.leader_request_timeouts) == (2, 5, 1)
+    assert got[1].leader == 2 and got[1].leader_rtt_p99_ms is None  # its leader's window saw no request
+    assert client_produces(stats()) == []  # a consumer

@@ -340,14 +340,14 @@ def test_a_canary_report_shares_its_partitions_bucket_and_keeps_its_counters_as_
     r = one(ev(report, seq=9), gate=True)
     assert r["reason"] is None
     assert (r["entity"], r["bucket_key"], r["leader"]) == ("canary|c1/t/2", "c1/t/2", None)  # the partition's bucket
-    rep = json.loads(r["canary"])
+    rep = json.loads(r["report"])
     assert (rep["sent"], rep["acked"], rep["received"], rep["pending"], rep["errors"]) == (
         2, 1, 1, 0, {"NOT_ENOUGH_REPLICAS": 1})
     assert sum(rep["produce_latency_counts"]) == 1 and rep["started_at"] == 1_700_000_000_000
     # error codes become label values: bounded in number and length
     d = ev(report, seq=10)
     d["data"]["errors"] = [{"code": f"E{i}" + "x" * 100, "count": 1} for i in range(40)]
-    errors = json.loads(one(d)["canary"])["errors"]
+    errors = json.loads(one(d)["report"])["errors"]
     assert len(errors) == parsing.CANARY_MAX_CODES and all(len(c) == parsing.CANARY_CODE_CHARS for c in errors)
     assert one(with_data(ev(report, seq=11), started_at=None))["reason"] == "missing_field"
 

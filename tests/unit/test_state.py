@@ -404,7 +404,7 @@ def canary(seq, t, pending, sent=10, part=0):
               "e2e_latency_sum_ms": 0.0, "lost_after_ms": 30_000, "errors": {}}
     return {"type": "canary", "entity": f"canary|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
             "observed_at": t, "topic": "t", "partition": part, "leader": 1, "started_at": 1,
-            "canary": json.dumps(report)}
+            "report": json.dumps(report)}
 
 
 def test_canary_writes_pending_under_a_flat_hw_raise_high_watermark_stalled_until_it_moves():
@@ -414,7 +414,7 @@ def test_canary_writes_pending_under_a_flat_hw_raise_high_watermark_stalled_unti
     # the canary reports its latest counters; none pending: nothing to decide
     out = call(fn, 0, rows(canary(1, 2_000, 0), poff(3, 2_000, 110)), s)
     got = out[out.kind == "canary"].iloc[0]
-    assert (got.topic, got.partition, got.leader, json.loads(got.canary)["sent"]) == ("t", 0, 1, 10)
+    assert (got.topic, got.partition, got.leader, json.loads(got.report)["sent"]) == ("t", 0, 1, 10)
     # writes pending from 10 s on, the HW flat: the stall opens once it lasted hw_stall_ms (10 s)
     out = call(fn, 0, rows(canary(2, 10_000, 3, sent=20), poff(4, 10_000, 110), poff(5, 19_000, 110)), s)
     assert out[out.kind == "alert"].empty
@@ -465,3 +465,27 @@ def test_a_broker_down_then_back_and_a_broker_behind_are_one_alert_each_naming_t
     # a broker that holds nothing and is not listed (decommissioned) is not down
     out = call(fn, 1, rows(bstate(1, 6_000, 7, False, holds=0, leads=0)), FakeState())
     assert out[out.kind == "alert"].empty
+
+
+def cprod(seq, t, in_flight, source="app-1", part=0):
+    report = {"leader": 1, "queued_messages": 0, "in_flight_messages": in_flight, "sent_messages": 100 + seq,
+              "sent_bytes": 1000, "leader_rtt_avg_ms": 3.0, "leader_rtt_p99_ms": 9.0,
+              "leader_queue_latency_p99_ms": 0.5, "leader_request_errors": 0, "leader_request_retries": 0,
+              "leader_request_timeouts": 0}
+    return {"type": "client_produce", "entity": f"client_produce|k/{source}/t/{part}", "cluster": "k",
+            "source": source, "seq": seq, "observed_at": t, "topic": "t", "partition": part, "leader": 1,
+            "report": json.dumps(report)}
+
+
+def test_an_instrumented_producers_writes_in_flight_under_a_flat_hw_raise_high_watermark_stalled():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+    call(fn, 0, rows(pmd(1, 1_000, [1, 2, 3]), poff(2, 1_000, 100)), s)
+    out = call(fn, 0, rows(cprod(1, 2_000, 5), poff(3, 3_000, 100), cprod(2, 12_000, 5), poff(4, 13_000, 100)), s)
+    got = out[out.kind == "client_produce"]
+    assert list(got.source) == ["app-1"] and json.loads(got.iloc[0].report)["sent_messages"] == 102
+    (opened,) = out[(out.kind == "alert") & (out.action == "open")].itertuples()
+    assert opened.alert == "HighWatermarkStalled" and json.loads(opened.evidence)["pending_writes_since"] == 2_000
+    out = call(fn, 0, rows(cprod(3, 14_000, 0), poff(5, 15_000, 180)), s)
+    assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("HighWatermarkStalled", "resolve")]
