@@ -173,3 +173,56 @@ def test_an_instrumented_consumers_view_reaches_metrics(tansu, spark, tmp_path):
     finally:
         stop_query(q)
         exporter.shutdown()
+
+
+def test_an_instrumented_producers_writes_reach_metrics(tansu, spark, tmp_path):
+    """An application's instrumented producer reports the partitions it writes to
+    (client_produce); the job serves them: sent messages, nothing held or in flight.  The
+    producer stays up while the job reads: Tansu's ListOffsets ends at the last record batch's
+    first offset + 1, so the job reads a batch's last records once a later batch exists."""
+    from confluent_kafka import Producer
+    from monitor.instrument import instrument, instrumentation_of
+    orders, events, alerts = unique("orders"), unique("events"), unique("alerts")
+    create_topics(tansu.bootstrap, {orders: 2, events: 1, alerts: 1})
+    conf = instrument({"bootstrap.servers": tansu.bootstrap, "statistics.interval.ms": 200, "acks": "all"},
+                      events={"bootstrap.servers": tansu.bootstrap, "topic": events}, cluster="e2e",
+                      source="producer-e2e")
+    producer = Producer(conf)
+    exporter = Exporter()
+    port = exporter.serve(0)
+    cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp_path / "ckpt"), events_topic=events,
+                    trigger_s=1, buckets=4, metrics_port=port, alerts_topic=alerts)
+    q = start(spark, cfg, exporter, query_name=unique("e2e-produce"))
+    try:
+        for i in range(10):
+            producer.produce(orders, value=b"%d" % i, partition=i % 2)
+        assert producer.flush(10) == 0
+
+        def served():
+            got = {}
+            for (name, labels), value in scrape(port).items():
+                lab = dict(labels)
+                if name.startswith("kafka_monitor_client_produce_") and lab.get("topic") == orders:
+                    assert lab["source"] == "producer-e2e" and lab["cluster"] == "e2e" and lab["broker"]
+                    got[(name, int(lab["partition"]))] = value
+            return got
+        expected = {}
+        for p in (0, 1):
+            expected.update({("kafka_monitor_client_produce_sent_messages_total", p): 5,
+                             ("kafka_monitor_client_produce_in_flight_messages", p): 0,
+                             ("kafka_monitor_client_produce_queued_messages", p): 0})
+        seen: list = [None]
+
+        def matches():
+            producer.poll(0.2)  # its statistics keep coming
+            seen[0] = served()
+            return all(seen[0].get(k) == v for k, v in expected.items())
+        try:
+            wait_for(matches, timeout=120, interval=0.5, what="the producer's client_produce series on /metrics")
+        except AssertionError:
+            raise AssertionError(f"served {seen[0]}, expected {expected}") from None
+    finally:
+        stop_query(q)
+        exporter.shutdown()
+        producer.flush(10)
+        instrumentation_of(conf).close(5)
