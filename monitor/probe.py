@@ -290,6 +290,11 @@ class ProbeConfig:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
         parse_share(self.share)
         if self.canary:
+            share = parse_share(self.share)
+            if share is not None and share[0] != 1:
+                raise ConfigError(f"probe.canary: run the canary on one probe of the {share[1]} that share the "
+                                  f"cluster, the one with share 1/{share[1]} (this one has {self.share}): the job "
+                                  f"keeps one report per canary partition")
             if not self.canary_topic:
                 raise ConfigError("probe.canary_topic: must not be empty")
             if not 0.05 <= self.canary_interval_s <= 60:

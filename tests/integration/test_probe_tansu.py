@@ -151,6 +151,9 @@ def test_unreachable_cluster_is_a_failed_refresh_event_not_a_crash(tansu):
     ({"offsets_via": "magic"}, "probe.offsets_via"),
     ({"topics_include": "("}, "probe.topics_include"),
     ({"bootstrap_servers": ""}, "probe.bootstrap_servers"),
+    ({"canary": True, "share": "2/3"}, "probe.canary: run the canary on one probe of the 3"),
+    ({"canary": True, "canary_interval_s": 0}, "probe.canary_interval_s"),
+    ({"canary": True, "canary_replication_factor": 0}, "probe.canary_replication_factor"),
 ])
 def test_bad_settings_name_the_setting(kw, msg):
     with pytest.raises(ConfigError, match=msg):
