@@ -42,16 +42,20 @@ def parse_stats(raw: Union[str, bytes]) -> dict[str, Any]:
     return stats
 
 
+def _named_topics(stats: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """(name, fields) of every topic in a client's statistics."""
+    for tname, topic in (stats.get("topics") or {}).items():
+        if isinstance(topic, Mapping):
+            named = topic.get("topic")
+            yield (named if isinstance(named, str) else str(tname)), topic
+
+
 def assigned_partitions(stats: Mapping[str, Any]) -> Iterable[tuple[str, int, Mapping[str, Any]]]:
     """(topic, partition, fields) of every partition a consumer's statistics show as assigned.
 
     librdkafka lists every partition it knows of a topic; ``desired`` marks the assigned ones.
     Partition -1 is its internal UA (unassigned) partition and never an assignment."""
-    for tname, topic in (stats.get("topics") or {}).items():
-        if not isinstance(topic, Mapping):
-            continue
-        named = topic.get("topic")
-        name = named if isinstance(named, str) else str(tname)
+    for name, topic in _named_topics(stats):
         for p in _partitions(topic):
             if p.get("desired") is True:
                 yield name, p["partition"], p
@@ -103,11 +107,7 @@ def client_produces(stats: Mapping[str, Any]) -> list[ClientProduce]:
         if node is not None:
             by_id[node] = broker
     out = []
-    for tname, topic in (stats.get("topics") or {}).items():
-        if not isinstance(topic, Mapping):
-            continue
-        named = topic.get("topic")
-        name = named if isinstance(named, str) else str(tname)
+    for name, topic in _named_topics(stats):
         for p in _partitions(topic):
             queued = (_int(p.get("msgq_cnt")) or 0) + (_int(p.get("xmit_msgq_cnt")) or 0)
             inflight, sent = _int(p.get("msgs_inflight")), _int(p.get("txmsgs"))
