@@ -398,6 +398,8 @@ class Probe:
         self._lo_for: Optional[list[tuple[str, int]]] = None
         self._lo_requests: tuple[list, list, list] = ([], [], [])
         self._lo_owners: list[int] = []
+        #: ListOffsets futures of requests the probe stopped waiting for (_list_offsets)
+        self._lo_pending: list[concurrent.futures.Future] = []
         self._lo_leaders: list[int] = []
         self.cycles = 0
         self.warnings: dict[str, int] = {}
@@ -1075,6 +1077,10 @@ class Probe:
                         err = e.args[0] if e.args else e
                         merged.update(dict.fromkeys(req, err))
                 results.append(merged)
+            # requests not waited for stay with their client until they end (close() waits for
+            # them: librdkafka crashes the process when a client goes with requests in flight)
+            self._lo_pending = [f for f in self._lo_pending if not f.done()]
+            self._lo_pending += [f for futures in sent for f in futures if not f.done()]
             if late:
                 self._warn_once(f"list_offsets_late_{sorted(late)}", "offsets from broker(s) %s not answered within "
                                 "%.1fs: their partitions are not observed this cycle", sorted(late), self.offsets_wait_s())
@@ -1224,6 +1230,9 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
+        if self._lo_pending:  # each ends by its request timeout at the latest
+            concurrent.futures.wait(self._lo_pending, timeout=self.cfg.request_timeout_s + 1)
+            self._lo_pending = []
         self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
             gc.unfreeze()
