@@ -167,7 +167,7 @@ class PartitionGauges:
         return self.exporter.partition_samples()
 
 
-class CanaryMetrics:
+class ReportMetrics:
     """The canary's series, from each canary partition's latest report (``Exporter._canary``),
     and the instrumented producers' (``Exporter._produce``): their counters and histograms are
     cumulative since the client started, so they are served as they come (a restart is a
@@ -330,8 +330,8 @@ class Exporter:
             short = name[len(P):]
             if short in _PARTITION_GAUGES or short in _GROUP_PARTITION_GAUGES or short in _AGGREGATES:
                 continue  # served from self._parts / self._gparts (PartitionGauges)
-            if short.startswith("canary_"):
-                continue  # served from self._canary (CanaryMetrics)
+            if short.startswith(("canary_", "client_produce_")):
+                continue  # served from self._canary / self._produce (ReportMetrics)
             # prometheus_client appends _total to counters itself
             if typ == "counter":
                 self._m[name] = Counter(name[: -len("_total")], help_, labels, registry=self._base)
@@ -339,7 +339,7 @@ class Exporter:
                 self._m[name] = Histogram(name, help_, labels, buckets=DELAY_BUCKETS, registry=self._base)
             else:
                 self._m[name] = Gauge(name, help_, labels, registry=self._base)
-        self._base.register(CanaryMetrics(self))
+        self._base.register(ReportMetrics(self))
         self.registry.register(_Registry(self._base))
         self.m("job_start_timestamp_seconds").set(time.time())
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
@@ -467,7 +467,7 @@ class Exporter:
 
     def _apply_report(self, r: dict, action: str) -> None:
         """A canary's or an instrumented producer's latest report of a partition (served by
-        CanaryMetrics); at most MAX_CANARY_PARTITIONS entities of each kind."""
+        ReportMetrics); at most MAX_CANARY_PARTITIONS entities of each kind."""
         lab: tuple
         if r["kind"] == "canary":
             store, lab = self._canary, (r["cluster"], r["topic"], int(r["partition"]))

@@ -516,3 +516,14 @@ def test_an_instrumented_producers_partition_report_is_served_per_source_and_lea
     assert v(e, "client_produce_leader_request_errors_total", **lab) == 2
     e.apply([{**r, "action": "remove"}], batch_id=1)
     assert v(e, "client_produce_in_flight_messages", **lab) is None
+
+
+def test_each_metric_is_described_once_in_the_exposition():
+    """The report-based series (canary, instrumented producers) come from their collector only: a
+    second HELP line for a name makes Prometheus refuse the whole scrape."""
+    e = Exporter()
+    e.apply([canary_row(), row(kind="client_produce", action="upsert", cluster="k", source="a", topic="t",
+                               partition=0, leader=1, report=json.dumps({"sent_messages": 3, "in_flight_messages": 0}))],
+            batch_id=0)
+    helps = [line.split()[2] for line in e.render().decode().splitlines() if line.startswith("# HELP ")]
+    assert len(helps) == len(set(helps)), sorted(h for h in helps if helps.count(h) > 1)
