@@ -126,7 +126,7 @@ class CanaryStats:
         self._clock = clock
         self._wall = wall
         self.parts: dict[int, _Partition] = {}
-        self._lock = threading.Lock()  # delivery callbacks run in poll(), on the canary's thread; kept for safety
+        self._lock = threading.Lock()  # deliveries are served on a thread of their own (Canary._serve_deliveries)
 
     def part(self, p: int) -> _Partition:
         got = self.parts.get(p)

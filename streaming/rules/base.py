@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -129,3 +130,13 @@ def evict(state: Any, now: int, ttl_ms: int, entity: str, labels: dict) -> Optio
     for name in list(state["open"]):
         out += _resolve(state, Alert(name), entity, labels, now, {"reason": "entity no longer observed"})
     return out
+
+
+def report_int(ev: dict[str, Any], name: str) -> Optional[int]:
+    """An integer field of a row's ``report`` (the JSON of a canary or client_produce event,
+    streaming/ingest/parsing.py ``REPORT_FIELDS``); None when absent or not an integer."""
+    try:
+        v = json.loads(ev.get("report") or "{}").get(name)
+    except (ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None

@@ -7,10 +7,9 @@ HighWatermarkStalled decidable (``on_canary`` returns the partition to note them
 
 from __future__ import annotations
 
-import json
-from typing import Any, Optional
+from typing import Any
 
-from streaming.rules.base import Transition
+from streaming.rules.base import Transition, report_int
 
 
 def new_canary(cluster: str, topic: str, partition: int) -> dict:
@@ -29,12 +28,4 @@ def on_canary(state: dict, ev: dict[str, Any], now: int, entity: str) -> list[Tr
 
 def pending_writes(ev: dict[str, Any]) -> bool:
     """Whether the report says writes were sent and not acknowledged at its time."""
-    rep: Optional[str] = ev.get("report")
-    if not rep:
-        return False
-    try:
-        n = json.loads(rep).get("pending")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(n, int) and n > 0
-
+    return (report_int(ev, "pending") or 0) > 0

@@ -7,10 +7,9 @@ writes are pending (HighWatermarkStalled), like the canary's.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from streaming.rules.base import Transition
+from streaming.rules.base import Transition, report_int
 
 
 def new_client_produce(cluster: str, source: str, topic: str, partition: int) -> dict:
@@ -27,8 +26,4 @@ def on_client_produce(state: dict, ev: dict[str, Any], now: int, entity: str) ->
 
 def in_flight(ev: dict[str, Any]) -> bool:
     """Whether the report says writes were sent and not acknowledged at its time."""
-    try:
-        n = json.loads(ev.get("report") or "{}").get("in_flight_messages")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(n, int) and n > 0
+    return (report_int(ev, "in_flight_messages") or 0) > 0
