@@ -1008,9 +1008,11 @@ class Probe:
         return out, at
 
     def offsets_wait_s(self) -> float:
-        """How long a cycle waits for ListOffsets answers: the interval (at least 1 s), at most
-        the request timeout."""
-        return min(self.cfg.request_timeout_s, max(1.0, self.cfg.interval_s))
+        """How long a cycle waits for ListOffsets answers: the request timeout.  (Waiting only the
+        interval, so that a silent broker leaves just its own partitions unobserved, was tried:
+        CI's pytest process then died of a segfault in 2 of 4 runs of tests/e2e/test_job_killed.py,
+        whose in-process probe sees broker 3 stop; not understood, so not kept.)"""
+        return self.cfg.request_timeout_s
 
     def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict, dict]:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
