@@ -2,7 +2,7 @@
 acks=all, a follower is paused, and the job sees HighWatermarkStalled then IsrShrink.
 
 This cluster of its own has Kafka's default replica.lag.time.max.ms (30 s: a stopped follower
-is dropped from the ISR 30 to 45 s after it stops) and is fenced only after 60 s, so the job's
+is dropped from the ISR 30 to 45 s after it stops) and is fenced only after 120 s, so the job's
 default stall window (hw_stall_ms, 10 s) falls inside the time it holds the high watermark, even
 with the probe blind for ~11 s after the pause (its requests wait for the paused broker).  (The session cluster drops followers after 3 s, faster than the probe even sees a
 paused broker: it goes blind to the cluster for ~11 s, see docs/canary.md.)
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 @pytest.fixture(scope="module")
 def write_path(tansu, spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("write-path")
-    cluster = KafkaCluster(replica_lag_time_max_ms=30_000, broker_session_timeout_ms=60_000)
+    cluster = KafkaCluster(replica_lag_time_max_ms=30_000, broker_session_timeout_ms=120_000)
     with ExitStack() as cleanup:
         cleanup.callback(cluster.stop)
         cluster.start()
@@ -91,8 +91,8 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
                       if a["alert"] == "IsrShrink" and a["action"] == "open" and a["at"] > t0}
             return followed <= opened
         wait_for(shrunk, 90, interval=2, what="IsrShrink on the canary partitions broker 3 follows")
-        # the broker view names it: registered (paused, not fenced: the session lasts 60 s), behind
-        wait_for(lambda: ("BrokerUnderReplicating", "3") in broker_alerts(wp["url"]), 30, interval=0.5,
+        # the broker view names it: registered (paused, not fenced: the session lasts 120 s), behind
+        wait_for(lambda: ("BrokerUnderReplicating", "3") in broker_alerts(wp["url"]), 60, interval=0.5,
                  what="BrokerUnderReplicating for broker 3 on /metrics")
         assert ("BrokerDown", "3") not in broker_alerts(wp["url"])
     finally:
