@@ -47,6 +47,31 @@ SEEN_WINDOW = 4096
 MAX_UNREAD = 10_000
 
 
+#: a canary write unacknowledged this long (ms) counts as waiting (healthy: tens of ms)
+WAITING_AFTER_MS = 2_000
+
+
+def writes_held_by(parts: dict[int, tuple[int, list[int]]], answering: set[int], waiting: dict[int, int],
+                   now_ms: int, after_ms: int = WAITING_AFTER_MS) -> Optional[tuple[int, int, int]]:
+    """Which broker the canary's acks=all writes wait for, if one explains them all.
+
+    ``parts``: partition -> (leader, ISR); ``answering``: the brokers that answered the probe's
+    last requests; ``waiting``: partition -> when its oldest unacknowledged write was sent.  A
+    partition whose write has waited ``after_ms`` while its leader answers is held by a follower
+    still in its ISR (the leader acks once the whole ISR has the write); the broker that is such
+    a follower of every one of them is named: (broker, since when, how many partitions).  None
+    when nothing waits or no single broker explains it (one partition held on RF 3 has two
+    candidates; a silent leader's own partition says nothing of its followers)."""
+    held = [p for p, since in waiting.items()
+            if now_ms - since >= after_ms and p in parts and parts[p][0] >= 0 and parts[p][0] in answering]
+    if not held:
+        return None
+    suspects = set.intersection(*(set(parts[p][1]) - {parts[p][0]} for p in held))
+    if len(suspects) != 1:
+        return None
+    return suspects.pop(), min(waiting[p] for p in held), len(held)
+
+
 class CanarySetupError(RuntimeError):
     """The canary topic cannot be created or repaired with the probe's rights: the text says what to do."""
 
@@ -207,6 +232,14 @@ class CanaryStats:
                         break
                     del st.unread[seq]
                     st.lost += 1
+
+    def waiting_since(self) -> dict[int, int]:
+        """Partition -> when its oldest unacknowledged write was sent (epoch ms), for the
+        partitions with writes waiting for their ack."""
+        now, wall = self._clock(), self._wall()
+        with self._lock:
+            return {p: int((wall - (now - t)) * 1000) for p, st in self.parts.items()
+                    for t in [next(iter(st.unacked.values()), None)] if t is not None}
 
     def reports(self, topic: str, started_at: int) -> list[CanaryReport]:
         now = self._clock()

@@ -261,6 +261,13 @@ class BrokerState:
     is_controller: Optional[bool] = _doc("Whether it is the active controller; null: unknown (a KRaft cluster's "
                                          "metadata names a random broker, see metadata_refresh.controller_id).",
                                          default=None)
+    writes_waiting_since: Optional[int] = _doc(
+        "When the canary's acks=all writes started waiting for this broker (epoch ms): it is a follower in the ISR "
+        "of every canary partition whose oldest write has waited 2 s or more for its ack while the partition's "
+        "leader answers the probe, so it holds those partitions' high watermark.  Null: no such wait, no single "
+        "broker explains it, or no canary runs.", default=None)
+    writes_waiting_partitions: Optional[int] = _doc(
+        "How many canary partitions wait for it (with writes_waiting_since).", default=None)
 
 
 #: upper bounds (ms) of the canary's latency histogram buckets; a last bucket counts the rest.

@@ -89,7 +89,7 @@ from monitor.contract import (
     Broker, BrokerState, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
-from monitor.canary import Canary, CanaryConfig
+from monitor.canary import WAITING_AFTER_MS, Canary, CanaryConfig, writes_held_by
 from monitor.emitter import EventEmitter
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
@@ -421,6 +421,8 @@ class Probe:
         self._canary_thread: Optional[threading.Thread] = None
         self._canary_stop = threading.Event()
         self._canary_out: collections.deque = collections.deque(maxlen=100_000)
+        #: the broker the canary's writes wait for: (broker, since epoch ms, partitions), or None
+        self._writes_held: Optional[tuple[int, int, int]] = None
         if cfg.canary:
             self.canary = Canary(
                 CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
@@ -499,6 +501,27 @@ class Probe:
                     rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
                                 else (group, topic, part, off, None, None, None, None, None, None))
             self._emit_rows(GroupOffsets, rows, offsets_at)
+            if self.canary is not None:
+                self._check_canary_waits(partitions, offsets, offsets_at)
+
+    def _check_canary_waits(self, partitions: list[tuple[str, int]], offsets: dict, now: int) -> None:
+        """Name the broker the canary's writes wait for (``writes_held_by``): its broker_state
+        says since when, sent again every observation while it lasts and once when it ends."""
+        waiting = self.canary.stats.waiting_since() if self.canary is not None else {}
+        view = self.metadata.cluster
+        held = None
+        if view is not None and any(now - since >= WAITING_AFTER_MS for since in waiting.values()):
+            t = view.topics.get(self.cfg.canary_topic)
+            parts = {pv.partition: (pv.leader, list(pv.isr)) for pv in t.partitions} if t is not None else {}
+            answering = {leader for tp, leader in zip(partitions, self._watched_leaders) if tp in offsets}
+            held = writes_held_by(parts, answering, waiting, now)
+        if held is None and self._writes_held is None:
+            return
+        if held is not None and self._writes_held is not None and held[0] == self._writes_held[0]:
+            held = (held[0], min(held[1], self._writes_held[1]), held[2])  # the same wait goes on
+        self._writes_held = held
+        if view is not None:
+            self._emit_broker_states(view, self.metadata.version, now)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
         """A cycle whose work takes longer than the interval means observations fall behind their
@@ -700,12 +723,14 @@ class Probe:
             self._broker_sig = sig
         leads, holds, behind = self._broker_counts
         live = {b.node_id: b for b in view.brokers}
+        held = self._writes_held
         rows = []
         for node in sorted(set(live) | set(holds)):
             b = live.get(node)
+            since, waiting = (held[1], held[2]) if held is not None and held[0] == node else (None, None)
             rows.append((node, b is not None, version, leads.get(node, 0), holds.get(node, 0), behind.get(node, 0),
                          None if b is None else b.host, None if b is None else b.port, None if b is None else b.rack,
-                         None))
+                         None, since, waiting))
         self._emit_rows(BrokerState, rows, now)
 
     def _refresh_start_in(self) -> float:

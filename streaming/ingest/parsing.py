@@ -360,7 +360,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
-        "report": _report(data, canary_type, produce_type),
+        "report": _report(data, canary_type, produce_type, broker_type),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
@@ -377,18 +377,20 @@ REPORT_FIELDS = {
     "client_produce": ("leader", "queued_messages", "in_flight_messages", "sent_messages", "sent_bytes",
                        "leader_rtt_avg_ms", "leader_rtt_p99_ms", "leader_queue_latency_p99_ms",
                        "leader_request_errors", "leader_request_retries", "leader_request_timeouts"),
+    "broker_state": ("writes_waiting_since", "writes_waiting_partitions"),
 }
 #: error codes kept per canary report (librdkafka's names are short; the rest is cut)
 CANARY_MAX_CODES, CANARY_CODE_CHARS = 16, 64
 
 
-def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray) -> pa.Array:
-    """For each ``canary`` and ``client_produce`` row, its report as JSON (``REPORT_FIELDS``; a
+def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray) -> pa.Array:
+    """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
     produced-to partition per report): a Python loop."""
     out: list[Optional[str]] = [None] * len(data)
-    for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"])):
+    for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"]),
+                         (broker, REPORT_FIELDS["broker_state"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}

@@ -53,6 +53,7 @@ class Alert(str, enum.Enum):
     # broker
     BROKER_DOWN = "BrokerDown"                        # holds replicas, not registered (stopped or fenced)
     BROKER_UNDER_REPLICATING = "BrokerUnderReplicating"  # registered, some of its replicas out of the ISR
+    BROKER_STALLING_WRITES = "BrokerStallingWrites"   # the canary's acks=all writes wait for it (holds the HW)
 
 
 SEVERITY = {
@@ -76,6 +77,7 @@ SEVERITY = {
     Alert.SOURCE_SILENT: Severity.CRITICAL,
     Alert.BROKER_DOWN: Severity.CRITICAL,
     Alert.BROKER_UNDER_REPLICATING: Severity.WARNING,
+    Alert.BROKER_STALLING_WRITES: Severity.CRITICAL,
 }
 
 
@@ -133,7 +135,7 @@ def evict(state: Any, now: int, ttl_ms: int, entity: str, labels: dict) -> Optio
 
 
 def report_int(ev: dict[str, Any], name: str) -> Optional[int]:
-    """An integer field of a row's ``report`` (the JSON of a canary or client_produce event,
+    """An integer field of a row's ``report`` (the JSON of a canary, client_produce or broker_state event,
     streaming/ingest/parsing.py ``REPORT_FIELDS``); None when absent or not an integer."""
     try:
         v = json.loads(ev.get("report") or "{}").get(name)

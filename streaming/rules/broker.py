@@ -7,6 +7,11 @@ metadata refresh, counted over every partition of the response): BrokerDown, Bro
 - **BrokerUnderReplicating (warning)**: the broker is listed and some partitions it holds a
   replica of do not have it in their ISR (its fetchers are behind or stopped).  Opens on the
   first such observation, resolves when none is left.  A broker that is down is only BrokerDown.
+- **BrokerStallingWrites (critical)**: the canary's acks=all writes have waited ``STALLING_AFTER_MS``
+  for this broker (``writes_waiting_since``: the probe found it a follower in the ISR of every
+  canary partition whose writes wait while their leader answers, monitor.canary.writes_held_by),
+  so it holds their high watermark: the partitions' HighWatermarkStalled, named.  Resolves when
+  the writes no longer wait for it (acknowledged, or it left the ISR: then IsrShrink names it).
 
 Both name the broker (label ``broker``): the per-partition alerts of the same incident (IsrShrink,
 UnderReplicated, ...) are the same cause seen partition by partition.
@@ -16,14 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from streaming.rules.base import Alert, Transition, _open, _resolve
+from streaming.rules.base import Alert, Transition, _open, _resolve, report_int
 
 FIELDS = ("registered", "leader_partitions", "replica_partitions", "out_of_sync_replicas", "host", "port", "rack")
+#: the fields that come in the row's report (streaming/ingest/parsing.py REPORT_FIELDS)
+REPORTED = ("writes_waiting_since", "writes_waiting_partitions")
+
+#: how long the canary's writes wait for one broker before BrokerStallingWrites opens: the
+#: HighWatermarkStalled window (streaming.rules.partition.PartitionRulesConfig.hw_stall_ms)
+STALLING_AFTER_MS = 10_000
 
 
 def new_broker(cluster: str, node_id: int) -> dict:
     return {"cluster": cluster, "broker": node_id, "last_seen": None, "open": {}, "source": None,
-            "observed_at": None, "down_since": None, **dict.fromkeys(FIELDS)}
+            "observed_at": None, "down_since": None, **dict.fromkeys(FIELDS), **dict.fromkeys(REPORTED)}
 
 
 def broker_labels(state: dict) -> dict:
@@ -36,6 +47,8 @@ def on_broker_state(state: dict, ev: dict[str, Any], now: int, entity: str) -> l
     state["observed_at"] = now
     for f in FIELDS:
         state[f] = ev.get(f)
+    for f in REPORTED:
+        state[f] = report_int(ev, f)
     state["source"] = ev.get("source")
     labels = broker_labels(state)
     out: list[Transition] = []
@@ -58,4 +71,11 @@ def on_broker_state(state: dict, ev: dict[str, Any], now: int, entity: str) -> l
     else:
         out += _resolve(state, Alert.BROKER_UNDER_REPLICATING, entity, labels, now,
                         {"out_of_sync_replicas": behind, "registered": registered})
+    since = state["writes_waiting_since"]
+    if since is not None and registered and now - int(since) >= STALLING_AFTER_MS:
+        out += _open(state, Alert.BROKER_STALLING_WRITES, entity, labels, now,
+                     {"writes_waiting_since": int(since), "waiting_partitions": state["writes_waiting_partitions"],
+                      "waited_ms": now - int(since)})
+    elif since is None or not registered:
+        out += _resolve(state, Alert.BROKER_STALLING_WRITES, entity, labels, now, {"registered": registered})
     return out

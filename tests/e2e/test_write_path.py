@@ -1,5 +1,6 @@
 """The write path end to end on a real Apache Kafka cluster: the probe's canary writes with
-acks=all, a follower is paused, and the job sees HighWatermarkStalled then IsrShrink.
+acks=all, a follower is paused, and the job sees HighWatermarkStalled and BrokerStallingWrites
+(naming the paused broker), then IsrShrink.
 
 This cluster of its own has Kafka's default replica.lag.time.max.ms (30 s: a stopped follower
 is dropped from the ISR 30 to 45 s after it stops) and is fenced only after 120 s, so the job's
@@ -98,6 +99,15 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
     finally:
         c.resume_broker(3)
     records = [a for a in canary_alerts(wp) if a["at"] > t0]
+    # one broker named for the whole stall: the one the writes waited for, before it left the ISR
+    stalling = [a for a in read_alerts(wp["tansu"].bootstrap, wp["alerts"])
+                if a["alert"] == "BrokerStallingWrites" and a["at"] > t0]
+    assert [(a["action"], str(a["labels"]["broker"])) for a in stalling][:1] == [("open", "3")], stalling
+    first_shrink = min(a["at"] for a in records if a["alert"] == "IsrShrink" and a["action"] == "open")
+    print(f"\n[write path] BrokerStallingWrites broker 3: {(stalling[0]['at'] - t0) / 1000:.1f}s after SIGSTOP "
+          f"(writes waiting since {(stalling[0]['evidence']['writes_waiting_since'] - t0) / 1000:.1f}s, "
+          f"{stalling[0]['evidence']['waiting_partitions']} partitions); first IsrShrink {(first_shrink - t0) / 1000:.1f}s")
+    assert stalling[0]["at"] <= first_shrink
 
     def at(alert: str, action: str, part: str):
         return min((a["at"] for a in records if a["alert"] == alert and a["action"] == action
@@ -129,3 +139,5 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
     wait_for(lambda: all(3 in isr for _, _, isr in c.partitions(canary).values()), 90, interval=1,
              what="broker 3 back in the canary partitions' ISR")
     wait_for(lambda: not broker_alerts(wp["url"]), 60, interval=0.5, what="no broker alert left")
+    assert [a["action"] for a in read_alerts(wp["tansu"].bootstrap, wp["alerts"])
+            if a["alert"] == "BrokerStallingWrites" and a["at"] > t0] == ["open", "resolve"]

@@ -686,6 +686,35 @@ def test_a_broker_down_inhibits_the_partition_alerts_it_explains_and_no_others(a
     assert got == want
 
 
+def test_the_broker_writes_wait_for_silences_the_stalled_high_watermarks_of_its_cluster(alertmanager):
+    """BrokerStallingWrites (broker 3, cluster c4) names what the HighWatermarkStalled alerts of
+    c4 show partition by partition: they are suppressed; another cluster's still notifies."""
+    def alert(name: str, cluster: str, **labels: str) -> dict:
+        return {"labels": {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"],
+                           "cluster": cluster, **labels}, "annotations": {"summary": "test"}}
+
+    sent = [alert("BrokerStallingWrites", "c4", broker="3"),
+            alert("HighWatermarkStalled", "c4", topic="t", partition="0"),
+            alert("HighWatermarkStalled", "c4", topic="t", partition="1"),
+            alert("HighWatermarkStalled", "c5", topic="t", partition="0")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D~%22c4%7Cc5%22",
+                                               timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"]["cluster"], a["labels"].get("partition", "")): a["status"]["state"]
+               for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("BrokerStallingWrites", "c4", ""): "active", ("HighWatermarkStalled", "c4", "0"): "suppressed",
+            ("HighWatermarkStalled", "c4", "1"): "suppressed", ("HighWatermarkStalled", "c5", "0"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
 def test_one_notification_group_per_broker_and_per_consumer_group(alertmanager):
     """Alerts of one broker (its own and the partition alerts blamed on it) form one group per
     receiver, as do the alerts of one consumer group across its topics; others group by alert

@@ -45,7 +45,7 @@ EXPECTED_GROUPS = {
     "kafka-monitor.partitions": ["UnderMinIsr", "AtMinIsr", "HighWatermarkStalled", "PartitionUnobserved",
                                  "LeaderChanged", "PreferredLeaderImbalance", "PartitionCountChanged"],
     "kafka-monitor.clients": ["MetadataStale", "MetadataRefreshStorm"],
-    "kafka-monitor.brokers": ["BrokerDown", "BrokerUnderReplicating"],
+    "kafka-monitor.brokers": ["BrokerDown", "BrokerUnderReplicating", "BrokerStallingWrites"],
     "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
                            "KafkaMonitorJobFallingBehind", "KafkaMonitorEventsQuarantined"],
 }

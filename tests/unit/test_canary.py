@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.canary import MAX_UNREAD, SEEN_WINDOW, CanaryStats, plan_layout
+from monitor.canary import MAX_UNREAD, SEEN_WINDOW, CanaryStats, plan_layout, writes_held_by
 from monitor.contract import CANARY_LATENCY_BOUNDS_MS, Event
 
 
@@ -119,3 +119,42 @@ def test_memory_is_bounded():
         t.on_record(0, v)
     assert len(t.parts[0].seen) <= 2 * SEEN_WINDOW + 1
     assert t.on_record(0, values[0]) and t.parts[0].duplicated == 1  # too old to remember: read once already
+
+
+def test_waiting_since_is_the_send_time_of_each_partitions_oldest_unacked_write():
+    s, mono, wall = stats()
+    a, _ = s.next_record(0)
+    s.next_record(1)
+    mono.t += 3
+    wall.t += 3
+    s.next_record(0)
+    assert s.waiting_since() == {0: 1_000_000, 1: 1_000_000}
+    s.on_delivery(0, a, None)
+    s.on_delivery(1, 0, None)
+    assert s.waiting_since() == {0: 1_003_000}
+
+
+# three brokers, RF 3, one canary partition led by each (plan_layout)
+PARTS = {0: (1, [1, 2, 3]), 1: (2, [2, 3, 1]), 2: (3, [3, 1, 2])}
+
+
+def test_a_paused_follower_is_the_one_broker_every_held_partition_waits_for():
+    # broker 3 paused: it answers nothing; partitions 0 and 1 wait for it as a follower, 2 for it as leader
+    waiting = {0: 10_000, 1: 11_000, 2: 9_000}
+    assert writes_held_by(PARTS, {1, 2}, waiting, now_ms=14_000) == (3, 10_000, 2)
+    # too early: nothing has waited 2 s
+    assert writes_held_by(PARTS, {1, 2}, waiting, now_ms=11_500) is None
+
+
+def test_no_broker_is_named_when_the_waits_do_not_single_one_out():
+    # one partition held on RF 3: either follower may be the one
+    assert writes_held_by(PARTS, {1, 2, 3}, {0: 0}, now_ms=5_000) is None
+    # every leader answers and every partition waits: no follower is common to all
+    assert writes_held_by(PARTS, {1, 2, 3}, {0: 0, 1: 0, 2: 0}, now_ms=5_000) is None
+    # a silent leader's partition says nothing of its followers; a leaderless one neither
+    assert writes_held_by(PARTS, {1}, {1: 0, 2: 0}, now_ms=5_000) is None
+    assert writes_held_by({0: (-1, [2, 3])}, {1, 2, 3}, {0: 0}, now_ms=5_000) is None
+    # RF 2: a single held partition has a single follower
+    assert writes_held_by({0: (1, [1, 2])}, {1}, {0: 0}, now_ms=5_000) == (2, 0, 1)
+    # a partition the metadata does not show (yet) is left out
+    assert writes_held_by({}, {1}, {0: 0}, now_ms=5_000) is None

@@ -359,6 +359,10 @@ def test_a_broker_state_is_keyed_by_its_broker_and_keeps_its_counts():
     assert r["reason"] is None
     assert (r["entity"], r["bucket_key"]) == ("broker|c1/broker/3", "c1/broker/3")
     assert (r["node_id"], r["registered"], r["replica_partitions"], r["out_of_sync_replicas"]) == (3, False, 12, 12)
+    assert json.loads(r["report"]) == {"writes_waiting_since": None, "writes_waiting_partitions": None}
+    r = one(ev(BrokerState(node_id=2, registered=True, metadata_version=4, leader_partitions=1, replica_partitions=2,
+                           out_of_sync_replicas=0, writes_waiting_since=1_700_000_000_000, writes_waiting_partitions=2)))
+    assert json.loads(r["report"]) == {"writes_waiting_since": 1_700_000_000_000, "writes_waiting_partitions": 2}
     d = ev(BrokerState(node_id=3, registered=True, metadata_version=4, leader_partitions=1, replica_partitions=2,
                        out_of_sync_replicas=0), seq=6)
     del d["data"]["registered"]

@@ -467,6 +467,28 @@ def test_a_broker_down_then_back_and_a_broker_behind_are_one_alert_each_naming_t
     assert out[out.kind == "alert"].empty
 
 
+def test_a_broker_the_canarys_writes_wait_for_is_named_after_the_stall_window():
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+
+    def waiting(seq, t, since, n=2):
+        ev = bstate(seq, t, 3, True)
+        ev["report"] = json.dumps({"writes_waiting_since": since, "writes_waiting_partitions": n})
+        return ev
+    out = call(fn, 0, rows(waiting(1, 3_000, 1_000), waiting(2, 10_000, 1_000)), s)
+    assert out[out.kind == "alert"].empty  # 9 s: inside the window
+    out = call(fn, 0, rows(waiting(3, 11_000, 1_000)), s)
+    (opened,) = out[out.kind == "alert"].itertuples()
+    assert (opened.alert, opened.action, opened.broker, opened.severity) == ("BrokerStallingWrites", "open", 3, "critical")
+    assert json.loads(opened.evidence) == {"writes_waiting_since": 1_000, "waiting_partitions": 2, "waited_ms": 10_000}
+    out = call(fn, 0, rows(waiting(4, 12_000, 1_000)), s)
+    assert out[out.kind == "alert"].empty  # still open: once
+    # the follower is dropped from the ISR: the writes go through, the wait ends
+    out = call(fn, 0, rows(waiting(5, 13_000, None, None)), s)
+    assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("BrokerStallingWrites", "resolve")]
+
+
 def cprod(seq, t, in_flight, source="app-1", part=0):
     report = {"leader": 1, "queued_messages": 0, "in_flight_messages": in_flight, "sent_messages": 100 + seq,
               "sent_bytes": 1000, "leader_rtt_avg_ms": 3.0, "leader_rtt_p99_ms": 9.0,
