@@ -52,7 +52,8 @@ WAITING_AFTER_MS = 2_000
 
 
 def writes_held_by(parts: dict[int, tuple[int, list[int]]], answering: set[int], waiting: dict[int, int],
-                   now_ms: int, after_ms: int = WAITING_AFTER_MS) -> Optional[tuple[int, int, int]]:
+                   now_ms: int, after_ms: int = WAITING_AFTER_MS, previous: Optional[int] = None
+                   ) -> Optional[tuple[int, int, int]]:
     """Which broker the canary's acks=all writes wait for, if one explains them all.
 
     ``parts``: partition -> (leader, ISR); ``answering``: the brokers that answered the probe's
@@ -61,12 +62,17 @@ def writes_held_by(parts: dict[int, tuple[int, list[int]]], answering: set[int],
     still in its ISR (the leader acks once the whole ISR has the write); the broker that is such
     a follower of every one of them is named: (broker, since when, how many partitions).  None
     when nothing waits or no single broker explains it (one partition held on RF 3 has two
-    candidates; a silent leader's own partition says nothing of its followers)."""
+    candidates; a silent leader's own partition says nothing of its followers).  ``previous``, the
+    broker named last time, stays named while it is still one of the candidates: the leaders drop
+    a stopped follower from their ISRs at different moments, and the partitions still held then
+    may no longer single it out."""
     held = [p for p, since in waiting.items()
             if now_ms - since >= after_ms and p in parts and parts[p][0] >= 0 and parts[p][0] in answering]
     if not held:
         return None
     suspects = set.intersection(*(set(parts[p][1]) - {parts[p][0]} for p in held))
+    if previous is not None and previous in suspects:
+        suspects = {previous}
     if len(suspects) != 1:
         return None
     return suspects.pop(), min(waiting[p] for p in held), len(held)

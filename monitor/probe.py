@@ -514,7 +514,8 @@ class Probe:
             t = view.topics.get(self.cfg.canary_topic)
             parts = {pv.partition: (pv.leader, list(pv.isr)) for pv in t.partitions} if t is not None else {}
             answering = {leader for tp, leader in zip(partitions, self._watched_leaders) if tp in offsets}
-            held = writes_held_by(parts, answering, waiting, now)
+            held = writes_held_by(parts, answering, waiting, now,
+                                  previous=None if self._writes_held is None else self._writes_held[0])
         if held is None and self._writes_held is None:
             return
         if held is not None and self._writes_held is not None and held[0] == self._writes_held[0]:

@@ -156,5 +156,10 @@ def test_no_broker_is_named_when_the_waits_do_not_single_one_out():
     assert writes_held_by({0: (-1, [2, 3])}, {1, 2, 3}, {0: 0}, now_ms=5_000) is None
     # RF 2: a single held partition has a single follower
     assert writes_held_by({0: (1, [1, 2])}, {1}, {0: 0}, now_ms=5_000) == (2, 0, 1)
+    # broker 3 named, then partition 1's leader drops it from the ISR first: partition 0 alone
+    # has two candidates, and the one named before stays named
+    assert writes_held_by({0: (1, [1, 2, 3]), 1: (2, [2, 1])}, {1, 2}, {0: 0}, now_ms=5_000) is None
+    assert writes_held_by({0: (1, [1, 2, 3]), 1: (2, [2, 1])}, {1, 2}, {0: 0}, now_ms=5_000, previous=3) == (3, 0, 1)
+    assert writes_held_by({0: (1, [1, 2])}, {1, 2}, {0: 0}, now_ms=5_000, previous=3) == (2, 0, 1)
     # a partition the metadata does not show (yet) is left out
     assert writes_held_by({}, {1}, {0: 0}, now_ms=5_000) is None
