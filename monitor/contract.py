@@ -217,6 +217,13 @@ class ClientFetch:
 
 
 @dataclass(frozen=True)
+class DeliveryErrorCount:
+    code: str = _doc("librdkafka's error name in a write's delivery report (e.g. NOT_ENOUGH_REPLICAS, "
+                     "_MSG_TIMED_OUT).")
+    count: int = _doc("Writes that failed with it.")
+
+
+@dataclass(frozen=True)
 class ClientProduce:
     """One partition an instrumented producer writes to, as its statistics report it; the
     leader's request figures are those of the broker that leads the partition for this client."""
@@ -241,6 +248,17 @@ class ClientProduce:
     leader_request_retries: Optional[int] = _doc("Requests to the leader sent again (txretries).", default=None)
     leader_request_timeouts: Optional[int] = _doc("Requests to the leader that timed out (req_timeouts).",
                                                   default=None)
+    delivered_messages: Optional[int] = _doc(
+        "Writes the application got a successful delivery report for, since the client started.  Null: its "
+        "delivery reports do not go through the instrumentation (a plain Producer whose produce() calls pass "
+        "their own callback; InstrumentedProducer sees them all).", default=None)
+    delivery_errors: list[DeliveryErrorCount] = _doc(
+        "Failed writes by error code, from the delivery reports (what the application saw after librdkafka's "
+        "retries), since the client started.", default_factory=list)
+    delivery_latency_counts: Optional[list[int]] = _doc(
+        "Delivered writes by time from produce() to acknowledgement (librdkafka's message latency): counts per "
+        "bucket of CANARY_LATENCY_BOUNDS_MS, the last bucket counting the rest; cumulative.", default=None)
+    delivery_latency_sum_ms: Optional[float] = _doc("Sum of those times, ms.", default=None)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ Two ways in, both leave what the application sees unchanged:
     argument), and ``statistics.interval.ms`` is set to 5000 when the application set none.
     ``instrumentation_of(conf)`` gives back the :class:`Instrumentation` (counters, ``close()``).
 
+``InstrumentedProducer(conf, events=...)``
+    a ``confluent_kafka.Producer`` subclass with the same config wrapping, whose delivery reports
+    (the config's ``on_delivery`` and each ``produce()``'s own callback, which still run) are
+    counted: ``client_produce`` then carries the writes delivered, failed by error code, and the
+    delivery latency.  With ``instrument(conf)`` only the config's ``on_delivery`` is seen.
+
 ``InstrumentedConsumer(conf, events=...)``
     a ``confluent_kafka.Consumer`` subclass with the same config wrapping, whose ``subscribe()``
     also chains the rebalance callbacks, whose ``poll()``/``consume()`` watch for group errors and
@@ -75,6 +81,8 @@ emitting (logged) instead of failing the application.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import itertools
 import logging
 import os
@@ -83,9 +91,9 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, Producer
 
-from monitor.contract import Payload, Rebalance
+from monitor.contract import CANARY_LATENCY_BOUNDS_MS, DeliveryErrorCount, Payload, Rebalance
 from monitor.emitter import EventEmitter
 from monitor.rdkafka_stats import (MetadataRequestTracker, _interval_ms, client_fetches, client_produces, generation_of,
                                    parse_stats, partition_names, stats_observed_at)
@@ -176,6 +184,9 @@ class Instrumentation:
         self._rebalance_started: Optional[float] = None
         self._last_failure: Optional[str] = None
         self._pending: list[tuple[Payload, int]] = []
+        #: (topic, partition) -> [delivered, {error code: count}, latency bucket counts, latency sum ms];
+        #: None until a delivery report goes through the instrumentation
+        self._deliveries: Optional[dict[tuple[str, int], list]] = None
         self._wait_started: Optional[float] = None
         self._gave_up_waiting = False
         self._cluster = cluster
@@ -222,6 +233,8 @@ class Instrumentation:
             new["stats_cb"] = _StatsCallback(self, forward)
         if app_error is None or callable(app_error):
             new["error_cb"] = _ErrorCallback(self, app_error)
+        if callable(conf.get("on_delivery")):  # a producer's delivery reports (those without a callback of their own)
+            new["on_delivery"] = _DeliveryCallback(self, conf["on_delivery"])
         return new
 
     def bind(self, client: Any) -> None:
@@ -335,9 +348,45 @@ class Instrumentation:
         for fetch in client_fetches(stats, self.group):
             self._emit(fetch, observed_at)
         for produce in client_produces(stats):
-            self._emit(produce, observed_at)
+            self._emit(self._with_deliveries(produce), observed_at)
         if refresh is not None:
             self._emit(refresh, observed_at)
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        """One delivery report: counted for its partition (a write that never got one is left out)."""
+        try:
+            key = (msg.topic(), int(msg.partition()))
+        except Exception:
+            return
+        with self._lock:
+            if self._deliveries is None:
+                self._deliveries = {}
+            d = self._deliveries.get(key)
+            if d is None:
+                d = self._deliveries[key] = [0, {}, [0] * (len(CANARY_LATENCY_BOUNDS_MS) + 1), 0.0]
+            if err is not None:
+                code = err.name() if callable(getattr(err, "name", None)) else str(err)
+                d[1][code] = d[1].get(code, 0) + 1
+                return
+            d[0] += 1
+            latency = msg.latency()
+            if latency is not None and latency >= 0:
+                ms = latency * 1000.0
+                d[2][bisect.bisect_left(CANARY_LATENCY_BOUNDS_MS, ms)] += 1
+                d[3] += ms
+
+    def _with_deliveries(self, produce: Any) -> Any:
+        """The client_produce payload with its partition's delivery counts, when they are known."""
+        with self._lock:
+            if self._deliveries is None:
+                return produce
+            d = self._deliveries.get((produce.topic, produce.partition))
+            if d is None:
+                return dataclasses.replace(produce, delivered_messages=0)
+            return dataclasses.replace(
+                produce, delivered_messages=d[0],
+                delivery_errors=[DeliveryErrorCount(code=c, count=n) for c, n in sorted(d[1].items())],
+                delivery_latency_counts=list(d[2]), delivery_latency_sum_ms=round(d[3], 3))
 
     def on_error(self, err: Any) -> None:
         """An error from ``error_cb`` or a consumer error message: group failures become events."""
@@ -495,6 +544,20 @@ class _ErrorCallback:
             self.instrumentation._guard("error", self.instrumentation.on_error, err)
 
 
+class _DeliveryCallback:
+    """A producer's delivery report callback: counted by the instrumentation, then the
+    application's (its exceptions propagate as they would without instrumentation)."""
+
+    def __init__(self, instrumentation: Instrumentation, app_cb: Optional[Callable[[Any, Any], None]]):
+        self.instrumentation = instrumentation
+        self.app_cb = app_cb
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self.instrumentation._guard("delivery", self.instrumentation.on_delivery, err, msg)
+        if self.app_cb is not None:
+            self.app_cb(err, msg)
+
+
 def _str_or_none(value: Any) -> Optional[str]:
     return str(value) if value not in (None, "") else None
 
@@ -616,3 +679,45 @@ class InstrumentedConsumer(Consumer):
             return super().close(*args, **kwargs)
         finally:
             self.instrumentation.close(self.close_flush_timeout)
+
+
+class InstrumentedProducer(Producer):
+    """A ``confluent_kafka.Producer`` that emits kafka-monitor events; otherwise the same producer.
+
+    Every delivery report goes through the instrumentation (the config's ``on_delivery`` and the
+    ``on_delivery``/``callback`` given to ``produce()``, which still run), so its ``client_produce``
+    events carry the writes delivered, the failures by error code and the delivery latency.
+    ``poll``/``flush`` return what the base class returns; ``close_instrumentation()`` flushes the
+    events for at most ``timeout`` seconds (only an emitter created here)."""
+
+    def __init__(self, conf: Optional[Mapping[str, Any]] = None, *, events: Union[EmitterLike, Mapping[str, Any]],
+                 cluster: Optional[str] = None, source: Optional[str] = None, **kwargs: Any):
+        merged = {**(conf or {}), **kwargs}
+        inst = Instrumentation(events=events, cluster=cluster, source=source,
+                               client_id=_str_or_none(merged.get("client.id")))
+        wrapped = inst.wrap(merged)
+        wrapped.setdefault("on_delivery", _DeliveryCallback(inst, None))
+        try:
+            super().__init__(wrapped)
+        except BaseException:
+            inst.close(0)
+            raise
+        self.instrumentation = inst
+        inst.bind(self)
+
+    def produce(self, *args: Any, **kwargs: Any) -> Any:
+        own = kwargs.pop("on_delivery", None)
+        own = kwargs.pop("callback", None) if own is None else own
+        if own is not None:
+            kwargs["on_delivery"] = _DeliveryCallback(self.instrumentation, own)
+        return super().produce(*args, **kwargs)
+
+    def poll(self, *args: Any, **kwargs: Any) -> Any:
+        n = super().poll(*args, **kwargs)
+        self.instrumentation.tick()
+        return n
+
+    def close_instrumentation(self, timeout: float = 1.0) -> int:
+        """Flush this producer's events for at most ``timeout`` seconds: call it when done with the
+        producer (after its own ``flush()``).  Returns the events left undelivered."""
+        return self.instrumentation.close(timeout)

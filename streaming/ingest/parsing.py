@@ -376,7 +376,8 @@ REPORT_FIELDS = {
                "e2e_latency_counts", "e2e_latency_sum_ms", "lost_after_ms"),
     "client_produce": ("leader", "queued_messages", "in_flight_messages", "sent_messages", "sent_bytes",
                        "leader_rtt_avg_ms", "leader_rtt_p99_ms", "leader_queue_latency_p99_ms",
-                       "leader_request_errors", "leader_request_retries", "leader_request_timeouts"),
+                       "leader_request_errors", "leader_request_retries", "leader_request_timeouts",
+                       "delivered_messages", "delivery_latency_counts", "delivery_latency_sum_ms"),
     "broker_state": ("writes_waiting_since", "writes_waiting_partitions"),
 }
 #: error codes kept per canary report (librdkafka's names are short; the rest is cut)
@@ -385,7 +386,7 @@ CANARY_MAX_CODES, CANARY_CODE_CHARS = 16, 64
 
 def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
-    canary's ``errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
+    canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
     produced-to partition per report): a Python loop."""
     out: list[Optional[str]] = [None] * len(data)
@@ -394,13 +395,14 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
-            if rows is canary:
+            if rows is canary or rows is produce:
+                name = "errors" if rows is canary else "delivery_errors"
                 errors: dict[str, int] = {}
-                for e in (d.get("errors") or [])[:CANARY_MAX_CODES]:
+                for e in (d.get(name) or [])[:CANARY_MAX_CODES]:
                     code, n = (e or {}).get("code"), (e or {}).get("count")
                     if isinstance(code, str) and isinstance(n, int):
                         errors[code[:CANARY_CODE_CHARS]] = n
-                rep["errors"] = errors
+                rep[name] = errors
             out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
 

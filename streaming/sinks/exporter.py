@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -106,6 +106,9 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "client_produce_leader_queue_latency_p99_seconds": ("gauge", "99th percentile of the time the producer's requests to the partition's leader waited in the client before being sent, over its last statistics interval.", CPROD),
     P + "client_produce_leader_request_errors_total": ("counter", "The producer's requests to the partition's leader that failed, since it started.", CPROD),
     P + "client_produce_leader_request_retries_total": ("counter", "The producer's requests to the partition's leader sent again, since it started.", CPROD),
+    P + "client_produce_delivered_messages_total": ("counter", "Writes of an instrumented producer to the partition that the application got a successful delivery report for, since it started (InstrumentedProducer; absent when its reports are not seen).", CPROD),
+    P + "client_produce_delivery_errors_total": ("counter", "Writes of an instrumented producer to the partition that failed, by librdkafka error code of the delivery report (after librdkafka's own retries), since it started.", CPROD + ("code",)),
+    P + "client_produce_delivery_latency_seconds": ("histogram", "Time from an instrumented producer's produce() to the write's acknowledgement (librdkafka's message latency; with acks=all the replication commit time), since it started.", CPROD),
     P + "broker_registered": ("gauge", "1 while the broker is listed in the probe's metadata (registered and unfenced), 0 while it holds replicas and is not (stopped or fenced).", BROKER),
     P + "broker_leader_partitions": ("gauge", "Partitions the broker leads (every partition in the probe's metadata, not only the watched topics).", BROKER),
     P + "broker_replicas": ("gauge", "Partitions with a replica on the broker.", BROKER),
@@ -207,7 +210,13 @@ class ReportMetrics:
                 v = rep.get(key)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     fam(name, kind).add_metric(lab, v / scale)
-        bounds = [floatToGoString(b / 1000.0) for b in CANARY_LATENCY_BOUNDS_MS] + ["+Inf"]
+            if isinstance(rep.get("delivered_messages"), int):
+                fam("client_produce_delivered_messages_total", CounterMetricFamily).add_metric(
+                    lab, rep["delivered_messages"])
+            for code, n in sorted((rep.get("delivery_errors") or {}).items()):
+                fam("client_produce_delivery_errors_total", CounterMetricFamily).add_metric(lab + [code], n)
+            _histogram(fam, "client_produce_delivery_latency_seconds", lab, rep.get("delivery_latency_counts"),
+                       rep.get("delivery_latency_sum_ms"))
         for (cluster, topic, partition), (leader, rep) in reports:
             lab = [cluster, topic, str(partition), "" if leader is None else str(leader)]
             for name, key in (("canary_messages_sent_total", "sent"), ("canary_messages_acked_total", "acked"),
@@ -224,15 +233,22 @@ class ReportMetrics:
                     lab, (rep.get("oldest_pending_ms") or 0) / 1000.0)
             for name, key in (("canary_produce_latency_seconds", "produce_latency"),
                               ("canary_end_to_end_latency_seconds", "e2e_latency")):
-                counts, total = rep.get(key + "_counts"), rep.get(key + "_sum_ms")
-                if not isinstance(counts, list) or len(counts) != len(bounds) or not isinstance(total, (int, float)):
-                    continue  # another schema's buckets: not served rather than served wrong
-                acc, buckets = 0, []
-                for b, n in zip(bounds, counts):
-                    acc += int(n or 0)
-                    buckets.append((b, acc))
-                fam(name, HistogramMetricFamily).add_metric(lab, buckets, total / 1000.0)
+                _histogram(fam, name, lab, rep.get(key + "_counts"), rep.get(key + "_sum_ms"))
         return list(fams.values())
+
+
+_BOUNDS = [floatToGoString(b / 1000.0) for b in CANARY_LATENCY_BOUNDS_MS] + ["+Inf"]
+
+
+def _histogram(fam: Callable[[str, Any], Any], name: str, lab: list, counts: Any, total: Any) -> None:
+    """A histogram series from a report's bucket counts (CANARY_LATENCY_BOUNDS_MS) and sum (ms)."""
+    if not isinstance(counts, list) or len(counts) != len(_BOUNDS) or not isinstance(total, (int, float)):
+        return  # another schema's buckets: not served rather than served wrong
+    acc, buckets = 0, []
+    for b, n in zip(_BOUNDS, counts):
+        acc += int(n or 0)
+        buckets.append((b, acc))
+    fam(name, HistogramMetricFamily).add_metric(lab, buckets, total / 1000.0)
 
 
 class _Registry:

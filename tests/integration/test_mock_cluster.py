@@ -252,6 +252,45 @@ def test_not_leader_on_produce_makes_the_producer_refresh_the_leader(cluster: Mo
         logs.close()
 
 
+def test_an_instrumented_producer_counts_its_deliveries_and_their_errors_by_code(cluster: MockCluster):
+    """InstrumentedProducer: every delivery report goes through the instrumentation (the config's
+    on_delivery and produce()'s own callback, both still called) and the client_produce events
+    carry the writes delivered, the failures by code and the delivery latency.  NOT_ENOUGH_REPLICAS
+    injected on Produce with retries 0 is what the application's callback sees too."""
+    from monitor.contract import ClientProduce
+    from monitor.instrument import InstrumentedProducer
+    from tests.unit.test_instrument import FakeEmitter
+
+    cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
+    em = FakeEmitter()
+    app_global: list = []
+    app_own: list = []
+    producer = InstrumentedProducer({"bootstrap.servers": cluster.bootstrap, "statistics.interval.ms": 100,
+                                     "retries": 0, "enable.idempotence": False, "linger.ms": 0,
+                                     "on_delivery": lambda err, msg: app_global.append(err)},
+                                    events=em, cluster="mock")
+    try:
+        for i in range(3):
+            producer.produce(TOPIC, b"%d" % i, partition=0)
+        assert producer.flush(5) == 0
+        cluster.push_request_errors(ApiKey.PRODUCE, [Err.NOT_ENOUGH_REPLICAS])
+        producer.produce(TOPIC, b"refused", partition=0, callback=lambda err, msg: app_own.append(err))
+        assert producer.flush(5) == 0
+        assert app_global == [None] * 3 and [e.name() for e in app_own] == ["NOT_ENOUGH_REPLICAS"]
+
+        def last() -> ClientProduce | None:
+            got = [p for p in em.of(ClientProduce) if p.delivered_messages == 3 and p.delivery_errors]
+            return got[-1] if got else None
+        rep = poll_until([producer], last, what="a client_produce with the 4 delivery reports")
+    finally:
+        producer.purge()
+        producer.close()
+        producer.close_instrumentation(0)
+    assert [(e.code, e.count) for e in rep.delivery_errors] == [("NOT_ENOUGH_REPLICAS", 1)]
+    assert sum(rep.delivery_latency_counts) == 3 and 0 < rep.delivery_latency_sum_ms < 5000
+    assert rep.sent_messages == 4 and producer.instrumentation.instrumentation_errors == 0
+
+
 def test_leader_not_available_on_produce_sends_metadata_requests(cluster: MockCluster, clients):
     """(4b) LEADER_NOT_AVAILABLE x2 on Produce (no leader in the response to use): each error
     makes the producer send a MetadataRequest, seen in the statistics' per-broker req["Metadata"]

@@ -57,6 +57,7 @@ class Err:
     LEADER_NOT_AVAILABLE = 5
     NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
+    NOT_ENOUGH_REPLICAS = 19
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     #: librdkafka-local error: makes the mock broker drop the client's connection on that request.

@@ -504,7 +504,9 @@ def test_an_instrumented_producers_partition_report_is_served_per_source_and_lea
     e = Exporter()
     rep = {"leader": 1, "queued_messages": 4, "in_flight_messages": 2, "sent_messages": 40, "sent_bytes": 4000,
            "leader_rtt_avg_ms": 1.5, "leader_rtt_p99_ms": 3.9, "leader_queue_latency_p99_ms": None,
-           "leader_request_errors": 2, "leader_request_retries": 5, "leader_request_timeouts": 1}
+           "leader_request_errors": 2, "leader_request_retries": 5, "leader_request_timeouts": 1,
+           "delivered_messages": 37, "delivery_errors": {"NOT_ENOUGH_REPLICAS": 3},
+           "delivery_latency_counts": [0, 0, 30, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "delivery_latency_sum_ms": 400.0}
     r = row(kind="client_produce", action="upsert", cluster="k", source="app-1", topic="t", partition=0, leader=1,
             report=json.dumps(rep))
     e.apply([r], batch_id=0)
@@ -514,6 +516,11 @@ def test_an_instrumented_producers_partition_report_is_served_per_source_and_lea
     assert v(e, "client_produce_leader_rtt_p99_seconds", **lab) == 0.0039
     assert v(e, "client_produce_leader_queue_latency_p99_seconds", **lab) is None  # unknown: absent, not 0
     assert v(e, "client_produce_leader_request_errors_total", **lab) == 2
+    assert v(e, "client_produce_delivered_messages_total", **lab) == 37
+    assert v(e, "client_produce_delivery_errors_total", **lab, code="NOT_ENOUGH_REPLICAS") == 3
+    assert v(e, "client_produce_delivery_latency_seconds_bucket", **lab, le="0.01") == 30
+    assert v(e, "client_produce_delivery_latency_seconds_bucket", **lab, le="+Inf") == 37
+    assert v(e, "client_produce_delivery_latency_seconds_sum", **lab) == 0.4
     e.apply([{**r, "action": "remove"}], batch_id=1)
     assert v(e, "client_produce_in_flight_messages", **lab) is None
 

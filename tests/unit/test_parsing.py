@@ -352,6 +352,18 @@ def test_a_canary_report_shares_its_partitions_bucket_and_keeps_its_counters_as_
     assert one(with_data(ev(report, seq=11), started_at=None))["reason"] == "missing_field"
 
 
+def test_a_client_produce_report_carries_its_deliveries_and_their_errors_by_code():
+    from monitor.contract import ClientProduce, DeliveryErrorCount
+    r = one(ev(ClientProduce(topic="t", partition=2, leader=1, in_flight_messages=4, delivered_messages=9,
+                             delivery_errors=[DeliveryErrorCount(code="NOT_ENOUGH_REPLICAS", count=2)],
+                             delivery_latency_counts=[0] * 13 + [9], delivery_latency_sum_ms=320000.0)))
+    assert r["reason"] is None and r["entity"] == "client_produce|c1/p1/t/2"
+    rep = json.loads(r["report"])
+    assert (rep["in_flight_messages"], rep["delivered_messages"], rep["delivery_errors"]) == (
+        4, 9, {"NOT_ENOUGH_REPLICAS": 2})
+    assert rep["delivery_latency_counts"][-1] == 9 and rep["delivery_latency_sum_ms"] == 320000.0
+
+
 def test_a_broker_state_is_keyed_by_its_broker_and_keeps_its_counts():
     from monitor.contract import BrokerState
     r = one(ev(BrokerState(node_id=3, registered=False, metadata_version=4, leader_partitions=0,
