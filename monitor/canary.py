@@ -19,6 +19,7 @@ runs on.  Design notes: docs/canary.md.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import os
 import struct
@@ -78,6 +79,22 @@ def writes_held_by(parts: dict[int, tuple[int, list[int]]], answering: set[int],
     return suspects.pop(), min(waiting[p] for p in held), len(held)
 
 
+def answering_brokers(rxidle: dict[int, tuple[float, int]], now: float, within_ms: int = WAITING_AFTER_MS) -> set[int]:
+    """The brokers the canary's consumer heard from within ``within_ms``: ``rxidle`` is broker ->
+    (monotonic s of the statistics, librdkafka's rxidle there: µs since the last receive, -1 for
+    none).  Its fetches long-poll every leader of a canary partition (fetch.wait.max.ms 50), so a
+    leader that answers is heard from many times a second; a paused one is not."""
+    return {b for b, (at, idle) in rxidle.items()
+            if idle >= 0 and idle / 1000.0 + (now - at) * 1000.0 < within_ms}
+
+
+@dataclass(frozen=True)
+class WritesHeld:
+    """The canary's verdict at a report: (broker, since epoch ms, partitions), or None (the
+    probe sends it in its broker_state events)."""
+    held: Optional[tuple[int, int, int]]
+
+
 class CanarySetupError(RuntimeError):
     """The canary topic cannot be created or repaired with the probe's rights: the text says what to do."""
 
@@ -95,8 +112,9 @@ class CanaryConfig:
     lost_after_s: float = 30.0
     #: a write not acknowledged within this fails (_MSG_TIMED_OUT)
     delivery_timeout_s: float = 30.0
-    #: how often the topic's layout (a partition per broker, preferred leaders) is checked
-    layout_check_s: float = 30.0
+    #: how often the topic's layout (a partition per broker, preferred leaders, the ISRs
+    #: writes_held_by reads) is checked, s
+    layout_check_s: float = 10.0
     #: the canary topic's retention: its records are only read once, right away
     retention_ms: int = 3_600_000
 
@@ -284,13 +302,21 @@ class Canary:
         self.partitions: list[int] = []
         #: set when the canary stopped for good (the topic cannot be set up): the reason
         self.failed: Optional[str] = None
+        #: partition -> (leader, ISR) at the last layout check
+        self.layout: dict[int, tuple[int, list[int]]] = {}
+        #: broker -> (monotonic s, rxidle µs) from the consumer's statistics
+        self._rxidle: dict[int, tuple[float, int]] = {}
+        #: the broker the writes wait for, at the last report (writes_held_by)
+        self.held: Optional[tuple[int, int, int]] = None
 
     # -- the topic ---------------------------------------------------------------------------
 
     def ensure_layout(self, timeout: float = 15.0) -> list[int]:
         """Create the topic, or grow it so every broker leads a partition; elect preferred
         leaders back.  Returns the topic's partitions.  ``CanarySetupError`` when refused."""
-        md = self._admin.list_topics(timeout=timeout)
+        # once the topic exists only its own metadata (and the brokers) is asked for
+        md = (self._admin.list_topics(topic=self.cfg.topic, timeout=timeout) if self.partitions
+              else self._admin.list_topics(timeout=timeout))
         brokers = sorted(md.brokers)
         if not brokers:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker in the metadata"))
@@ -315,6 +341,7 @@ class Canary:
         self._elect_preferred(t, timeout)
         for p in t.partitions.values():
             self.stats.part(p.id).leader = p.leader
+        self.layout = {p.id: (p.leader, list(p.isrs)) for p in t.partitions.values()}
         return sorted(replicas)
 
     def _elect_preferred(self, t: Any, timeout: float) -> None:
@@ -360,7 +387,7 @@ class Canary:
             self._consumer = Consumer({
                 **self._conf, "group.id": "kafka-monitor-canary",  # assigned, never joins nor commits
                 "enable.auto.commit": False, "enable.auto.offset.store": False, "fetch.wait.max.ms": 50,
-                "fetch.error.backoff.ms": 100})
+                "fetch.error.backoff.ms": 100, "statistics.interval.ms": 1000, "stats_cb": self._on_consumer_stats})
         return self._producer, self._consumer
 
     def _assign(self, partitions: list[int]) -> None:
@@ -389,10 +416,34 @@ class Canary:
             except BufferError:
                 self.stats.unsent(p, seq)
 
+    def _on_consumer_stats(self, raw: str) -> None:
+        try:
+            brokers = json.loads(raw).get("brokers") or {}
+            at = time.monotonic()
+            for b in brokers.values():
+                node, idle = b.get("nodeid"), b.get("rxidle")
+                if isinstance(node, int) and node >= 0 and isinstance(idle, int):
+                    self._rxidle[node] = (at, idle)
+        except (ValueError, AttributeError) as e:
+            log.debug("canary: unreadable consumer statistics: %s", e)
+
     def report(self) -> None:
         self.stats.expire()
         for r in self.stats.reports(self.cfg.topic, self.started_at):
             self._emit(r)
+        self._judge()
+
+    def _judge(self) -> None:
+        """Which broker the writes wait for now; said when there is one, and once when it ends."""
+        waiting = self.stats.waiting_since()
+        prev = self.held
+        held = writes_held_by(self.layout, answering_brokers(self._rxidle, time.monotonic()), waiting,
+                              int(time.time() * 1000), previous=None if prev is None else prev[0])
+        if held is not None and prev is not None and held[0] == prev[0]:
+            held = (held[0], min(held[1], prev[1]), held[2])  # the same wait goes on
+        self.held = held
+        if held is not None or prev is not None:
+            self._emit(WritesHeld(held))
 
     # -- loop --------------------------------------------------------------------------------
 

@@ -282,7 +282,7 @@ class BrokerState:
     writes_waiting_since: Optional[int] = _doc(
         "When the canary's acks=all writes started waiting for this broker (epoch ms): it is a follower in the ISR "
         "of every canary partition whose oldest write has waited 2 s or more for its ack while the partition's "
-        "leader answers the probe, so it holds those partitions' high watermark.  Null: no such wait, no single "
+        "leader answers (the canary's consumer hears from it), so it holds those partitions' high watermark.  Null: no such wait, no single "
         "broker explains it, or no canary runs.", default=None)
     writes_waiting_partitions: Optional[int] = _doc(
         "How many canary partitions wait for it (with writes_waiting_since).", default=None)

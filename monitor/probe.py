@@ -89,7 +89,7 @@ from monitor.contract import (
     Broker, BrokerState, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
-from monitor.canary import WAITING_AFTER_MS, Canary, CanaryConfig, writes_held_by
+from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
@@ -501,28 +501,6 @@ class Probe:
                     rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
                                 else (group, topic, part, off, None, None, None, None, None, None))
             self._emit_rows(GroupOffsets, rows, offsets_at)
-            if self.canary is not None:
-                self._check_canary_waits(partitions, offsets, offsets_at)
-
-    def _check_canary_waits(self, partitions: list[tuple[str, int]], offsets: dict, now: int) -> None:
-        """Name the broker the canary's writes wait for (``writes_held_by``): its broker_state
-        says since when, sent again every observation while it lasts and once when it ends."""
-        waiting = self.canary.stats.waiting_since() if self.canary is not None else {}
-        view = self.metadata.cluster
-        held = None
-        if view is not None and any(now - since >= WAITING_AFTER_MS for since in waiting.values()):
-            t = view.topics.get(self.cfg.canary_topic)
-            parts = {pv.partition: (pv.leader, list(pv.isr)) for pv in t.partitions} if t is not None else {}
-            answering = {leader for tp, leader in zip(partitions, self._watched_leaders) if tp in offsets}
-            held = writes_held_by(parts, answering, waiting, now,
-                                  previous=None if self._writes_held is None else self._writes_held[0])
-        if held is None and self._writes_held is None:
-            return
-        if held is not None and self._writes_held is not None and held[0] == self._writes_held[0]:
-            held = (held[0], min(held[1], self._writes_held[1]), held[2])  # the same wait goes on
-        self._writes_held = held
-        if view is not None:
-            self._emit_broker_states(view, self.metadata.version, now)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
         """A cycle whose work takes longer than the interval means observations fall behind their
@@ -1239,6 +1217,11 @@ class Probe:
     def _emit_canary(self) -> None:
         while self._canary_out:
             at, report = self._canary_out.popleft()
+            if isinstance(report, WritesHeld):  # the broker the canary's writes wait for: in broker_state
+                self._writes_held = report.held
+                if self.metadata.cluster is not None:
+                    self._emit_broker_states(self.metadata.cluster, self.metadata.version, at)
+                continue
             self._emitter.emit(report, observed_at=at)
 
     def stop_canary(self, timeout: float = 10.0) -> None:

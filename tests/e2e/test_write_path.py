@@ -24,6 +24,7 @@ import pytest
 
 from kafka_monitor.broker import create_topics
 from kafka_monitor.cluster import KafkaCluster
+from monitor.instrument import InstrumentedProducer
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
@@ -60,6 +61,29 @@ def write_path(tansu, spark, tmp_path_factory):
             thread.join(20)
             probe.close(flush_timeout=2)
         cleanup.callback(stop_the_probe)
+        # an application's producer (acks=all) on a topic whose partition broker 3 follows
+        app_topic = f"{prefix}.app"
+        cluster.create_topic(app_topic, replica_assignment=[[1, 2, 3]])
+        producer = InstrumentedProducer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
+                                         "statistics.interval.ms": 500, "linger.ms": 0},
+                                        events={"bootstrap.servers": tansu.bootstrap, "topic": events},
+                                        cluster="wp", source=unique("app-wp"))
+        stop_app = threading.Event()
+
+        def write() -> None:
+            while not stop_app.is_set():  # 10 writes/s
+                producer.produce(app_topic, b"x", partition=0)
+                producer.poll(0)
+                stop_app.wait(0.1)
+            producer.flush(10)
+        app = threading.Thread(target=write, name="wp-app", daemon=True)
+        app.start()
+
+        def stop_the_app():
+            stop_app.set()
+            app.join(20)
+            producer.close_instrumentation(2)
+        cleanup.callback(stop_the_app)
         exporter = Exporter()
         port = exporter.serve(0)
         cleanup.callback(exporter.shutdown)
@@ -72,7 +96,7 @@ def write_path(tansu, spark, tmp_path_factory):
                  in urllib.request.urlopen(url, timeout=5).read().decode(), 120, interval=0.5,
                  what="the canary's partition led by broker 3 on /metrics")
         yield {"cluster": cluster, "canary": canary, "url": url, "tansu": tansu, "alerts": alerts, "probe": probe,
-               "query": query}
+               "query": query, "app_topic": app_topic}
 
 
 def canary_alerts(wp) -> list[dict]:
@@ -135,6 +159,25 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
         slow = sample("produce_latency_seconds_count", part) - sample("produce_latency_seconds_bucket", part, "10.0")
         assert slow > 0, part
         assert sample("messages_lost_total", part) == 0
+    # the application's producer saw the same: HighWatermarkStalled on its partition from its own
+    # in-flight writes (no canary there), and deliveries that waited more than 10 s
+    app = [a for a in read_alerts(wp["tansu"].bootstrap, wp["alerts"])
+           if a["labels"].get("topic") == wp["app_topic"] and a["at"] > t0]
+    app_stall = min((a["at"] for a in app if a["alert"] == "HighWatermarkStalled" and a["action"] == "open"), default=None)
+    assert app_stall is not None, sorted((a["at"] - t0, a["alert"], a["action"]) for a in app)
+
+    def deliveries() -> tuple[float, float]:
+        """(deliveries, of which slower than 10 s) of the application's producer on /metrics."""
+        text = urllib.request.urlopen(wp["url"], timeout=5).read().decode()
+        lines = [x for x in text.splitlines() if x.startswith("kafka_monitor_client_produce_delivery_latency_seconds_")
+                 and f'topic="{wp["app_topic"]}"' in x]
+        count = sum(float(x.rsplit(" ", 1)[1]) for x in lines if "_count{" in x)
+        within = sum(float(x.rsplit(" ", 1)[1]) for x in lines if 'le="10.0"' in x)
+        return count, count - within
+    count, slower = wait_for(lambda: (d := deliveries())[1] > 0 and d, 60, interval=1,
+                             what="application deliveries slower than 10 s on /metrics")
+    print(f"\n[write path] application producer: HighWatermarkStalled {(app_stall - t0) / 1000:.1f}s after SIGSTOP; "
+          f"{slower:.0f} of {count:.0f} deliveries took more than 10 s")
     # after the resume: broker 3 back in every ISR, its alert resolved
     wait_for(lambda: all(3 in isr for _, _, isr in c.partitions(canary).values()), 90, interval=1,
              what="broker 3 back in the canary partitions' ISR")

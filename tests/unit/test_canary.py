@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.canary import MAX_UNREAD, SEEN_WINDOW, CanaryStats, plan_layout, writes_held_by
+from monitor.canary import MAX_UNREAD, SEEN_WINDOW, CanaryStats, answering_brokers, plan_layout, writes_held_by
 from monitor.contract import CANARY_LATENCY_BOUNDS_MS, Event
 
 
@@ -163,3 +163,10 @@ def test_no_broker_is_named_when_the_waits_do_not_single_one_out():
     assert writes_held_by({0: (1, [1, 2])}, {1, 2}, {0: 0}, now_ms=5_000, previous=3) == (2, 0, 1)
     # a partition the metadata does not show (yet) is left out
     assert writes_held_by({}, {1}, {0: 0}, now_ms=5_000) is None
+
+
+def test_a_broker_answers_while_the_consumer_heard_from_it_within_two_seconds():
+    rxidle = {1: (100.0, 40_000), 2: (100.0, 2_500_000), 3: (99.5, 900_000), 4: (100.0, -1)}
+    # at 100.5 s: 1 heard 0.54 s ago, 2 2.5 s+ ago, 3 1.9 s ago, 4 never
+    assert answering_brokers(rxidle, 100.5) == {1, 3}
+    assert answering_brokers(rxidle, 101.5) == {1}
