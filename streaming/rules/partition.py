@@ -400,6 +400,22 @@ def note_pending_writes(state: PartitionState, at: int) -> None:
     _sync_pending(state)
 
 
+def note_write_waited(state: PartitionState, at: int, waited_ms: int, entity: str,
+                      cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+    """The canary reports at ``at`` an acks=all write unacknowledged for ``waited_ms``: the leader
+    acknowledges once the high watermark passes the write, so the HW has not passed it for that
+    long -- a stall seen without two HW observations (which a probe waiting for a paused broker
+    may not make in time).  HighWatermarkStalled opens at ``hw_stall_ms``; it resolves as
+    always, when an observation shows the HW moved."""
+    _ensure(state)
+    if waited_ms < cfg.hw_stall_ms or _is_open(state, _HWS):
+        return []
+    return _open(state, _HWS, entity, partition_labels(state), at,
+                 {"high_watermark": state["hw_seen"], "hw_unchanged_since": state["hw_changed_at"],
+                  "oldest_unacknowledged_write_sent_at": at - waited_ms, "waited_ms": waited_ms,
+                  "last_hw_observation_at": state["hw_observed_at"]})
+
+
 def _sync_pending(state: PartitionState) -> None:
     """pending_since = the first pending-writes time seen after the HW's last move."""
     pw, changed = state["pending_writes_at"], state["hw_changed_at"]

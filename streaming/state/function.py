@@ -511,6 +511,9 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
                         entities[pkey] = ps
                 if ps is not None:  # not observed yet: nothing to stall
                     rules_partition.note_pending_writes(ps, t)
+                    waited = rules.report_int(r, "oldest_pending_ms") if etype == "canary" else None
+                    if waited is not None:
+                        out += rules_partition.note_write_waited(ps, t, waited, pkey, cfg.partition)
         elif etype == "heartbeat":
             out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
         elif etype == "partition_count_change":

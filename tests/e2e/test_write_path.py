@@ -143,8 +143,10 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
         assert stalled < shrink and resolved is not None and resolved >= stalled, (part, stalled, shrink, resolved)
         evidence = next(a["evidence"] for a in records if a["alert"] == "HighWatermarkStalled" and a["action"] == "open"
                         and str(a["labels"]["partition"]) == part)
+        # opened on a write the canary waited 10 s for, or on two HW observations 10 s apart
+        since = evidence.get("oldest_unacknowledged_write_sent_at") or evidence["pending_writes_since"]
         print(f"\n[write path] partition {part}: HighWatermarkStalled {(stalled - t0) / 1000:.1f}s after SIGSTOP "
-              f"(pending since {(evidence['pending_writes_since'] - t0) / 1000:.1f}s), IsrShrink "
+              f"(writes waiting since {(since - t0) / 1000:.1f}s), IsrShrink "
               f"{(shrink - t0) / 1000:.1f}s, stall resolved {(resolved - t0) / 1000:.1f}s")
     # the canary's acks=all writes waited for the follower: acknowledged after more than 10 s
     body = urllib.request.urlopen(wp["url"], timeout=5).read().decode()

@@ -397,9 +397,9 @@ def test_a_consumers_fetch_reports_become_client_fetch_rows_and_go_with_the_ttl(
     assert list(zip(out.kind, out.action)) == [("client_fetch", "remove")]
 
 
-def canary(seq, t, pending, sent=10, part=0):
+def canary(seq, t, pending, sent=10, part=0, oldest=None):
     report = {"started_at": 1, "leader": 1, "sent": sent, "acked": sent - pending, "received": sent - pending,
-              "lost": 0, "duplicated": 0, "out_of_order": 0, "pending": pending, "oldest_pending_ms": None,
+              "lost": 0, "duplicated": 0, "out_of_order": 0, "pending": pending, "oldest_pending_ms": oldest,
               "produce_latency_counts": [0] * 14, "produce_latency_sum_ms": 0.0, "e2e_latency_counts": [0] * 14,
               "e2e_latency_sum_ms": 0.0, "lost_after_ms": 30_000, "errors": {}}
     return {"type": "canary", "entity": f"canary|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
@@ -425,6 +425,25 @@ def test_canary_writes_pending_under_a_flat_hw_raise_high_watermark_stalled_unti
     out = call(fn, 0, rows(canary(3, 71_000, 0, sent=30), poff(7, 72_000, 130)), s)
     (resolved,) = out[(out.kind == "alert") & (out.action == "resolve")].itertuples()
     assert resolved.alert == "HighWatermarkStalled"
+
+
+def test_a_canary_write_unacknowledged_for_the_stall_window_opens_the_stall_without_hw_observations():
+    """The probe may be blind (waiting for a paused broker): a write the canary has waited 10 s
+    for is evidence enough that the HW has not passed it."""
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=600_000, run_id="r"))
+    s = FakeState()
+    call(fn, 0, rows(pmd(1, 1_000, [1, 2, 3]), poff(2, 1_000, 100)), s)
+    out = call(fn, 0, rows(canary(1, 6_000, 4, oldest=9_999)), s)
+    assert out[out.kind == "alert"].empty
+    out = call(fn, 0, rows(canary(2, 11_000, 9, oldest=12_000)), s)
+    (opened,) = out[out.kind == "alert"].itertuples()
+    assert (opened.alert, opened.action, opened.partition) == ("HighWatermarkStalled", "open", 0)
+    assert json.loads(opened.evidence)["oldest_unacknowledged_write_sent_at"] == -1_000
+    out = call(fn, 0, rows(canary(3, 16_000, 14, oldest=17_000)), s)
+    assert out[out.kind == "alert"].empty  # open once
+    out = call(fn, 0, rows(poff(3, 20_000, 140)), s)
+    assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
+        ("HighWatermarkStalled", "resolve")]
 
 
 def test_a_canary_report_without_pending_writes_never_stalls_a_flat_hw():
