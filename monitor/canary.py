@@ -339,8 +339,9 @@ class Canary:
                      total, sorted(r[0] for r in plan), plan)
             return list(range(total))
         self._elect_preferred(t, timeout)
-        for p in t.partitions.values():
-            self.stats.part(p.id).leader = p.leader
+        with self.stats._lock:  # (checked on the layout thread, reported on the canary's)
+            for p in t.partitions.values():
+                self.stats.part(p.id).leader = p.leader
         self.layout = {p.id: (p.leader, list(p.isrs)) for p in t.partitions.values()}
         return sorted(replicas)
 
@@ -477,19 +478,46 @@ class Canary:
             server.join(5)
 
     def _loop(self, stop: threading.Event) -> None:
-        next_layout = next_send = next_report = time.monotonic()
+        next_send = next_report = time.monotonic()
+        while not stop.is_set() and not self.partitions:  # the topic first: nothing to write before
+            try:
+                self._assign(self.ensure_layout())
+            except CanarySetupError:
+                raise
+            except Exception as e:  # the cluster unreachable, a timeout: try again soon
+                log.warning("canary: checking topic %s failed (%s); retrying", self.cfg.topic, e)
+                stop.wait(min(5.0, self.cfg.layout_check_s))
+        # then on a thread of its own: a check waiting for a paused broker must not hold up the
+        # writes, the reads and the reports (the loop wrote one round per 5 s timeout)
+        checked: list = []
+        layout = threading.Thread(target=self._layout_loop, args=(stop, checked), name="canary-layout", daemon=True)
+        layout.start()
+        try:
+            self._write_read(stop, checked, next_send, next_report)
+        finally:
+            layout.join(20)
+
+    def _layout_loop(self, stop: threading.Event, checked: list) -> None:
+        while not stop.wait(self.cfg.layout_check_s if not checked or checked[-1] is not None else
+                            min(5.0, self.cfg.layout_check_s)):
+            try:
+                checked.append(self.ensure_layout(timeout=10.0))
+            except CanarySetupError as e:
+                checked.append(e)
+                return
+            except Exception as e:
+                log.warning("canary: checking topic %s failed (%s); retrying", self.cfg.topic, e)
+                checked.append(None)
+            del checked[:-1]
+
+    def _write_read(self, stop: threading.Event, checked: list, next_send: float, next_report: float) -> None:
         while not stop.is_set():
             now = time.monotonic()
-            if now >= next_layout:
-                try:
-                    # short once running: the loop waits for it (a paused broker may never answer)
-                    self._assign(self.ensure_layout(timeout=5.0 if self.partitions else 15.0))
-                    next_layout = now + self.cfg.layout_check_s
-                except CanarySetupError:
-                    raise
-                except Exception as e:  # the cluster unreachable, a timeout: try again soon
-                    log.warning("canary: checking topic %s failed (%s); retrying", self.cfg.topic, e)
-                    next_layout = now + min(5.0, self.cfg.layout_check_s)
+            got = checked[-1] if checked else None
+            if isinstance(got, CanarySetupError):
+                raise got
+            if got is not None and got != self.partitions:
+                self._assign(got)
             if self.partitions and now >= next_send:
                 self._send()
                 next_send = max(next_send + self.cfg.interval_s, now)
@@ -499,7 +527,7 @@ class Canary:
                 if next_report < now:
                     next_report = now + self.cfg.report_interval_s
             _, consumer = self._clients()
-            wait = max(0.0, min(next_send, next_report, next_layout) - time.monotonic())
+            wait = max(0.0, min(next_send, next_report) - time.monotonic())
             if not self._assigned:
                 stop.wait(min(wait, 0.5))
                 continue
