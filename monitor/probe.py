@@ -415,19 +415,20 @@ class Probe:
         self._gc_cycles = 0
         self._overrunning_since: Optional[float] = None
         self._overrun_logged_at = float("-inf")
-        #: the canary (cfg.canary), on its own thread while run() runs; its reports wait in
-        #: _canary_out, (epoch ms, report), until this thread emits them (one thread per emitter)
+        #: the canary (cfg.canary), on its own thread while run() runs; it sends its reports
+        #: through this probe's emitter itself (_canary_emit)
         self.canary: Optional[Canary] = None
         self._canary_thread: Optional[threading.Thread] = None
         self._canary_stop = threading.Event()
-        self._canary_out: collections.deque = collections.deque(maxlen=100_000)
         #: the broker the canary's writes wait for: (broker, since epoch ms, partitions), or None
         self._writes_held: Optional[tuple[int, int, int]] = None
+        #: broker_state events come from this thread (refreshes) and the canary's (its verdicts)
+        self._broker_lock = threading.Lock()
         if cfg.canary:
             self.canary = Canary(
                 CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
                              replication_factor=cfg.canary_replication_factor),
-                cfg.client_conf(), emit=lambda r: self._canary_out.append((self._now_ms(), r)))
+                cfg.client_conf(), emit=self._canary_emit)
 
     @property
     def emitter(self) -> EventEmitter:
@@ -636,7 +637,8 @@ class Probe:
             leaderless_partitions=len(change.no_leader),
             metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
         if self._share is None or self._share[0] == 1:
-            self._emit_broker_states(view, change.version, now)
+            with self._broker_lock:
+                self._emit_broker_states(view, change.version, now)
         topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
         if not topics:
             self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
@@ -1212,7 +1214,6 @@ class Probe:
                 self._drain_tail(step)
             else:
                 stop.wait(step)
-            self._emit_canary()
             try:
                 self._emitter.poll(0)
             except KafkaException as e:  # a fatal producer error is raised once, from poll()
@@ -1223,15 +1224,22 @@ class Probe:
             if self._ops is not None and self._ops is not self._admin:
                 self._ops.poll(0)
 
-    def _emit_canary(self) -> None:
-        while self._canary_out:
-            at, report = self._canary_out.popleft()
+    def _canary_emit(self, report: Any) -> None:
+        """The canary's reports and verdicts, sent from its own thread as they come: this
+        thread may be waiting for a paused broker for a whole request timeout or more, and
+        the canary's news is then what matters (the emitter takes events from any thread)."""
+        at = self._now_ms()
+        try:
             if isinstance(report, WritesHeld):  # the broker the canary's writes wait for: in broker_state
                 self._writes_held = report.held
-                if self.metadata.cluster is not None:
-                    self._emit_broker_states(self.metadata.cluster, self.metadata.version, at)
-                continue
+                view = self.metadata.cluster
+                if view is not None:
+                    with self._broker_lock:
+                        self._emit_broker_states(view, self.metadata.version, at)
+                return
             self._emitter.emit(report, observed_at=at)
+        except Exception as e:  # never into the canary's loop
+            self._warn_once("canary_emit", "could not send a canary event: %s", e)
 
     def stop_canary(self, timeout: float = 10.0) -> None:
         """Stop the canary's thread (its last report is emitted by close())."""
@@ -1243,7 +1251,6 @@ class Probe:
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""
         self.stop_canary()
-        self._emit_canary()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)
