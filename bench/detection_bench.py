@@ -20,8 +20,9 @@ GroupEmptyWithLag rule; its topic and group are its own, so nothing is attribute
 scenario):
 
 - replication lane, in sequence with a healthy gap between: a broker stopped (controlled
-  shutdown) and returned; a follower paused (SIGSTOP, shorter than the session timeout: the ISR
-  shrinks by lag and expands again); two brokers stopped (under min ISR on RF 3 / min ISR 2; an
+  shutdown) and returned; a follower paused (SIGSTOP, shorter than the session timeout: it holds
+  the high watermark of the canary partitions it follows until the ISR shrinks by lag, then the
+  ISR expands again); two brokers stopped (under min ISR on RF 3 / min ISR 2; an
   RF 1 and an RF 2 topic on those brokers go offline: all replicas lost); a preferred-leader
   election after those faults (leaders move back); partitions added to a topic; and a leader
   election on a topic whose replica order was changed at the start (PreferredLeaderImbalance
@@ -83,6 +84,8 @@ import detection_score as score  # noqa: E402  (bench/detection_score.py)
 import report  # noqa: E402  (bench/report.py)
 
 PREFIX = "db."
+#: the probe's canary topic (one partition led by each broker: 0 by 1, 1 by 2, 2 by 3)
+CANARY_TOPIC = PREFIX + "canary"
 EVENTS_TOPIC = "kafka-monitor.events"
 ALERTS_TOPIC = "kafka-monitor.alerts"
 CLUSTER_LABEL = "bench"
@@ -101,7 +104,7 @@ class Plan:
     le_hold_s: float = 330.0      # leader != preferred before the election (> 300 s: PreferredLeaderImbalance)
     broker_stop_at: float = 30.0
     broker_down_s: float = 45.0
-    pause_s: float = 14.0         # < broker_session_timeout_ms: the follower leaves the ISR by lag, not fenced
+    pause_s: float = 35.0         # > replica lag (20-30 s), < broker_session_timeout_ms: the follower leaves the ISR by lag, not fenced
     two_down_s: float = 45.0
     gap_s: float = 30.0
     # consumer lane (starts when the replication lane's broker faults are over: no consumer
@@ -116,13 +119,17 @@ class Plan:
     stop_s: float = 630.0         # > 600 s: GroupEmptyWithLag
     settle_s: float = 20.0
     tail_s: float = 60.0
-    session_timeout_ms: int = 20_000
+    # a broker restarted within its session timeout after a controlled shutdown is told to shut
+    # down again (Kafka 4.1: "fatal error while waiting for the controller to acknowledge that we
+    # are caught up"): the downtimes above outlast it
+    session_timeout_ms: int = 40_000
+    replica_lag_time_max_ms: int = 20_000  # a paused follower holds the HW 20-30 s (Kafka's default: 30 s)
     probe_restart_s: float = 5.0  # a supervisor starts a probe that exited again after this long
 
 
 def quick_plan() -> Plan:
-    return Plan(repeats=1, warmup_s=30.0, join_s=20.0, le_hold_s=40.0, broker_stop_at=20.0, broker_down_s=30.0,
-                two_down_s=30.0, gap_s=15.0, storm_cycles=3, storm_member_s=8.0, storm_gap_s=8.0,
+    return Plan(repeats=1, warmup_s=30.0, join_s=20.0, le_hold_s=40.0, broker_stop_at=20.0, broker_down_s=45.0,
+                two_down_s=45.0, gap_s=15.0, storm_cycles=3, storm_member_s=8.0, storm_gap_s=8.0,
                 slow_s=100.0, stop_at=10.0, stop_s=130.0, settle_s=10.0, tail_s=30.0)
 
 
@@ -927,14 +934,16 @@ class Bench:
             self.app_events = ({"bootstrap.servers": self.tansu.bootstrap, "topic": EVENTS_TOPIC}
                                if args.instrument else None)
 
-            self.cluster = KafkaCluster(broker_session_timeout_ms=p.session_timeout_ms)
+            self.cluster = KafkaCluster(broker_session_timeout_ms=p.session_timeout_ms,
+                                        replica_lag_time_max_ms=p.replica_lag_time_max_ms)
             t = time.time()
             self.cluster.start()
             stack.callback(self._stop_cluster)
             self.facts["cluster_start_s"] = self.cluster.start_seconds
             self.facts["cluster_started_at"] = t
             self.facts["cluster"] = {"controller": self.cluster.controller_id, "brokers": self.cluster.broker_ids,
-                                     "replica_lag_time_max_ms": 3000, "broker_session_timeout_ms": p.session_timeout_ms,
+                                     "replica_lag_time_max_ms": p.replica_lag_time_max_ms,
+                                     "broker_session_timeout_ms": p.session_timeout_ms,
                                      "broker_heartbeat_interval_ms": 1000, "auto_leader_rebalance": False}
 
             t = time.time()
@@ -967,7 +976,7 @@ class Bench:
             probe_cfg = dict(bootstrap_servers=self.cluster.bootstrap_servers, events_topic=EVENTS_TOPIC,
                              interval_s=p.probe_interval_s, events_kafka={"bootstrap.servers": self.tansu.bootstrap},
                              topics_include=f"^{re.escape(PREFIX)}", groups_include=f"^{re.escape(PREFIX)}",
-                             cluster=CLUSTER_LABEL, source="probe-bench")
+                             cluster=CLUSTER_LABEL, source="probe-bench", canary=True, canary_topic=CANARY_TOPIC)
             ProbeConfig(**probe_cfg).validate()
             self.probe = ProbeSupervisor(probe_cfg, self.journal, threading.Event(), work / "probe.stderr.log",
                                          restart_s=p.probe_restart_s)
@@ -1048,7 +1057,7 @@ class Bench:
             if args.raw_out:
                 shutil.copy(work / "probe.stderr.log", args.raw_out + ".probe-stderr.log")
             raw = {
-                "params": {**vars(p), "prefix": PREFIX, "poll_interval_s": args.poll_interval,
+                "params": {**vars(p), "prefix": PREFIX, "canary_topic": CANARY_TOPIC, "poll_interval_s": args.poll_interval,
                            "instrumented_consumers": bool(args.instrument), "mode": "quick" if args.quick else "full"},
                 "facts": self.facts,
                 "scope": {"start": scope_start, "end": scope_end},

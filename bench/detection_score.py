@@ -68,8 +68,10 @@ def _rule_settings() -> dict:
     out = {"leader_quiet_s": 300.0, "imbalance_after_s": 300.0, "count_change_window_s": 900.0,
            "lag_high_offsets": 10_000, "lag_high_seconds": 300.0, "lag_high_for_s": 60.0, "stall_after_s": 90.0,
            "stop_after_s": 300.0, "warn_trend_s": 60.0, "storm_min": 5, "storm_window_s": 600.0,
-           "empty_with_lag_s": 600.0, "stuck_after_s": 300.0, "source": "fallback"}
+           "empty_with_lag_s": 600.0, "stuck_after_s": 300.0, "hw_stall_s": 10.0, "stalling_after_s": 10.0,
+           "source": "fallback"}
     try:
+        from streaming.rules import broker as rules_broker
         from streaming.rules import group as rules_group
         from streaming.rules import lag as rules_lag
         from streaming.rules import partition as rules_partition
@@ -83,6 +85,7 @@ def _rule_settings() -> dict:
                    warn_trend_s=(getattr(rules_lag, "TREND_STEP_MS", 0) / 1000) * (lc.min_points - 1),
                    storm_min=gc.storm_min_rebalances, storm_window_s=gc.storm_window_ms / 1000,
                    empty_with_lag_s=gc.empty_with_lag_after_ms / 1000, stuck_after_s=gc.stuck_after_ms / 1000,
+                   hw_stall_s=pc.hw_stall_ms / 1000, stalling_after_s=rules_broker.STALLING_AFTER_MS / 1000,
                    source="streaming.rules_* defaults")
     except Exception:  # noqa: BLE001  (scoring a raw record without the job's code)
         pass
@@ -99,6 +102,8 @@ STORM_MIN = RULES["storm_min"]
 STORM_WINDOW_S = RULES["storm_window_s"]
 EMPTY_WITH_LAG_S = RULES["empty_with_lag_s"]
 STUCK_AFTER_S = RULES["stuck_after_s"]
+HW_STALL_S = RULES["hw_stall_s"]
+STALLING_AFTER_S = RULES["stalling_after_s"]
 STUCK_GT_MIN_S = 30.0             # a "stuck" consumer GT condition lasts at least this long
 POLL_GAP_S = 5.0                  # admin polls further apart than this: the GT is unknown in between
 REBALANCE_MERGE_S = 3.0           # members' on_assign this close together = one rebalance
@@ -329,6 +334,110 @@ def partition_conditions(lines: dict, min_isr: dict, additions: list, scope: tup
                       detail={"old_count": old, "new_count": new}, instant=True)
         c.pre_existing = t < t0
         out.append(c)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# ground truth: brokers and the write path
+# ------------------------------------------------------------------------------------------------
+
+def broker_timelines(records: list[dict]) -> dict[int, list[tuple[float, bool]]]:
+    """``{broker: [(t_s, fenced), ...]}`` from the registration records: a broker is fenced from
+    its registration until an unfence, and from a fence (or an unregistration) on."""
+    out: dict[int, list] = {}
+    for r in sorted(records, key=lambda r: r["offset"]):
+        typ, d, t = r.get("type"), r.get("data") or {}, r["create_time"] / 1000.0
+        if typ == "REGISTER_BROKER_RECORD":
+            b, fenced = d.get("brokerId"), bool(d.get("fenced", True))
+        elif typ in ("FENCE_BROKER_RECORD", "UNFENCE_BROKER_RECORD"):
+            b, fenced = d.get("id"), typ == "FENCE_BROKER_RECORD"
+        elif typ == "BROKER_REGISTRATION_CHANGE_RECORD" and d.get("fenced") in (1, -1):
+            b, fenced = d.get("brokerId"), d["fenced"] == 1
+        elif typ == "UNREGISTER_BROKER_RECORD":
+            b, fenced = d.get("brokerId"), True
+        else:
+            continue
+        if b is not None:
+            out.setdefault(int(b), []).append((t, fenced))
+    return out
+
+
+def _pauses(log: list[dict]) -> list[tuple[int, float, float]]:
+    """``[(broker, paused at, resumed at)]`` from the workload's log (inf: not resumed)."""
+    out, open_ = [], {}
+    for ev in log:
+        if ev.get("event") == "pause_broker":
+            open_[ev["broker"]] = ev["t"]
+        elif ev.get("event") == "resume_broker" and ev.get("broker") in open_:
+            out.append((ev["broker"], open_.pop(ev["broker"]), ev["t"]))
+    out += [(b, t, math.inf) for b, t in open_.items()]
+    return out
+
+
+def broker_conditions(all_lines: dict, brokers: dict, log: list[dict], canary_topic: Optional[str],
+                      scope: tuple[float, float]) -> list[Condition]:
+    """- BrokerDown: a broker fenced (the metadata does not list it) while it holds replicas.
+    - BrokerUnderReplicating: a broker unfenced while some partition it holds a replica of (any
+      topic: the probe counts every partition) does not have it in its ISR.
+    - HighWatermarkStalled: a canary partition (the canary writes all along) whose ISR holds a
+      paused follower: from the pause until the follower leaves its ISR or resumes.  A paused
+      leader's own partition is left out (the probe cannot read its HW: it does not answer).
+    - BrokerStallingWrites: a paused broker that is such a follower: until the last of those
+      partitions lets it go."""
+    t0, t_end = scope
+    out: list[Condition] = []
+
+    def add(kind, ent, s, e, rule_min=0.0, detail=None):
+        c = Condition(kind, ent, s, e, rule_min, e, detail=detail or {})
+        c.pre_existing = s < t0
+        if e is None or e >= t0:
+            out.append(c)
+
+    changes = sorted({t for line in all_lines.values() for t, *_ in line} | {t for line in brokers.values() for t, _ in line})
+    for b, bline in brokers.items():
+        down_at = behind_at = None
+        for t in changes + [math.inf]:
+            fenced = next((f for tt, f in reversed(bline) if tt <= t), True) if t != math.inf else None
+            holds = behind = False
+            if t != math.inf:
+                for line in all_lines.values():
+                    st = state_at(line, t)
+                    if st is not None and b in st[1]:
+                        holds = True
+                        if b not in st[2]:
+                            behind = True
+                            break
+            down = t != math.inf and fenced and holds
+            under = t != math.inf and not fenced and behind
+            if down and down_at is None:
+                down_at = t
+            elif not down and down_at is not None:
+                add("BrokerDown", ("b", b), down_at, None if t == math.inf else t)
+                down_at = None
+            if under and behind_at is None:
+                behind_at = t
+            elif not under and behind_at is not None:
+                add("BrokerUnderReplicating", ("b", b), behind_at, None if t == math.inf else t)
+                behind_at = None
+    if canary_topic is None:
+        return out
+    for b, paused, resumed in _pauses(log):
+        ends = []
+        for (topic, part), line in all_lines.items():
+            if topic != canary_topic:
+                continue
+            st = state_at(line, paused)
+            if st is None or st[0] < 0 or st[0] == b or b not in st[2]:
+                continue
+            left = next((t for t, _, _, isr, _ in line if t > paused and b not in isr), math.inf)
+            end = min(left, resumed)
+            ends.append(end)
+            add("HighWatermarkStalled", ("p", topic, part), paused, None if end == math.inf else end,
+                rule_min=HW_STALL_S, detail={"paused": b})
+        if ends:
+            end = max(ends)
+            add("BrokerStallingWrites", ("b", b), paused, None if end == math.inf else end,
+                rule_min=STALLING_AFTER_S, detail={"partitions": len(ends)})
     return out
 
 
@@ -585,6 +694,10 @@ def attribute(conds: list[Condition], log: list[dict], prefix: str, after_s: flo
     for c in conds:
         if c.scenario is not None:
             continue
+        if c.entity[0] == "b":
+            hit = [w for w in windows if w[2] in TIME_SCENARIOS and w[0] - 2.0 <= c.start <= w[1]]
+            c.scenario, c.repeat = (hit[-1][2], hit[-1][3]) if hit else ("healthy", None)
+            continue
         name = c.entity[1][len(prefix):] if c.entity[1].startswith(prefix) else c.entity[1]
         m = re.match(r"^(\w+)-r(\d+)$", name)
         own = (OWN.get(m.group(1)), int(m.group(2))) if m else (None, None)
@@ -620,6 +733,8 @@ def entity_of(alert: str, labels: dict) -> tuple:
         return ("p", topic, part)
     if topic:
         return ("t", topic)
+    if labels.get("broker") not in (None, ""):
+        return ("b", int(labels["broker"]))
     return ("s", labels.get("source") or "")
 
 
@@ -905,7 +1020,8 @@ def _healthy_entity(ent: tuple, healthy: set) -> bool:
 #: monitor alert -> the GT kind it is scored against
 MONITOR_KINDS = ("IsrShrink", "UnderReplicated", "AtMinIsr", "UnderMinIsr", "OfflinePartition", "LeaderChanged",
                  "PreferredLeaderImbalance", "PartitionCountChanged", "ConsumerLagHigh", "ConsumerLagStatus",
-                 "RebalanceStorm", "GroupEmptyWithLag", "RebalanceStuck")
+                 "RebalanceStorm", "GroupEmptyWithLag", "RebalanceStuck", "BrokerDown", "BrokerUnderReplicating",
+                 "HighWatermarkStalled", "BrokerStallingWrites")
 
 #: (row name, GT kind, baseline rule) -- rows of the comparison table for the baseline
 BASELINE_ROWS = (
@@ -935,6 +1051,8 @@ def score_run(raw: dict) -> dict:
     lines, min_isr, created, additions = partition_timelines(raw["metadata_records"], prefix)
     gp, gs = group_series(raw["polls"])
     conds = partition_conditions(lines, min_isr, additions, scope) + consumer_conditions(gp, gs, raw["log"], scope)
+    conds += broker_conditions(partition_timelines(raw["metadata_records"], "")[0],
+                               broker_timelines(raw["metadata_records"]), raw["log"], p.get("canary_topic"), scope)
     apply_rule_minimums(conds, interval)
     attribute(conds, raw["log"], prefix)
     incidents = incident_conditions(raw["log"], gp)
@@ -943,7 +1061,7 @@ def score_run(raw: dict) -> dict:
 
     def in_scope(e: Episode) -> bool:
         ent = e.entity
-        return (ent[0] in ("p", "t") and ent[1].startswith(prefix)) or (ent[0] in ("g", "gp") and ent[1].startswith(prefix))
+        return ent[0] == "b" or (ent[0] in ("p", "t", "g", "gp") and ent[1].startswith(prefix))
 
     mon = {src: [e for e in eps if in_scope(e)] for src, eps in
            (("metrics", metrics_episodes(raw["metrics_episodes"])), ("alerts_topic", topic_episodes(raw["alerts_topic"])))}
@@ -1075,7 +1193,8 @@ def table(scored: dict) -> str:
                 "PartitionCountChanged": f"resolves {R['count_change_window_s']:.0f} s after",
                 "ConsumerLagHigh": f"{R['lag_high_for_s']:.0f} s",
                 "ConsumerLagStatus": f"STALL {R['stall_after_s']:.0f} s; WARN ~{R['warn_trend_s']:.0f} s",
-                "RebalanceStuck": f"{R['stuck_after_s']:.0f} s"}
+                "RebalanceStuck": f"{R['stuck_after_s']:.0f} s",
+                "HighWatermarkStalled": f"{R['hw_stall_s']:.0f} s", "BrokerStallingWrites": f"{R['stalling_after_s']:.0f} s"}
     base_by_row: dict[str, list] = {}
     for key, s in scored["baseline"].items():
         row, rule = key.split("|")
