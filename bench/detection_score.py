@@ -380,8 +380,8 @@ def broker_conditions(all_lines: dict, brokers: dict, log: list[dict], canary_to
     - BrokerUnderReplicating: a broker unfenced while some partition it holds a replica of (any
       topic: the probe counts every partition) does not have it in its ISR.
     - HighWatermarkStalled: a canary partition (the canary writes all along) whose ISR holds a
-      paused follower: from the pause until the follower leaves its ISR or resumes.  A paused
-      leader's own partition is left out (the probe cannot read its HW: it does not answer).
+      paused follower: from the pause until the follower leaves its ISR or resumes; or whose
+      leader is paused: until it resumes or leadership moves.
     - BrokerStallingWrites: a paused broker that is such a follower: until the last of those
       partitions lets it go."""
     t0, t_end = scope
@@ -427,7 +427,13 @@ def broker_conditions(all_lines: dict, brokers: dict, log: list[dict], canary_to
             if topic != canary_topic:
                 continue
             st = state_at(line, paused)
-            if st is None or st[0] < 0 or st[0] == b or b not in st[2]:
+            if st is None or st[0] < 0 or b not in st[2]:
+                continue
+            if st[0] == b:  # its leader paused: nothing is written until it resumes or leadership moves
+                moved = next((t for t, leader, _, _, _ in line if t > paused and leader != b), math.inf)
+                end = min(moved, resumed)
+                add("HighWatermarkStalled", ("p", topic, part), paused, None if end == math.inf else end,
+                    rule_min=HW_STALL_S, detail={"paused_leader": b})
                 continue
             left = next((t for t, _, _, isr, _ in line if t > paused and b not in isr), math.inf)
             end = min(left, resumed)

@@ -60,8 +60,9 @@ def test_a_paused_follower_stalls_the_partitions_it_follows_until_each_leader_dr
     log = [{"t": 100.0, "event": "pause_broker", "broker": 3}, {"t": 135.0, "event": "resume_broker", "broker": 3}]
     lines = ds.partition_timelines(records, "")[0]
     conds = ds.broker_conditions(lines, ds.broker_timelines(records), log, "c", (10, 300))
-    # partition 2 is led by the paused broker: not a stall the probe can see; 0 and 1 until dropped
-    assert kinds(conds, "HighWatermarkStalled") == [(("p", "c", 0), 100, 125), (("p", "c", 1), 100, 131)]
+    # 0 and 1 until their leaders drop it; 2, which it leads, until it resumes
+    assert kinds(conds, "HighWatermarkStalled") == [(("p", "c", 0), 100, 125), (("p", "c", 1), 100, 131),
+                                                    (("p", "c", 2), 100, 135)]
     assert kinds(conds, "BrokerStallingWrites") == [(("b", 3), 100, 131)]
     assert kinds(conds, "BrokerUnderReplicating") == [(("b", 3), 125, 141)]
     assert not kinds(conds, "BrokerDown")
