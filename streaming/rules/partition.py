@@ -449,9 +449,11 @@ def _progress(state: PartitionState, obs: dict, now: int, entity: str,
     state["hw_observed_at"] = now
     if prev is None or hw != prev:
         state["hw_seen"], state["hw_changed_at"], state["pending_since"] = hw, now, None
-        if prev is not None:
-            out += _resolve(state, _HWS, entity, partition_labels(state), now,
-                            {"hw_before": prev, "hw_after": hw})
+        opened = state["open"].get(_HWS.value) if state["open"] else None
+        # an observation older than the stall (opened from a canary report, whose events may
+        # overtake the probe's) does not show the HW moving since: it does not resolve it
+        if prev is not None and (opened is None or now >= opened["since"]):
+            out += _resolve(state, _HWS, entity, partition_labels(state), now, {"hw_before": prev, "hw_after": hw})
     _sync_pending(state)
     out += _maybe_open_stall(state, now, entity, cfg)
     _schedule(state, cfg)

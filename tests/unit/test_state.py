@@ -435,15 +435,18 @@ def test_a_canary_write_unacknowledged_for_the_stall_window_opens_the_stall_with
     call(fn, 0, rows(pmd(1, 1_000, [1, 2, 3]), poff(2, 1_000, 100)), s)
     out = call(fn, 0, rows(canary(1, 6_000, 4, oldest=9_999)), s)
     assert out[out.kind == "alert"].empty
-    out = call(fn, 0, rows(canary(2, 11_000, 9, oldest=12_000)), s)
+    out = call(fn, 0, rows(canary(3, 14_000, 9, oldest=12_000)), s)
     (opened,) = out[out.kind == "alert"].itertuples()
     assert (opened.alert, opened.action, opened.partition) == ("HighWatermarkStalled", "open", 0)
-    assert json.loads(opened.evidence)["oldest_unacknowledged_write_sent_at"] == -1_000
-    out = call(fn, 0, rows(canary(3, 16_000, 14, oldest=17_000)), s)
+    assert json.loads(opened.evidence)["oldest_unacknowledged_write_sent_at"] == 2_000
+    out = call(fn, 0, rows(canary(4, 16_000, 14, oldest=14_000)), s)
     assert out[out.kind == "alert"].empty  # open once
-    out = call(fn, 0, rows(poff(3, 20_000, 140)), s)
-    assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
-        ("HighWatermarkStalled", "resolve")]
+    # an observation older than the stall, arriving after it, does not resolve it; a newer one does
+    out = call(fn, 0, rows(poff(3, 13_900, 140)), s)
+    assert out[out.kind == "alert"].empty
+    out = call(fn, 0, rows(poff(4, 18_000, 150)), s)
+    (resolved,) = out[out.kind == "alert"].itertuples()
+    assert (resolved.alert, resolved.action, resolved.at) == ("HighWatermarkStalled", "resolve", 18_000)
 
 
 def test_a_canary_report_without_pending_writes_never_stalls_a_flat_hw():
