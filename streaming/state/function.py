@@ -30,7 +30,7 @@ from streaming.rules import produce as rules_produce
 from streaming.rules import topic as rules_topic
 from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
-from streaming.state.table import decode as table_decode, encode as table_encode
+from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
 from streaming.ingest.schema import FLAT_COLUMNS
 
 QUARANTINE_BUCKET = -1
@@ -682,8 +682,10 @@ def quarantine_rows(frames: Any) -> list[dict]:
 #:   3  format 2 plus "fields": the entity field signature (``FIELDS``) it was written with
 #:   4  format 3 compressed (``_ENVELOPE``), the table's columns encoded (``table.encode``), its
 #:      metadata signatures as their ``repr``
+#:   5  format 4, the table's keys, event ids and cold parts in Arrow arrays, its sources,
+#:      signatures and labels as codes into per-table lists (``table.from_lists``)
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
-_FORMAT = 4
+_FORMAT = 5
 
 #: a format 4+ bucket: this prefix, the pickle's length (8 bytes, little endian), the pickle
 #: compressed with zstd (at 300,000 partitions a bucket's pickle is ~8 MB, ~1 MB compressed:
@@ -728,8 +730,12 @@ def _from_3(v: dict) -> dict:
     return {**v, "format": 4, "partitions": t}
 
 
+def _from_4(v: dict) -> dict:
+    return {**v, "format": 5, "partitions": table_from_lists(v["partitions"])}
+
+
 #: format N -> the function that turns it into format N + 1
-_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3}
+_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4}
 
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs
@@ -779,7 +785,7 @@ def _load(state: Any, run_id: str) -> tuple[dict[str, Any], PartitionTable, Opti
 def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True) -> None:
     """Write the bucket back; ``compact``: quiet dict partitions go into the table."""
     partitions = table.state(entities if compact else {}, cfg.partition)
-    if entities or partitions["keys"]:
+    if entities or len(partitions["keys"]):
         v = {"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
              "fields": FIELDS}
         state.update((encode_state(v),))

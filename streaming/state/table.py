@@ -10,6 +10,9 @@ from operator import itemgetter
 from typing import Any, Optional, cast
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from streaming.rules import partition as rules_partition
 
@@ -25,11 +28,17 @@ _APPLIED = ("off_t", "md_t")
 _FIXED = ("partition", "leader", "n_replicas", "n_isr", "min_isr", "window", "layout")
 #: the gauges last sent for the partition (valid where ``sent_ok``)
 _SENT = ("sent_hw", "sent_ls", "sent_lso")
-_INT_COLUMNS = HOT + _APPLIED + _FIXED + _SENT
-#: per-row Python objects: the sources and event ids ``admit`` last let through, the metadata
-#: a snapshot must repeat to be quiet (``sig``: the ``repr`` of ``repeat_signature``, a string
-#: pickles ~10x faster than the nested tuple; None: metadata rows go to the dict rules),
-#: labels, and the pickled cold part
+#: values shared by many rows, held as codes into the table's ``uniq[name]`` list: the sources
+#: ``admit`` last let through, the metadata a snapshot must repeat to be quiet (``sig``: the
+#: ``repr`` of ``repeat_signature``; None: metadata rows go to the dict rules), the labels
+_CODED = ("off_src", "md_src", "sig", "cluster", "topic")
+#: the int columns ``compact`` gives (the codes are the table's to give)
+_PLAIN = HOT + _APPLIED + _FIXED + _SENT
+_INT_COLUMNS = _PLAIN + _CODED
+#: per-row values in Arrow arrays (pickled as their buffers, no Python object per row): the
+#: event ids ``admit`` last let through, and the pickled cold part
+_ARRAYS = {"off_id": pa.string(), "md_id": pa.string(), "cold": pa.binary()}
+#: what ``compact`` returns per row, in this order, besides the ints
 _OBJECTS = ("off_src", "off_id", "md_src", "md_id", "sig", "cluster", "topic", "cold")
 #: columns stored as their difference from another (``encode``): where they move together the
 #: differences are mostly 0 and compress to almost nothing.  Listed so that a column's reference
@@ -92,7 +101,7 @@ def _cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
 def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition.PartitionRulesConfig,
             layouts: dict[tuple, int]) -> Optional[tuple]:
     """The row for partition state ``s`` if it is quiet (see the module docstring), else None:
-    (ints in ``_INT_COLUMNS`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
+    (ints in ``_PLAIN`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
     stored as the tuple of its values, pickled; its keys are a *layout* shared by the table's
     rows (``layouts``: key tuple -> number, extended here), which keeps a row's cold part at
     ~140 bytes instead of ~380."""
@@ -130,6 +139,22 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     return ints, sent_ok, objects
 
 
+def from_lists(state: Optional[dict]) -> Optional[dict]:
+    """A table state of format 4 (keys and ``_OBJECTS`` as Python lists) in today's layout."""
+    if not state:
+        return state
+    objs = state["objs"]
+    ints = dict(state["ints"])
+    uniq = {}
+    for name in _CODED:
+        at: dict = {}
+        ints[name] = np.array([at.setdefault(v, len(at)) for v in objs[name]], np.int64)
+        uniq[name] = list(at)
+    rest = {k: v for k, v in state.items() if k != "objs"}
+    return {**rest, "keys": pa.array(state["keys"], pa.string()), "ints": ints, "uniq": uniq,
+            "arrays": {name: pa.array(objs[name], t) for name, t in _ARRAYS.items()}}
+
+
 def encode(state: Optional[dict]) -> Optional[dict]:
     """A table state (``PartitionTable.state``) as it is stored: the ``_DELTA_OF`` columns as
     differences (int64 arithmetic wraps, so NULLs and any values come back exactly)."""
@@ -154,37 +179,59 @@ def decode(state: Optional[dict]) -> Optional[dict]:
 
 class PartitionTable:
     """A bucket's quiet partitions (see the module docstring).  One place per partition: a
-    partition is either here (``alive``) or a dict in the bucket's entities."""
+    partition is either here (``alive``) or a dict in the bucket's entities.  Nothing here is a
+    Python object per row: keys, event ids and cold parts are Arrow arrays, shared values codes
+    (so storing and reading the table moves buffers, docs/state.md "Stored format")."""
 
     def __init__(self, state: Optional[dict] = None, run_id: str = ""):
         st = state or {}
-        self.keys: list[str] = st.get("keys", [])
+        self.keys: pa.Array = st.get("keys", pa.array([], pa.string()))
         n = len(self.keys)
         self.ints: dict[str, np.ndarray] = {c: st["ints"][c] if st else np.empty(0, np.int64) for c in _INT_COLUMNS}
-        self.objs: dict[str, list] = {c: st["objs"][c] if st else [] for c in _OBJECTS}
+        self.arrays: dict[str, pa.Array] = {c: st["arrays"][c] if st else pa.array([], t) for c, t in _ARRAYS.items()}
+        self.uniq: dict[str, list] = {c: list(st["uniq"][c]) if st else [] for c in _CODED}
         self.sent_ok: np.ndarray = st.get("sent_ok", np.zeros(0, bool))
         if st.get("run_id") != run_id:  # a new run: its exporter has not seen any gauge yet
             self.sent_ok = np.zeros(n, bool)
         self.run_id = run_id
         self.layouts: list[tuple] = st.get("layouts", [])
         self.alive = np.ones(n, bool)
-        self.index = {k: i for i, k in enumerate(self.keys)}
+        self._index: Optional[dict[str, int]] = None  # key -> position, built when first asked
+        self._where: dict[str, int] = {}  # the batch's entity keys -> position (-1: not here)
 
     def __len__(self) -> int:
         return int(self.alive.sum())
 
+    @property
+    def index(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(self.keys.to_pylist())}
+        return self._index
+
+    def _position(self, key: str) -> Optional[int]:
+        i = self._where.get(key)
+        if i is None:
+            i = self.index.get(key)
+        return None if i is None or i < 0 or not self.alive[i] else i
+
     def __contains__(self, key: str) -> bool:
-        i = self.index.get(key)
-        return i is not None and bool(self.alive[i])
+        return self._position(key) is not None
 
     def live_keys(self) -> list[str]:
-        return [k for k, a in zip(self.keys, self.alive) if a]
+        return self.keys.filter(pa.array(self.alive)).to_pylist()
+
+    def positions(self, entities: np.ndarray) -> np.ndarray:
+        """The table position of each entity key (-1: not in the table), vectorized."""
+        if not len(self.keys):
+            return np.full(len(entities), -1, np.int64)
+        pos = pc.index_in(pa.array(entities, pa.string()), value_set=self.keys)
+        return pc.fill_null(pos, -1).to_numpy().astype(np.int64)
 
     def take(self, key: str) -> Optional[rules_partition.PartitionState]:
         """The partition's dict (as the dict rules would have left it), removed from the table;
         None when it is not here."""
-        i = self.index.get(key)
-        if i is None or not self.alive[i]:
+        i = self._position(key)
+        if i is None:
             return None
         self.alive[i] = False
         return self._dict(i)
@@ -193,15 +240,19 @@ class PartitionTable:
         """The partition's dict without taking it out (tests and debugging)."""
         return self._dict(self.index[key])
 
+    def value(self, name: str, i: int) -> Any:
+        """Row ``i``'s value of a coded column (``_CODED``)."""
+        return self.uniq[name][self.ints[name][i]]
+
     def _dict(self, i: int) -> rules_partition.PartitionState:
-        c, o = self.ints, self.objs
-        d: dict[str, Any] = dict(zip(self.layouts[c["layout"][i]], pickle.loads(o["cold"][i])))
+        c, a = self.ints, self.arrays
+        d: dict[str, Any] = dict(zip(self.layouts[c["layout"][i]], pickle.loads(a["cold"][i].as_py())))
         for k in HOT:
             d[k] = _o(c[k][i])
         s = cast(rules_partition.PartitionState, d)
-        s["applied"][(_OFFSETS, o["off_src"][i])] = (int(c["off_t"][i]), [o["off_id"][i]])
+        s["applied"][(_OFFSETS, self.value("off_src", i))] = (int(c["off_t"][i]), [a["off_id"][i].as_py()])
         if c["md_t"][i] != NULL:
-            s["applied"][(_METADATA, o["md_src"][i])] = (int(c["md_t"][i]), [o["md_id"][i]])
+            s["applied"][(_METADATA, self.value("md_src", i))] = (int(c["md_t"][i]), [a["md_id"][i].as_py()])
         s["due"] = int(c["observed_at"][i]) + int(c["window"][i])  # never NULL here (is_quiet)
         s["due_pw"] = None
         if self.sent_ok[i]:
@@ -213,12 +264,24 @@ class PartitionTable:
         """Take out the partitions the time-driven checks or the eviction have work for: the
         unobserved window is reached (``due``), or the entity is past its TTL."""
         c = self.ints
-        due = self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > ttl_ms))
+        due = np.flatnonzero(self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > ttl_ms)))
         out = {}
-        for i in np.flatnonzero(due):
-            s = self.take(self.keys[i])
-            if s is not None:  # alive, so always
-                out[self.keys[i]] = s
+        for i, key in zip(due.tolist(), self.keys.take(pa.array(due, pa.int64())).to_pylist()):
+            self.alive[i] = False
+            out[key] = self._dict(i)
+        return out
+
+    def _codes(self, name: str, values: list) -> np.ndarray:
+        """Codes of ``values`` in column ``name``, new values added to its list."""
+        uniq = self.uniq[name]
+        at = {v: i for i, v in enumerate(uniq)}
+        out = np.empty(len(values), np.int64)
+        for j, v in enumerate(values):
+            k = at.get(v)
+            if k is None:
+                k = at[v] = len(uniq)
+                uniq.append(v)
+            out[j] = k
         return out
 
     def state(self, entities: dict[str, Any], cfg: rules_partition.PartitionRulesConfig) -> dict:
@@ -232,16 +295,33 @@ class PartitionTable:
                 rows.append((key, r))
                 del entities[key]
         live = np.flatnonzero(self.alive)
-        keep = live.tolist()
-        new = np.array([r[0] for _, r in rows], np.int64).reshape(len(rows), len(_INT_COLUMNS))
+        everyone = len(live) == len(self.alive)
+        keep = pa.array(live, pa.int64())
+        new = np.array([r[0] for _, r in rows], np.int64).reshape(len(rows), len(_PLAIN))
+        ints = {name: np.concatenate([self.ints[name][live], new[:, j]]) for j, name in enumerate(_PLAIN)}
+        objects = {name: [r[2][j] for _, r in rows] for j, name in enumerate(_OBJECTS)}
+        ints.update({name: np.concatenate([self.ints[name][live], self._codes(name, objects[name])]) for name in _CODED})
+        arrays = {name: pa.concat_arrays([a if everyone else a.take(keep), pa.array(objects[name], _ARRAYS[name])])
+                  for name, a in self.arrays.items()}
+        keys = pa.concat_arrays([self.keys if everyone else self.keys.take(keep), pa.array([k for k, _ in rows], pa.string())])
         return {
             "run_id": self.run_id, "layouts": sorted(layouts, key=layouts.__getitem__),
-            "keys": [self.keys[i] for i in keep] + [k for k, _ in rows],
-            "ints": {name: np.concatenate([self.ints[name][live], new[:, j]]) for j, name in enumerate(_INT_COLUMNS)},
+            "keys": keys, "ints": ints, "arrays": arrays, "uniq": self._compact_uniq(ints),
             "sent_ok": np.concatenate([self.sent_ok[live], np.array([r[1] for _, r in rows], bool)]),
-            "objs": {name: [self.objs[name][i] for i in keep] + [r[2][j] for _, r in rows]
-                     for j, name in enumerate(_OBJECTS)},
         }
+
+    def _compact_uniq(self, ints: dict[str, np.ndarray]) -> dict[str, list]:
+        """The code lists, each rebuilt from the codes in use once it holds more values than
+        the table has rows (signatures change with every leader election: bounded)."""
+        out = {}
+        for name in _CODED:
+            uniq = self.uniq[name]
+            if len(uniq) > max(64, len(ints[name])):
+                used, codes = np.unique(ints[name], return_inverse=True)
+                ints[name] = codes.astype(np.int64)
+                uniq = [uniq[i] for i in used.tolist()]
+            out[name] = uniq
+        return out
 
     # -----------------------------------------------------------------------------------------
 
@@ -257,8 +337,8 @@ class PartitionTable:
         none = (np.zeros(n, bool), np.empty(0, np.int64))
         if n == 0 or not self.alive.any():
             return none
-        index, c, o = self.index, self.ints, self.objs
-        pos = np.fromiter((index.get(k, -1) for k in ent), np.int64, n)
+        c = self.ints
+        pos = self.positions(ent)
         t, typ, src = rows["observed_at"], rows["type"], rows["source"]
         is_off, is_md = typ == _OFFSETS, typ == _METADATA
         ok = (pos >= 0) & (is_off | is_md) & (t != NULL)
@@ -266,9 +346,8 @@ class PartitionTable:
         ok[cand] = self.alive[pos[cand]]
         # offsets: from the source whose offsets were admitted last, with a high watermark
         j = np.flatnonzero(ok & is_off)
-        off_src = o["off_src"]
-        ok[j] = (rows["high_watermark"][j] != NULL) & np.fromiter(
-            (s == off_src[p] for s, p in zip(src[j].tolist(), pos[j].tolist())), bool, len(j))
+        ok[j] = (rows["high_watermark"][j] != NULL) & (
+            pd.Index(self.uniq["off_src"], dtype=object).get_indexer(src[j]) == c["off_src"][pos[j]])
         # metadata: from the source whose metadata was admitted last, repeating what it said
         j = np.flatnonzero(ok & is_md)
         if len(j):
@@ -279,6 +358,9 @@ class PartitionTable:
         late = [self._late(rows, pos, ok & is_off, ("off_t", "hw_observed_at")),
                 self._late(rows, pos, ok & is_md, ("md_t", "md_at"))]
         ok &= ~np.isin(pos, np.concatenate(late))
+        # where the rows left to the dict rules are (``take``): no key index to build
+        rest = np.flatnonzero(~ok)
+        self._where = dict(zip(ent[rest].tolist(), pos[rest].tolist()))
         if not ok.any():
             return ok, np.empty(0, np.int64)
         self._apply_offsets(rows, pos, ok & is_off)
@@ -298,9 +380,9 @@ class PartitionTable:
 
     def _repeats(self, rows: dict[str, np.ndarray], q: int, p: int) -> bool:
         """Row ``q`` is a partition_metadata that changes nothing on partition ``p``."""
-        o, c = self.objs, self.ints
-        sig = o["sig"][p]
-        if sig is None or rows["source"][q] != o["md_src"][p]:
+        c = self.ints
+        sig = self.value("sig", p)
+        if sig is None or rows["source"][q] != self.value("md_src", p):
             return False
         mi = rows["min_insync_replicas"][q]
         if mi != NULL and mi != c["min_isr"][p]:
@@ -352,9 +434,7 @@ class PartitionTable:
         c["hw_observed_at"][ent_pos] = c["off_t"][ent_pos] = t[lr]
         c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
         c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
-        ids = self.objs["off_id"]
-        for q, e in zip(ent_pos.tolist(), rows["event_id"][lr].tolist()):
-            ids[q] = e
+        self._set("off_id", ent_pos, rows["event_id"][lr])
 
     def _apply_metadata(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
         if not mask.any():
@@ -364,9 +444,14 @@ class PartitionTable:
         lr = order[last]
         ent_pos = p[starts]
         c["md_at"][ent_pos] = c["md_t"][ent_pos] = rows["observed_at"][lr]
-        ids = self.objs["md_id"]
-        for q, e in zip(ent_pos.tolist(), rows["event_id"][lr].tolist()):
-            ids[q] = e
+        self._set("md_id", ent_pos, rows["event_id"][lr])
+
+    def _set(self, name: str, at: np.ndarray, values: np.ndarray) -> None:
+        """Array ``name`` with ``values`` at positions ``at`` (distinct)."""
+        a = self.arrays[name]
+        pick = np.arange(len(a), dtype=np.int64)
+        pick[at] = len(a) + np.arange(len(at), dtype=np.int64)
+        self.arrays[name] = pa.concat_arrays([a, pa.array(values, _ARRAYS[name])]).take(pa.array(pick))
 
     def gauge_columns(self, where: np.ndarray) -> dict[str, Any]:
         """The ``partition`` upsert rows of the partitions at ``where``, as output columns
@@ -375,8 +460,8 @@ class PartitionTable:
         w = where
         n = len(w)
         return {"kind": np.full(n, "partition", object), "action": np.full(n, "upsert", object),
-                "cluster": np.array([self.objs["cluster"][i] for i in w.tolist()], object),
-                "topic": np.array([self.objs["topic"][i] for i in w.tolist()], object),
+                "cluster": np.array(self.uniq["cluster"], object)[c["cluster"][w]],
+                "topic": np.array(self.uniq["topic"], object)[c["topic"][w]],
                 "partition": c["partition"][w], "leader": c["leader"][w], "replicas": c["n_replicas"][w],
                 "isr": c["n_isr"][w], "high_watermark": c["hw"][w], "log_start_offset": c["log_start"][w],
                 "last_stable_offset": c["lso"][w], "at": c["last_seen"][w]}
