@@ -31,6 +31,7 @@ from streaming.rules import topic as rules_topic
 from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
 from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
+from streaming.state.table import event_keys as table_event_keys, keyed_applied
 from streaming.ingest.schema import FLAT_COLUMNS
 
 QUARANTINE_BUCKET = -1
@@ -349,8 +350,9 @@ DEDUP_IDS = 16
 MAX_SOURCES = 8
 
 
-def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional[str]) -> Optional[str]:
+def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional[int]) -> Optional[str]:
     """Whether an observation may be applied to entity state ``s``: None, or why it is dropped.
+    ``event_id``: the event id's key (``table.event_keys``), or None.
 
     ``duplicate``: an event with this ``event_id`` was already applied (a producer retry, a
     replayed probe).  ``out_of_order``: older than the last observation of the same type from
@@ -415,7 +417,7 @@ def _ints(col: pd.Series) -> np.ndarray:
     return out
 
 
-_QUIET_OBJECTS = ("entity", "type", "source", "event_id", "replicas", "isr")
+_QUIET_OBJECTS = ("entity", "type", "source", "replicas", "isr")
 _QUIET_INTS = ("observed_at", "seq", "high_watermark", "log_start_offset", "last_stable_offset", "metadata_at",
                "leader", "leader_epoch", "min_insync_replicas")
 
@@ -427,6 +429,7 @@ def fold_quiet(table: PartitionTable, frames: list[pd.DataFrame]) -> tuple[list[
         return frames, np.empty(0, np.int64)
     cols = {c: np.concatenate([f[c].to_numpy(dtype=object) for f in frames]) for c in _QUIET_OBJECTS}
     cols.update({c: np.concatenate([_ints(f[c]) for f in frames]) for c in _QUIET_INTS})
+    cols["event_key"] = table_event_keys(np.concatenate([f["event_id"].to_numpy(dtype=object) for f in frames]))
     done, gauges = table.fold_quiet(cols)
     if not done.any():
         return frames, gauges
@@ -453,6 +456,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         return out, touched
     names = [c for c in frames[0].columns if c not in _NOT_READ]
     cols = _columns(frames, names)
+    if "event_id" in cols:  # admit remembers an event id by its key (table.event_keys)
+        cols["event_id"] = [None if k == NULL else k for k in table_event_keys(cols["event_id"]).tolist()]
     obs, seq = cols["observed_at"], cols["seq"]
     try:
         order = sorted(range(len(obs)), key=lambda i: (obs[i], seq[i]))
@@ -682,8 +687,9 @@ def quarantine_rows(frames: Any) -> list[dict]:
 #:   3  format 2 plus "fields": the entity field signature (``FIELDS``) it was written with
 #:   4  format 3 compressed (``_ENVELOPE``), the table's columns encoded (``table.encode``), its
 #:      metadata signatures as their ``repr``
-#:   5  format 4, the table's keys, event ids and cold parts in Arrow arrays, its sources,
-#:      signatures and labels as codes into per-table lists (``table.from_lists``)
+#:   5  format 4, the table's keys and cold parts in Arrow arrays, its sources, signatures and
+#:      labels as codes into per-table lists, event ids (``admit``'s, everywhere) as their
+#:      64-bit keys (``table.from_lists``, ``table.event_keys``)
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
 _FORMAT = 5
 
@@ -731,6 +737,9 @@ def _from_3(v: dict) -> dict:
 
 
 def _from_4(v: dict) -> dict:
+    for e in v["entities"].values():  # admit remembers event ids by their key from format 5 on
+        if e.get("applied"):
+            e["applied"] = keyed_applied(e["applied"])
     return {**v, "format": 5, "partitions": table_from_lists(v["partitions"])}
 
 

@@ -33,13 +33,15 @@ _SENT = ("sent_hw", "sent_ls", "sent_lso")
 #: ``repr`` of ``repeat_signature``; None: metadata rows go to the dict rules), the labels
 _CODED = ("off_src", "md_src", "sig", "cluster", "topic")
 #: the int columns ``compact`` gives (the codes are the table's to give)
-_PLAIN = HOT + _APPLIED + _FIXED + _SENT
+#: the keys (``event_key``) of the last offsets / metadata events ``admit`` let through
+_IDS = ("off_id", "md_id")
+_PLAIN = HOT + _APPLIED + _FIXED + _SENT + _IDS
 _INT_COLUMNS = _PLAIN + _CODED
 #: per-row values in Arrow arrays (pickled as their buffers, no Python object per row): the
-#: event ids ``admit`` last let through, and the pickled cold part
-_ARRAYS = {"off_id": pa.string(), "md_id": pa.string(), "cold": pa.binary()}
+#: pickled cold part
+_ARRAYS = {"cold": pa.binary()}
 #: what ``compact`` returns per row, in this order, besides the ints
-_OBJECTS = ("off_src", "off_id", "md_src", "md_id", "sig", "cluster", "topic", "cold")
+_OBJECTS = ("off_src", "md_src", "sig", "cluster", "topic", "cold")
 #: columns stored as their difference from another (``encode``): where they move together the
 #: differences are mostly 0 and compress to almost nothing.  Listed so that a column's reference
 #: is restored before it is used (``lso`` before ``sent_lso``).
@@ -134,22 +136,54 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     ints += [int(off[1]), _i(md[1]), _i(s["partition"]), _i(shown[0]), _i(shown[1]), _i(shown[2]),
              _i(s["min_isr"]), window, layout]
     ints += [_i(v) for v in sent[1][3:]] if sent_ok and sent is not None else [NULL, NULL, NULL]
-    objects = (off[0], off[2], md[0], md[2], sig, s["cluster"], s["topic"],
-               pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
+    ints += [_i(off[2]), _i(md[2])]
+    objects = (off[0], md[0], sig, s["cluster"], s["topic"], pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
 
 
+def event_keys(values: Any) -> np.ndarray:
+    """Event ids as the int64 keys ``admit`` remembers (a 64-bit hash, the same in every process
+    and run; ``NULL`` for a missing id)."""
+    values = np.asarray(values, dtype=object)
+    missing = pd.isna(values)
+    h = pd.util.hash_array(np.where(missing, "", values).astype(object), categorize=False).view(np.int64)
+    h = np.where(h == NULL, h ^ 1, h)
+    h[missing] = NULL
+    return h
+
+
+def event_key(value: Any) -> Optional[int]:
+    """One event id's key (``event_keys``), None for none."""
+    return None if value is None else int(event_keys([value])[0])
+
+
+def keyed_applied(applied: dict) -> dict:
+    """``admit``'s entries of a format 4 entity, its event ids replaced by their keys."""
+    return {k: (t, [event_key(i) for i in ids]) for k, (t, ids) in applied.items()}
+
+
 def from_lists(state: Optional[dict]) -> Optional[dict]:
-    """A table state of format 4 (keys and ``_OBJECTS`` as Python lists) in today's layout."""
+    """A table state of format 4 (keys and objects as Python lists, event ids as text) in
+    today's layout."""
     if not state:
         return state
-    objs = state["objs"]
+    objs = dict(state["objs"])
     ints = dict(state["ints"])
+    layouts = state["layouts"]
+    cold = []
+    for layout, part in zip(ints["layout"].tolist(), objs["cold"]):
+        values = list(pickle.loads(part))
+        j = layouts[layout].index("applied")
+        values[j] = keyed_applied(values[j])
+        cold.append(pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
+    objs["cold"] = cold
+    for name in _IDS:
+        ints[name] = event_keys(objs[name])
     uniq = {}
     for name in _CODED:
-        at: dict = {}
-        ints[name] = np.array([at.setdefault(v, len(at)) for v in objs[name]], np.int64)
-        uniq[name] = list(at)
+        codes: dict = {}
+        ints[name] = np.array([codes.setdefault(v, len(codes)) for v in objs[name]], np.int64)
+        uniq[name] = list(codes)
     rest = {k: v for k, v in state.items() if k != "objs"}
     return {**rest, "keys": pa.array(state["keys"], pa.string()), "ints": ints, "uniq": uniq,
             "arrays": {name: pa.array(objs[name], t) for name, t in _ARRAYS.items()}}
@@ -250,9 +284,9 @@ class PartitionTable:
         for k in HOT:
             d[k] = _o(c[k][i])
         s = cast(rules_partition.PartitionState, d)
-        s["applied"][(_OFFSETS, self.value("off_src", i))] = (int(c["off_t"][i]), [a["off_id"][i].as_py()])
+        s["applied"][(_OFFSETS, self.value("off_src", i))] = (int(c["off_t"][i]), [_o(c["off_id"][i])])
         if c["md_t"][i] != NULL:
-            s["applied"][(_METADATA, self.value("md_src", i))] = (int(c["md_t"][i]), [a["md_id"][i].as_py()])
+            s["applied"][(_METADATA, self.value("md_src", i))] = (int(c["md_t"][i]), [_o(c["md_id"][i])])
         s["due"] = int(c["observed_at"][i]) + int(c["window"][i])  # never NULL here (is_quiet)
         s["due_pw"] = None
         if self.sent_ok[i]:
@@ -327,10 +361,10 @@ class PartitionTable:
 
     def fold_quiet(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Apply the batch's quiet rows (see the module docstring).  ``rows``: the batch's
-        columns ``entity``, ``type``, ``source``, ``event_id``, ``replicas``, ``isr`` (object
+        columns ``entity``, ``type``, ``source``, ``replicas``, ``isr`` (object
         arrays), ``observed_at``, ``seq``, ``high_watermark``, ``log_start_offset``,
         ``last_stable_offset``, ``metadata_at``, ``leader``, ``leader_epoch``,
-        ``min_insync_replicas`` (int64, ``NULL`` for missing).  Returns (a mask of the rows it
+        ``min_insync_replicas``, ``event_key`` (int64, ``NULL`` for missing).  Returns (a mask of the rows it
         applied, the table positions of the partitions whose gauges must be sent)."""
         ent = rows["entity"]
         n = len(ent)
@@ -434,7 +468,7 @@ class PartitionTable:
         c["hw_observed_at"][ent_pos] = c["off_t"][ent_pos] = t[lr]
         c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
         c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
-        self._set("off_id", ent_pos, rows["event_id"][lr])
+        c["off_id"][ent_pos] = rows["event_key"][lr]
 
     def _apply_metadata(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
         if not mask.any():
@@ -444,14 +478,7 @@ class PartitionTable:
         lr = order[last]
         ent_pos = p[starts]
         c["md_at"][ent_pos] = c["md_t"][ent_pos] = rows["observed_at"][lr]
-        self._set("md_id", ent_pos, rows["event_id"][lr])
-
-    def _set(self, name: str, at: np.ndarray, values: np.ndarray) -> None:
-        """Array ``name`` with ``values`` at positions ``at`` (distinct)."""
-        a = self.arrays[name]
-        pick = np.arange(len(a), dtype=np.int64)
-        pick[at] = len(a) + np.arange(len(at), dtype=np.int64)
-        self.arrays[name] = pa.concat_arrays([a, pa.array(values, _ARRAYS[name])]).take(pa.array(pick))
+        c["md_id"][ent_pos] = rows["event_key"][lr]
 
     def gauge_columns(self, where: np.ndarray) -> dict[str, Any]:
         """The ``partition`` upsert rows of the partitions at ``where``, as output columns

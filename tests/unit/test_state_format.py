@@ -122,3 +122,22 @@ def test_format3_table_signatures_are_read_as_the_strings_format4_compares():
     sigs = [table.value("sig", table.index[k]) for k in keys]
     assert all(isinstance(x, str) for x in sigs)
     assert sigs == [repr(rules_partition.repeat_signature(table.peek(k))) for k in keys]
+
+
+def test_event_ids_a_format4_state_remembers_still_tell_a_replay_from_a_new_event():
+    """Format 5 remembers event ids by their 64-bit key.  A bucket written by format 4's code
+    (``format4-ids-bucket.pickle``: partitions 1-3 in the table, partition 0 a dict with its
+    alerts open; the last events at 21,000 with ids ``off-2-<p>`` and ``md-2-<p>``) has its ids
+    converted, so replaying one of them is still a duplicate, in the table and in a dict, and a
+    new id at the same millisecond is still applied."""
+    s = FakeState(value=((FIXTURES / "format4-ids-bucket.pickle").read_bytes(),))
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    replays = [{**poff(121, 21_000, 502, part=1), "event_id": "off-2-1"},
+               {**pmd(20, 21_000, [1, 3], part=0), "event_id": "md-2-0"}]
+    new = {**poff(122, 21_000, 502, part=2), "event_id": "off-2-2-again"}
+    out = call(fn, 0, rows(*replays, new), s)
+    dropped = out[out.kind == "dropped"]
+    assert list(zip(dropped.alert, dropped["count"])) == [("duplicate", 2)]
+    # the new one was applied: its id is remembered, so sending it again is a duplicate
+    out = call(fn, 0, rows(new), s)
+    assert list(out[out.kind == "dropped"].alert) == ["duplicate"]
