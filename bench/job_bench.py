@@ -35,6 +35,7 @@ Prints a table and writes bench/results/job.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -195,6 +196,54 @@ def noop_state_function(cfg, compact_partitions=True):
     return update_bucket
 
 
+def _timing(f, into: list):
+    def g(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return f(*a, **kw)
+        finally:
+            into.append(time.perf_counter() - t)
+    return g
+
+
+#: where the state function's calls log their wall time (``timed_state_function``)
+TIMES_ENV = "KM_BENCH_STATE_TIMES"
+
+
+def silent_state_function(make):
+    """``--state silent``: the job's state function, its output dropped (a diagnosis: what the
+    output rows cost between the workers and the driver's sink)."""
+    def wrapped(cfg, compact_partitions=True):
+        fn = make(cfg, compact_partitions)
+
+        def update_bucket(key, pdfs, state):
+            for _ in fn(key, pdfs, state):
+                pass
+            return iter(())
+        return update_bucket
+    return wrapped
+
+
+def timed_state_function(make):
+    """The job's state function, each call's wall time (in the Python worker, output frames
+    included) appended to the file named by ``$KM_BENCH_STATE_TIMES``: (end time, seconds)."""
+    def wrapped(cfg, compact_partitions=True):
+        fn = make(cfg, compact_partitions)
+        path = os.environ.get(TIMES_ENV)
+
+        def update_bucket(key, pdfs, state):
+            t = time.perf_counter()
+            frames = list(pdfs)  # Spark's Arrow -> pandas conversion happens as they are taken
+            t1, c1 = time.perf_counter(), time.thread_time()
+            out = list(fn(key, iter(frames), state))
+            if path:
+                with open(path, "a") as f:
+                    f.write(f"{time.time()} {time.perf_counter() - t1} {t1 - t} {time.thread_time() - c1}\n")
+            return iter(out)
+        return update_bucket
+    return wrapped
+
+
 class Scraper:
     """GETs /metrics ``rate`` times a second (gzip accepted, as Prometheus asks) while ``on`` is
     set, keeping each scrape's latency."""
@@ -247,6 +296,31 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         exporter = Exporter(max_series=10_000_000)
         scraper = Scraper(f"http://127.0.0.1:{exporter.serve(0)}/metrics", scrape_rate) if scrape_rate else None
         scraped_batches: set = set()
+        sinks: list[tuple[float, float]] = []
+        done = exporter.batch_done
+        exporter.batch_done = lambda n, d, at: (sinks.append((at, d)), done(n, d, at))[1]  # type: ignore[method-assign]
+        # the driver's share of the sink (after the batch's rows are collected): time in these
+        spent: dict[str, list[float]] = {"sink_rows": [], "exporter_apply": [], "alerts_publish": []}
+        from streaming import job as job_module
+        from streaming.sinks import alerts as alerts_module
+        restore = [(job_module, "sink_rows", job_module.sink_rows), (exporter, "apply", exporter.apply),
+                   (alerts_module.AlertsTopicSink, "publish", alerts_module.AlertsTopicSink.publish)]
+        for obj, name, f in restore:
+            setattr(obj, name, _timing(f, spent[{"sink_rows": "sink_rows", "apply": "exporter_apply",
+                                                  "publish": "alerts_publish"}[name]]))
+        times = os.environ.get(TIMES_ENV)
+        if times:
+            open(times, "w").close()
+        # the driver's garbage collections: (end time, seconds, generation)
+        collections: list[tuple[float, float, int]] = []
+        gc_started = [0.0]
+
+        def on_gc(phase, info):
+            if phase == "start":
+                gc_started[0] = time.perf_counter()
+            else:
+                collections.append((time.time(), time.perf_counter() - gc_started[0], info["generation"]))
+        gc.callbacks.append(on_gc)
         started = time.perf_counter()
         q = start(spark, cfg, exporter, query_name=f"bench-{n_parts}-{n_pairs}")
         try:
@@ -259,6 +333,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
             later_rows = sum(p["numInputRows"] for p in later)
             later_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000.0
             steady = []
+            steady_from = time.time()
             for k, records in enumerate(cycles):
                 # with --scrape-rate: every other cycle scraped, so both kinds share the run's state
                 scraping = scraper is not None and k % 2 == 1
@@ -280,6 +355,9 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
                 scraper.stop()
             stop_query(q)
             exporter.shutdown()
+            for obj, name, f in restore:
+                setattr(obj, name, f)
+            gc.callbacks.remove(on_gc)
         from pyspark import SparkContext
         jvm = SparkContext._gateway.proc.pid
         py_workers = [p for p in descendants(jvm) if "python" in cmdline(p)]
@@ -299,8 +377,35 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
                   "batch_p50_s_scraped": statistics.median(with_s) if with_s else None,
                   "batch_p50_s_unscraped": statistics.median(without) if without else None,
                   "series": exporter.render().count(b"\n") - exporter.render().count(b"\n#")}
+    # where a steady batch's time goes: the state store (Spark's stateOperators), the state
+    # function in the workers (per batch, both cores' time summed), the driver's sink
+    ops = [p["stateOperators"][0] for p in steady if p.get("stateOperators")]
+    breakdown = {k: statistics.median(o.get(k, 0) for o in ops) / 1000.0 for k in ("allUpdatesTimeMs", "commitTimeMs")} \
+        if ops else {}
+    if ops:
+        breakdown["state_memory_mb"] = statistics.median(o.get("memoryUsedBytes", 0) for o in ops) / 1e6
+    steady_sinks = [d for at, d in sinks if at >= steady_from]
+    if steady_sinks:
+        breakdown["collect_and_sink_s"] = statistics.median(steady_sinks)
+    for name, got in spent.items():
+        later = got[-len(steady_sinks):] if steady_sinks else []
+        if later:
+            breakdown[f"{name}_s"] = statistics.median(later)
+    if steady:
+        later_gc = [c for c in collections if c[0] >= steady_from]
+        breakdown["driver_gc_s_per_batch"] = sum(c[1] for c in later_gc) / len(steady)
+        breakdown["driver_gen2_gcs_per_batch"] = sum(c[2] == 2 for c in later_gc) / len(steady)
+    if times and steady:
+        with open(times) as f:
+            calls = [tuple(map(float, line.split())) for line in f if line.strip()]
+        later = [c for c in calls if c[0] >= steady_from]
+        # summed over both cores' tasks: the function's wall time, the input frames' conversion
+        # before it (the floor pays that too), the function's CPU time (its thread's)
+        for i, name in enumerate(("state_function", "input_frames", "state_function_thread_cpu"), 1):
+            breakdown[f"{name}_s_per_batch"] = sum(c[i] for c in later if len(c) > i) / len(steady)
     return {
         **scrape,
+        "breakdown": breakdown,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
         "backlog_events": len(backlog),
         "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
@@ -329,8 +434,9 @@ def main() -> int:
     ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
                     help="partition metadata as the probe sends it: on change and as a snapshot every "
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
-    ap.add_argument("--state", choices=["rules", "noop"], default="rules",
-                    help="the job's state function (default), or one that does nothing: the framework's floor")
+    ap.add_argument("--state", choices=["rules", "noop", "silent"], default="rules",
+                    help="the job's state function (default), or one that does nothing: the framework's floor "
+                         "(silent: the job's, its output dropped)")
     ap.add_argument("--scrape-rate", type=float, default=0.0,
                     help="scrapes of /metrics per second during every other steady cycle (0: none): the "
                          "job's batch time with and without scrapes, and scrape latency, in one run")
@@ -339,9 +445,14 @@ def main() -> int:
     args = ap.parse_args()
     if args.out is None:
         args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else "job-noop-state.json"))
+    from streaming.state import function as state
     if args.state == "noop":
-        from streaming.state import function as state
         state.make_state_function = noop_state_function
+    else:
+        os.environ.setdefault(TIMES_ENV, tempfile.mktemp(prefix="km-bench-state-times-"))
+        state.make_state_function = timed_state_function(state.make_state_function)
+        if args.state == "silent":
+            state.make_state_function = silent_state_function(state.make_state_function)
     from monitor.probe import ProbeConfig
     snapshot_cycles = (1 if args.metadata == "every-cycle"
                        else max(1, round(ProbeConfig(bootstrap_servers="-").metadata_snapshot_s / args.cycle_s)))
@@ -365,6 +476,8 @@ def main() -> int:
                    for k in runs[0]}
             med["phase_median_s"] = {k: statistics.median(x["phase_median_s"].get(k, 0) for x in runs)
                                      for k in runs[0]["phase_median_s"]}
+            med["breakdown"] = {k: statistics.median(x["breakdown"].get(k, 0) for x in runs)
+                                for k in runs[0]["breakdown"]}
             med["runs"] = runs
             results.append(med)
     finally:
