@@ -296,9 +296,12 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         exporter = Exporter(max_series=10_000_000)
         scraper = Scraper(f"http://127.0.0.1:{exporter.serve(0)}/metrics", scrape_rate) if scrape_rate else None
         scraped_batches: set = set()
-        sinks: list[tuple[float, float]] = []
+        sinks: list[tuple[float, float, int]] = []
         done = exporter.batch_done
-        exporter.batch_done = lambda n, d, at: (sinks.append((at, d)), done(n, d, at))[1]  # type: ignore[method-assign]
+        def batch_done(rows: int, duration_s: float, finished_at: float) -> None:
+            sinks.append((finished_at, duration_s, rows))
+            done(rows, duration_s, finished_at)
+        exporter.batch_done = batch_done  # type: ignore[method-assign]
         # the driver's share of the sink (after the batch's rows are collected): time in these
         spent: dict[str, list[float]] = {"sink_rows": [], "exporter_apply": [], "alerts_publish": []}
         from streaming import job as job_module
@@ -384,13 +387,14 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         if ops else {}
     if ops:
         breakdown["state_memory_mb"] = statistics.median(o.get("memoryUsedBytes", 0) for o in ops) / 1e6
-    steady_sinks = [d for at, d in sinks if at >= steady_from]
+    # the steady batches with rows (Spark also runs no-data batches, for the state's timeouts);
+    # each sink call times its parts once, in the same order
+    steady_sinks = [i for i, (at, d, n) in enumerate(sinks) if at >= steady_from and n]
     if steady_sinks:
-        breakdown["collect_and_sink_s"] = statistics.median(steady_sinks)
-    for name, got in spent.items():
-        later = got[-len(steady_sinks):] if steady_sinks else []
-        if later:
-            breakdown[f"{name}_s"] = statistics.median(later)
+        breakdown["collect_and_sink_s"] = statistics.median(sinks[i][1] for i in steady_sinks)
+        for name, got in spent.items():
+            if len(got) == len(sinks):
+                breakdown[f"{name}_s"] = statistics.median(got[i] for i in steady_sinks)
     if steady:
         later_gc = [c for c in collections if c[0] >= steady_from]
         breakdown["driver_gc_s_per_batch"] = sum(c[1] for c in later_gc) / len(steady)
