@@ -141,6 +141,22 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     return ints, sent_ok, objects
 
 
+def _tuple_texts(lists: np.ndarray) -> pa.Array:
+    """``repr`` of each list as a tuple of ints, less its parentheses: ``1, 2``, ``1,``, ``""``."""
+    a = pa.array(list(lists), pa.list_(pa.int64()))
+    text = pc.binary_join(pc.cast(a, pa.list_(pa.string())), ", ")
+    return pc.if_else(pc.equal(pc.list_value_length(a), 1), pc.binary_join_element_wise(text, ",", ""), text)
+
+
+def signature_texts(leader: np.ndarray, epoch: np.ndarray, replicas: np.ndarray, isr: np.ndarray) -> np.ndarray:
+    """``repr(rules.partition.signature(...))`` of many rows at once (ints, ``NULL`` epoch for
+    none; lists of ints), as an object array of str."""
+    epochs = pc.fill_null(pc.cast(pa.array(epoch, mask=epoch == NULL), pa.string()), "None")
+    parts = ["(", pc.cast(pa.array(leader), pa.string()), ", ", epochs, ", (", _tuple_texts(replicas), "), (",
+             _tuple_texts(isr), "))"]
+    return pc.binary_join_element_wise(*parts, "").to_numpy(zero_copy_only=False)
+
+
 def event_keys(values: Any) -> np.ndarray:
     """Event ids as the int64 keys ``admit`` remembers (a 64-bit hash, the same in every process
     and run; ``NULL`` for a missing id)."""
@@ -401,7 +417,7 @@ class PartitionTable:
         # metadata: from the source whose metadata was admitted last, repeating what it said
         j = np.flatnonzero(ok & is_md)
         if len(j):
-            ok[j] = [self._repeats(rows, q, p) for q, p in zip(j.tolist(), pos[j].tolist())]
+            ok[j] = self._repeats_many(rows, j, pos[j])
         # every row of a partition must qualify: one row that does not sends them all to the dicts
         ok &= ~np.isin(pos, np.unique(pos[(pos >= 0) & ~ok]))
         # per type, event times strictly increasing and newer than what the partition has seen
@@ -427,6 +443,25 @@ class PartitionTable:
         self.sent_ok[gone] = True
         c["sent_hw"][gone], c["sent_ls"][gone], c["sent_lso"][gone] = c["hw"][gone], c["log_start"][gone], c["lso"][gone]
         return ok, gone
+
+    def _repeats_many(self, rows: dict[str, np.ndarray], j: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """``_repeats`` of rows ``j`` on partitions ``p``, their signatures compared as text
+        built in Arrow (``signature_texts``)."""
+        c = self.ints
+        ok = pd.Index(self.uniq["md_src"], dtype=object).get_indexer(rows["source"][j]) == c["md_src"][p]
+        mi = rows["min_insync_replicas"][j]
+        ok &= ((mi == NULL) | (mi == c["min_isr"][p])) & (rows["leader"][j] != NULL)
+        replicas, isr = rows["replicas"][j], rows["isr"][j]
+        ok &= np.fromiter((r is not None and i is not None for r, i in zip(replicas, isr)), bool, len(j))
+        q = np.flatnonzero(ok)
+        if not len(q):
+            return ok
+        try:
+            texts = signature_texts(rows["leader"][j[q]], rows["leader_epoch"][j[q]], replicas[q], isr[q])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):  # odd lists: one by one
+            return np.array([self._repeats(rows, a, b) for a, b in zip(j.tolist(), p.tolist())], bool)
+        ok[q] = pd.Index(self.uniq["sig"], dtype=object).get_indexer(texts) == c["sig"][p[q]]
+        return ok
 
     def _repeats(self, rows: dict[str, np.ndarray], q: int, p: int) -> bool:
         """Row ``q`` is a partition_metadata that changes nothing on partition ``p``."""

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from streaming.rules import partition as rules_partition
 from streaming.state import table as pt
 from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, rows
@@ -271,3 +272,20 @@ def test_a_probe_restarted_under_a_new_name_takes_over_the_columns():
     # again; 6 on the dict rules, the new name's first metadata; 7 in the columns
     assert taken == [4, 8, 4, 0, 4, 0, 4], taken
     assert {k[1] for k in got_states[-1]["partition|k/t/0"]["applied"]} == {"probe-a", "probe-b"}
+
+
+def test_signature_texts_are_the_repr_of_the_rules_signature():
+    """The table compares a snapshot's metadata with the stored ``repr`` of
+    ``rules.partition.signature``; it builds that text for a batch's rows at once in Arrow."""
+    rng = random.Random(5)
+    cases = []
+    for _ in range(300):
+        lists = [rng.sample(range(-2, 2_000_000), rng.choice([0, 1, 1, 2, 3, 5])) for _ in range(2)]
+        cases.append((rng.choice([-1, 0, 1, 7, 2**40]), rng.choice([None, 0, 3, 2**33]), *lists))
+    leader = np.array([c[0] for c in cases], np.int64)
+    epoch = np.array([pt.NULL if c[1] is None else c[1] for c in cases], np.int64)
+    replicas = np.array([np.array(c[2], np.int64) for c in cases] + [None], dtype=object)[:-1]
+    isr = np.array([c[3] for c in cases] + [None], dtype=object)[:-1]
+    got = pt.signature_texts(leader, epoch, replicas, isr)
+    want = [repr(rules_partition.signature(*c)) for c in cases]
+    assert list(got) == want
