@@ -46,35 +46,9 @@ from streaming import job  # noqa: E402
 from streaming.ingest import parsing  # noqa: E402
 from streaming.sinks.exporter import Exporter  # noqa: E402
 from streaming.state import function as st  # noqa: E402
+from tests.unit.test_state import FakeState  # noqa: E402  (the part of GroupState the function uses)
 
 PHASES = ("_load", "fold_quiet", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
-
-
-class _State:
-    """The part of pyspark's GroupState the function uses (bytes in, bytes out)."""
-
-    def __init__(self, value=None):
-        self.value, self.hasTimedOut = value, False
-
-    @property
-    def exists(self):
-        return self.value is not None
-
-    @property
-    def get(self):
-        return self.value
-
-    def update(self, v):
-        self.value = v
-
-    def remove(self):
-        self.value = None
-
-    def setTimeoutDuration(self, ms):
-        pass
-
-    def getCurrentProcessingTimeMs(self):
-        return int(time.time() * 1000)
 
 
 @contextmanager
@@ -118,7 +92,7 @@ def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int) -> 
 
 def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) -> dict:
     fn = st.make_state_function(st.StateConfig(run_id="bench"))
-    states = {k: _State() for k in range(buckets)}
+    states = {k: FakeState() for k in range(buckets)}
     exporter = Exporter(max_series=10_000_000)
     t0 = int(time.time() * 1000) - (warm + timed) * 10_000
     rows: list[dict] = []
