@@ -651,7 +651,6 @@ class KafkaCluster:
         n = self._broker(broker_id)
         if n.paused:
             self.resume_broker(broker_id)
-        self._drop_admins()
         stop_process(n.proc, timeout)
 
     def kill_broker(self, broker_id: int) -> None:
@@ -659,17 +658,9 @@ class KafkaCluster:
         self._require_managed("kill_broker")
         n = self._broker(broker_id)
         if n.running():
-            self._drop_admins()
             n.process.kill()
             n.process.wait()
         n.paused = False
-
-    def _drop_admins(self) -> None:
-        """Destroy the harness's admin clients before a broker goes down (new ones are made when
-        next needed): librdkafka 2.16 can dereference NULL on its main thread when the broker a
-        client holds its metadata connection to goes away (librdkafka issue #5315), which killed
-        the test process."""
-        self._admin = self._observer_admin = None
 
     def pause_broker(self, broker_id: int) -> None:
         """SIGSTOP: the JVM freezes (no fetches, no heartbeats)."""
