@@ -689,7 +689,7 @@ def quarantine_rows(frames: Any) -> list[dict]:
 #:      metadata signatures as their ``repr``
 #:   5  format 4, the table's keys and cold parts in Arrow arrays, its sources, signatures and
 #:      labels as codes into per-table lists, event ids (``admit``'s, everywhere) as their
-#:      64-bit keys (``table.from_lists``, ``table.event_keys``), int columns narrowed
+#:      64-bit keys (``table.from_lists``, ``table.event_keys``)
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
 _FORMAT = 5
 

@@ -207,36 +207,20 @@ def from_lists(state: Optional[dict]) -> Optional[dict]:
 
 def encode(state: Optional[dict]) -> Optional[dict]:
     """A table state (``PartitionTable.state``) as it is stored: the ``_DELTA_OF`` columns as
-    differences (int64 arithmetic wraps, so NULLs and any values come back exactly), each
-    column in the narrowest int type that holds it."""
+    differences (int64 arithmetic wraps, so NULLs and any values come back exactly)."""
     if not state:
         return state
     ints = state["ints"]
     with np.errstate(over="ignore"):
         coded = {**ints, **{c: ints[c] - ints[ref] for c, ref in _DELTA_OF}}
-    return {**state, "ints": {c: _narrow(v) for c, v in coded.items()}}
-
-
-_NARROW = (np.int8, np.int16, np.int32)
-
-
-def _narrow(v: np.ndarray) -> np.ndarray:
-    """``v`` in the narrowest int type that holds its values (less to compress and to move)."""
-    if not len(v):
-        return v
-    lo, hi = int(v.min()), int(v.max())
-    for t in _NARROW:
-        info = np.iinfo(t)
-        if info.min <= lo and hi <= info.max:
-            return v.astype(t)
-    return v
+    return {**state, "ints": coded}
 
 
 def decode(state: Optional[dict]) -> Optional[dict]:
     """``encode`` undone."""
     if not state:
         return state
-    ints = {c: v.astype(np.int64) for c, v in state["ints"].items()}
+    ints = dict(state["ints"])
     with np.errstate(over="ignore"):
         for c, ref in _DELTA_OF:
             ints[c] = ints[c] + ints[ref]

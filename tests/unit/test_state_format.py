@@ -62,12 +62,6 @@ def test_the_tables_columns_come_back_exactly_from_their_encoding():
     back = pt.decode(coded)["ints"]
     assert all(np.array_equal(back[c], ints[c]) for c in ints)
     assert pt.encode(None) is None and pt.decode({}) == {}
-    # columns whose stored values are small are kept narrow, and come back as int64
-    small = {c: rng.integers(-100, 100, n) * (1 + 1000 * (i % 3)) ** 2 for i, c in enumerate(pt._INT_COLUMNS)}
-    coded = pt.encode({"ints": small})["ints"]
-    assert {coded[c].dtype for c in pt._CODED} <= {np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)}
-    back = pt.decode({"ints": coded})["ints"]
-    assert all(back[c].dtype == np.int64 and np.array_equal(back[c], small[c]) for c in small)
 
 
 def test_the_oldest_format_a_dict_of_entities_is_read():
