@@ -178,6 +178,19 @@ def keyed_applied(applied: dict) -> dict:
     return {k: (t, [event_key(i) for i in ids]) for k, (t, ids) in applied.items()}
 
 
+def codes_of(uniq: list, values: list) -> np.ndarray:
+    """The code of each value in ``uniq`` (a coded column's list), new values appended to it."""
+    at = {v: i for i, v in enumerate(uniq)}
+    out = np.empty(len(values), np.int64)
+    for j, v in enumerate(values):
+        k = at.get(v)
+        if k is None:
+            k = at[v] = len(uniq)
+            uniq.append(v)
+        out[j] = k
+    return out
+
+
 def from_lists(state: Optional[dict]) -> Optional[dict]:
     """A table state of format 4 (keys and objects as Python lists, event ids as text) in
     today's layout."""
@@ -195,11 +208,10 @@ def from_lists(state: Optional[dict]) -> Optional[dict]:
     objs["cold"] = cold
     for name in _IDS:
         ints[name] = event_keys(objs[name])
-    uniq = {}
+    uniq: dict[str, list] = {}
     for name in _CODED:
-        codes: dict = {}
-        ints[name] = np.array([codes.setdefault(v, len(codes)) for v in objs[name]], np.int64)
-        uniq[name] = list(codes)
+        uniq[name] = []
+        ints[name] = codes_of(uniq[name], objs[name])
     rest = {k: v for k, v in state.items() if k != "objs"}
     return {**rest, "keys": pa.array(state["keys"], pa.string()), "ints": ints, "uniq": uniq,
             "arrays": {name: pa.array(objs[name], t) for name, t in _ARRAYS.items()}}
@@ -321,18 +333,9 @@ class PartitionTable:
             out[key] = self._dict(i)
         return out
 
-    def _codes(self, name: str, values: list) -> np.ndarray:
-        """Codes of ``values`` in column ``name``, new values added to its list."""
-        uniq = self.uniq[name]
-        at = {v: i for i, v in enumerate(uniq)}
-        out = np.empty(len(values), np.int64)
-        for j, v in enumerate(values):
-            k = at.get(v)
-            if k is None:
-                k = at[v] = len(uniq)
-                uniq.append(v)
-            out[j] = k
-        return out
+    def _lookup(self, name: str, values: np.ndarray) -> np.ndarray:
+        """The code of each value in coded column ``name`` (-1: not in its list)."""
+        return pd.Index(self.uniq[name], dtype=object).get_indexer(values)
 
     def state(self, entities: dict[str, Any], cfg: rules_partition.PartitionRulesConfig) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is
@@ -350,7 +353,7 @@ class PartitionTable:
         new = np.array([r[0] for _, r in rows], np.int64).reshape(len(rows), len(_PLAIN))
         ints = {name: np.concatenate([self.ints[name][live], new[:, j]]) for j, name in enumerate(_PLAIN)}
         objects = {name: [r[2][j] for _, r in rows] for j, name in enumerate(_OBJECTS)}
-        ints.update({name: np.concatenate([self.ints[name][live], self._codes(name, objects[name])]) for name in _CODED})
+        ints.update({name: np.concatenate([self.ints[name][live], codes_of(self.uniq[name], objects[name])]) for name in _CODED})
         arrays = {name: pa.concat_arrays([a if everyone else a.take(keep), pa.array(objects[name], _ARRAYS[name])])
                   for name, a in self.arrays.items()}
         keys = pa.concat_arrays([self.keys if everyone else self.keys.take(keep), pa.array([k for k, _ in rows], pa.string())])
@@ -397,7 +400,7 @@ class PartitionTable:
         # offsets: from the source whose offsets were admitted last, with a high watermark
         j = np.flatnonzero(ok & is_off)
         ok[j] = (rows["high_watermark"][j] != NULL) & (
-            pd.Index(self.uniq["off_src"], dtype=object).get_indexer(src[j]) == c["off_src"][pos[j]])
+            self._lookup("off_src", src[j]) == c["off_src"][pos[j]])
         # metadata: from the source whose metadata was admitted last, repeating what it said
         j = np.flatnonzero(ok & is_md)
         if len(j):
@@ -432,7 +435,7 @@ class PartitionTable:
         """``_repeats`` of rows ``j`` on partitions ``p``, their signatures compared as text
         built in Arrow (``signature_texts``)."""
         c = self.ints
-        ok = pd.Index(self.uniq["md_src"], dtype=object).get_indexer(rows["source"][j]) == c["md_src"][p]
+        ok = self._lookup("md_src", rows["source"][j]) == c["md_src"][p]
         mi = rows["min_insync_replicas"][j]
         ok &= ((mi == NULL) | (mi == c["min_isr"][p])) & (rows["leader"][j] != NULL)
         replicas, isr = rows["replicas"][j], rows["isr"][j]
@@ -444,7 +447,7 @@ class PartitionTable:
             texts = signature_texts(rows["leader"][j[q]], rows["leader_epoch"][j[q]], replicas[q], isr[q])
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):  # odd lists: one by one
             return np.array([self._repeats(rows, a, b) for a, b in zip(j.tolist(), p.tolist())], bool)
-        ok[q] = pd.Index(self.uniq["sig"], dtype=object).get_indexer(texts) == c["sig"][p[q]]
+        ok[q] = self._lookup("sig", texts) == c["sig"][p[q]]
         return ok
 
     def _repeats(self, rows: dict[str, np.ndarray], q: int, p: int) -> bool:
