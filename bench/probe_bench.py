@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(CODE))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
 from monitor import emitter as emitter_mod  # noqa: E402
@@ -217,9 +217,10 @@ def answer_groups(probe: Probe, groups: dict[str, list[TopicPartition]]) -> None
     listing = SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in groups], errors=[])
     ops = getattr(probe, "_ops", probe._admin)  # the client the probe asks for groups
     ops.list_consumer_groups = lambda **kw: _done(listing)
-    fetch_offsets = ops.list_consumer_group_offsets
-    ops.list_consumer_group_offsets = lambda reqs, **kw: fetch_offsets(
-        [ConsumerGroupTopicPartitions(r.group_id, groups[r.group_id]) for r in reqs], **kw)
+    coordinator = probe._coordinator
+    ask = coordinator.committed
+    coordinator.committed = lambda reqs: ask(  # type: ignore[method-assign]
+        {g: [(tp.topic, tp.partition) for tp in groups[g]] for g in reqs})
 
 
 def _done(value: Any) -> concurrent.futures.Future:

@@ -409,10 +409,9 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
             threads.append(t)
         if real_cluster:
             # On the real cluster the probe runs as its own process, as deployed, and is started
-            # again when it exits: librdkafka (2.16) can abort the process whose admin client has
-            # a group-coordinator request (DescribeConsumerGroups, ListConsumerGroupOffsets) in
-            # flight when the coordinator's broker goes away (assertion `eonce->refcnt > 0`,
-            # librdkafka issue #4605), and these faults take coordinators away.
+            # again when it exits: librdkafka (2.16) can crash a client whose broker goes away
+            # mid-request, and these faults take brokers away (its coordinator requests run in a
+            # child of its own: monitor/coordinator.py).
             t = threading.Thread(target=_supervise_probe, name="probe", daemon=True, args=(
                 ["--bootstrap-servers", watched, "--events-bootstrap-servers", broker.bootstrap,
                  "--interval", f"{probe_interval_s:g}", "--offsets-via", "list_offsets",

@@ -80,17 +80,18 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from confluent_kafka import (OFFSET_END, Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException,
+from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResultInfo, OffsetSpec, ResourceType
 
 import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
-    Broker, BrokerState, GroupMember, GroupOffsets, GroupState, Heartbeat, MetadataRefresh, PartitionCountChange,
+    Broker, BrokerState, GroupOffsets, Heartbeat, MetadataRefresh, PartitionCountChange,
     PartitionMetadata, PartitionOffsets, kafka_offset,
 )
 from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
+from monitor.coordinator import CoordinatorClient
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.metadata import ClusterView, MetadataCache, Reason, cause_for_error
@@ -155,42 +156,6 @@ def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], in
             if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
                 out[(tname, int(pid))] = (p.get("leader"), epoch)
     return out
-
-
-#: ConsumerGroupState names as the brokers' protocol spells them
-_GROUP_STATES = {"EMPTY": "Empty", "PREPARING_REBALANCING": "PreparingRebalance", "PREPARING_REBALANCE": "PreparingRebalance",
-                 "COMPLETING_REBALANCING": "CompletingRebalance", "COMPLETING_REBALANCE": "CompletingRebalance",
-                 "STABLE": "Stable", "DEAD": "Dead", "UNKNOWN": "Unknown"}
-
-
-def group_state_name(state: Any) -> str:
-    """confluent-kafka's ConsumerGroupState enum -> the name Kafka uses (Stable, Empty, ...)."""
-    name = getattr(state, "name", str(state)).upper()
-    return _GROUP_STATES.get(name, name.title())
-
-
-def group_protocol(d: Any) -> str:
-    """classic, consumer (KIP-848) or simple, from a ConsumerGroupDescription."""
-    if d.is_simple_consumer_group:
-        return "simple"
-    return "consumer" if getattr(getattr(d, "type", None), "name", "") == "CONSUMER" else "classic"
-
-
-def describe_group_state(d: Any) -> str:
-    """The group's state as Kafka names it.  librdkafka has no names for the consumer protocol's
-    Assigning and Reconciling and reports both as UNKNOWN; a consumer-protocol group reported so
-    is Reconciling when a member's assignment differs from its target, else Assigning (the new
-    target assignment is being computed)."""
-    name = group_state_name(d.state)
-    if name != "Unknown" or group_protocol(d) != "consumer":
-        return name
-
-    def parts(a: Any) -> set:
-        return {(tp.topic, tp.partition) for tp in (a.topic_partitions if a else [])}
-
-    reconciling = any(parts(m.assignment) != parts(getattr(m, "target_assignment", None))
-                      for m in d.members if getattr(m, "target_assignment", None) is not None)
-    return "Reconciling" if reconciling else "Assigning"
 
 
 @contextlib.contextmanager
@@ -349,6 +314,9 @@ class Probe:
         ops_conf: dict[str, Any] = {**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
                                     "error_cb": self._on_client_error}
         self._ops = admin if admin is not None else AdminClient(ops_conf)
+        # committed offsets and group descriptions from a child process: librdkafka 2.16 can
+        # crash the process asking a coordinator that goes away
+        self._coordinator = CoordinatorClient(ops_conf, cfg.request_timeout_s, admin=admin)
         self._stats_s = cfg.stats_interval()
         #: the time between two statistics documents as seen (librdkafka restarts its timer after
         #: writing one, so it is the interval plus the writing), and a refresh's request time
@@ -913,45 +881,30 @@ class Probe:
                             "user lacks DESCRIBE on) -- permission missing?: DESCRIBE on Group:<name>",
                             self.cfg.groups_include, self.cfg.groups_exclude)
         out: dict[str, dict[tuple[str, int], Optional[int]]] = {}
-        # one request per group (the admin API takes one group per call), all sent before any is
-        # waited for: a coordinator that does not answer costs one request timeout per cycle,
-        # not one per group (5 groups on a paused broker's coordinator made 45-79 s cycles)
-        asked: dict[str, Any] = {}
-        for g in sorted(listing.valid, key=lambda g: g.group_id):
-            gid = g.group_id
-            if not self._groups_in.search(gid) or self._groups_out.search(gid):
-                continue
-            try:
-                asked[gid] = self._ops.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)],
-                                                                   request_timeout=self.cfg.request_timeout_s)[gid]
-            except Exception as e:
-                log.warning("committed offsets of group %s: %s%s", gid, e,
-                            missing_acl(e, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
-        for gid, fut in asked.items():
-            try:
-                res = fut.result()
-            except Exception as e:
-                log.warning("committed offsets of group %s: %s%s", gid, e,
-                            missing_acl(e, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
+        wanted = sorted(g.group_id for g in listing.valid
+                        if self._groups_in.search(g.group_id) and not self._groups_out.search(g.group_id))
+        answers = self._coordinator.committed(dict.fromkeys(wanted))
+        for gid, res in answers.items():
+            if isinstance(res, Exception):
+                log.warning("committed offsets of group %s: %s%s", gid, res,
+                            missing_acl(res, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
                 continue
             known = self.metadata.cluster.topics if self.metadata.cluster is not None else {}
             tps: dict[tuple[str, int], Optional[int]] = {}
             watched = self._watched
-            for tp in res.topic_partitions:
-                if tp.error is not None:
-                    if self.invalidate(tp.error, f"committed offsets of {gid}") is None:
-                        self._warn_once(f"offsets:{gid}", "committed offsets of group %s on %s/%d: %s%s", gid, tp.topic,
-                                        tp.partition, tp.error, missing_acl(tp.error, topic=("DESCRIBE", tp.topic)))
+            for topic, partition, off, error in res:
+                if error is not None:
+                    if self.invalidate(error, f"committed offsets of {gid}") is None:
+                        self._warn_once(f"offsets:{gid}", "committed offsets of group %s on %s/%d: %s%s", gid, topic,
+                                        partition, error, missing_acl(error, topic=("DESCRIBE", topic)))
                     continue
-                topic = tp.topic
                 if not watched(topic):
                     continue
                 if topic not in known:
                     # a topic this client has not seen yet (created, or deleted under the group):
                     # Kafka's add(topic) forces a metadata update
                     self.metadata.add_topic(topic)
-                off = tp.offset
-                tps[(topic, tp.partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
+                tps[(topic, partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
             if tps or self._owns(gid):  # sharing: its offsets on this share's topics, or its state
                 out[gid] = tps
         return out
@@ -961,27 +914,14 @@ class Probe:
         generation is not exposed by DescribeGroups (nor by the admin API), so it stays null."""
         if not groups:
             return
-        try:
-            futs = self._ops.describe_consumer_groups(groups, request_timeout=self.cfg.request_timeout_s)
-        except Exception as e:
-            log.warning("describing consumer groups failed: %s%s", e, missing_acl(e, group=("DESCRIBE", "<the watched groups>")))
-            return
+        answers = self._coordinator.described(groups)
         at = self._now_ms()
-        for gid, fut in futs.items():
-            try:
-                d = fut.result()
-            except Exception as e:
-                self._warn_once("describe_group", "describing group %s: %s%s", gid, e,
-                                missing_acl(e, group=("DESCRIBE", gid)))
+        for gid, d in answers.items():
+            if isinstance(d, Exception):
+                self._warn_once("describe_group", "describing group %s: %s%s", gid, d,
+                                missing_acl(d, group=("DESCRIBE", gid)))
                 continue
-            members = [GroupMember(member_id=m.member_id, client_id=m.client_id, host=m.host,
-                                   assignment=[f"{tp.topic}/{tp.partition}" for tp in
-                                               (m.assignment.topic_partitions if m.assignment else [])])
-                       for m in d.members]
-            self._emitter.emit(GroupState(group=gid, state=describe_group_state(d), protocol=group_protocol(d),
-                                          assignor=d.partition_assignor or None,
-                                          coordinator=d.coordinator.id if d.coordinator is not None else None,
-                                          members=members), observed_at=at)
+            self._emitter.emit(d, observed_at=at)
 
     def _watermarks(self, partitions: list[tuple[str, int]]) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
         if self.cfg.offsets_via == "fetch":
@@ -1260,6 +1200,7 @@ class Probe:
         if self._lo_pending:  # each ends by its request timeout at the latest
             concurrent.futures.wait(self._lo_pending, timeout=self.cfg.request_timeout_s + 1)
             self._lo_pending = []
+        self._coordinator.close()
         self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
             gc.unfreeze()

@@ -259,7 +259,7 @@ class Member:
 def test_consumer_groups_of_both_protocols_with_members_and_assignments(kafka_cluster, protocol):
     """Kafka 4 runs both group protocols.  librdkafka names the consumer protocol's
     Assigning/Reconciling states UNKNOWN and discards generations and group epochs; the probe
-    maps the states (monitor.probe.describe_group_state) and reports no generation."""
+    maps the states (monitor.coordinator.describe_group_state) and reports no generation."""
     c = kafka_cluster
     topic, group = unique("real.grp"), unique(f"real-{protocol}")
     c.create_topic(topic, partitions=2, rf=3)
