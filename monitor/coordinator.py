@@ -208,10 +208,10 @@ class CoordinatorClient:
                 self.deaths += 1
                 log.warning("the child process asking group coordinators (%s) died (%s; %d so far): librdkafka 2.16 "
                             "crashes when a coordinator goes away mid-request, as when its broker stops; %s",
-                            kind, self._reap(kill=False), self.deaths,
+                            kind, self._reap(5), self.deaths,
                             "asking again from a new one" if attempt == 1 else "those groups wait for the next cycle")
             except TimeoutError:
-                self._reap()
+                self._reap(0)
                 err = KafkaError(KafkaError._TIMED_OUT, f"{kind}: no answer from the child process asking coordinators")
                 return dict.fromkeys(groups, KafkaException(err))
         err = KafkaError(KafkaError._TRANSPORT, f"{kind}: the child process asking coordinators died twice")
@@ -228,37 +228,27 @@ class CoordinatorClient:
         _send(self._proc.stdin, self._conf)
         return self._proc
 
-    def _reap(self, kill: bool = True) -> str:
-        """Stop the child (if it still runs); how it ended, e.g. "signal 11"."""
+    def _reap(self, wait_s: float) -> str:
+        """End the child: its input closed, then killed if it has not exited within ``wait_s``;
+        how it ended, e.g. "signal 11"."""
         proc, self._proc = self._proc, None
         if proc is None:
             return "not started"
+        for f in (proc.stdin, proc.stdout):
+            try:
+                if f is not None:
+                    f.close()  # the child ends when its input does
+            except OSError:
+                pass
         try:
-            code = proc.wait(0 if kill else 5)
+            code = proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
-        for f in (proc.stdin, proc.stdout):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
         return f"signal {-code}" if code < 0 else f"exit code {code}"
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the child ends when its input does
-            proc.wait(self._timeout_s + 5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        self._reap(self._timeout_s + 5)
 
 
 def _exception(a: Raw) -> Union[list[Committed], GroupState, Exception]:

@@ -32,9 +32,9 @@ _SENT = ("sent_hw", "sent_ls", "sent_lso")
 #: ``admit`` last let through, the metadata a snapshot must repeat to be quiet (``sig``: the
 #: ``repr`` of ``repeat_signature``; None: metadata rows go to the dict rules), the labels
 _CODED = ("off_src", "md_src", "sig", "cluster", "topic")
-#: the int columns ``compact`` gives (the codes are the table's to give)
 #: the keys (``event_key``) of the last offsets / metadata events ``admit`` let through
 _IDS = ("off_id", "md_id")
+#: the int columns ``compact`` gives (the codes are the table's to give)
 _PLAIN = HOT + _APPLIED + _FIXED + _SENT + _IDS
 _INT_COLUMNS = _PLAIN + _CODED
 #: per-row values in Arrow arrays (pickled as their buffers, no Python object per row): the
