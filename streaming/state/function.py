@@ -217,10 +217,11 @@ def _column(col: pd.Series, text: bool = False) -> list:
             return values
         return [_opt(v) for v in values]
     missing = col.isna().to_numpy()
-    values = col.tolist()
     if not missing.any():
-        return values
-    return [None if m else v for v, m in zip(values, missing)]
+        return col.tolist()
+    values = col.to_numpy(dtype=object)  # the values tolist() gives, as objects
+    values[missing] = None
+    return values.tolist()
 
 
 def _transition_row(t: rules.Transition) -> dict:
@@ -390,13 +391,19 @@ _NOT_READ = frozenset({"raw", "raw_bytes", "reason", "bucket_key", "bucket"})
 
 
 def _columns(frames: list[pd.DataFrame], names: list[str]) -> dict[str, list]:
-    """Each column of the frames as one list of Python values (no ``pd.concat``: with columns
-    that are all null in some frames it checks them value by value, ~0.4 s per bucket)."""
+    """Each column of the frames with a value in some row as one list of Python values; the
+    columns left out are all null (most are: a row holds its own type's fields).  No
+    ``pd.concat``: with columns that are all null in some frames it checks them value by
+    value, ~0.4 s per bucket."""
     out: dict[str, list] = {}
     for c in names:
+        series = [f[c] for f in frames]
+        nulls = [s.isna().all() for s in series]
+        if all(nulls):
+            continue
         values: list = []
-        for f in frames:
-            values += _column(f[c], text=c in _TEXT_COLUMNS)
+        for s, null in zip(series, nulls):
+            values += [None] * len(s) if null else _column(s, text=c in _TEXT_COLUMNS)
         out[c] = values
     return out
 
@@ -456,6 +463,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         return out, touched
     names = [c for c in frames[0].columns if c not in _NOT_READ]
     cols = _columns(frames, names)
+    for c in ("observed_at", "seq"):
+        cols.setdefault(c, [None] * sum(len(f) for f in frames))
     if "event_id" in cols:  # admit remembers an event id by its key (table.event_keys)
         cols["event_id"] = [None if k == NULL else k for k in table_event_keys(cols["event_id"]).tolist()]
     obs, seq = cols["observed_at"], cols["seq"]
@@ -466,8 +475,11 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
     if order != list(range(len(order))):
         pick = operator.itemgetter(*order)
         cols = {c: list(pick(v)) if len(order) > 1 else v for c, v in cols.items()}
-    for values in zip(*(cols[c] for c in names)):
-        r = dict(zip(names, values))
+    used = [c for c in names if c in cols]
+    blank = dict.fromkeys(names)  # each row: every column, None where it is null
+    for values in zip(*(cols[c] for c in used)):
+        r = blank.copy()
+        r.update(zip(used, values))
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]
         s: Any = entities.get(key)
