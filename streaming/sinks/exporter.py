@@ -645,6 +645,7 @@ class Exporter:
             self._generation += 1
             self._refused = 0  # series the cap refused in this batch: counted once at its end
             n = 0
+            moved: dict[tuple[str, str], int] = {}  # alert transitions by (alert, action)
             lab: tuple[Any, ...]
             vals: tuple[Any, ...]
             for r in rows:
@@ -712,11 +713,13 @@ class Exporter:
                         self._set("alert_active", lab, 1)
                     else:
                         self._remove("alert_active", lab)
-                    self.m("alert_transitions_total").labels(r["alert"], action).inc()
+                    moved[(r["alert"], action)] = moved.get((r["alert"], action), 0) + 1
                 elif kind == "quarantine":
                     self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)
                 elif kind == "dropped":
                     self.m("events_dropped_total").labels(r["alert"]).inc(r["count"] or 0)
+            for (alert, action), k in moved.items():  # one labels() per alert and action, not per row
+                self.m("alert_transitions_total").labels(alert, action).inc(k)
             if self._refused:
                 self.m("exporter_series_refused_total").inc(self._refused)
             self._last_batch_id = batch_id
