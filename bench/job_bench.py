@@ -208,6 +208,8 @@ def _timing(f, into: list):
 
 #: where the state function's calls log their wall time (``timed_state_function``)
 TIMES_ENV = "KM_BENCH_STATE_TIMES"
+#: where each state function call's cProfile stats go (``--profile-state``)
+PROFILE_ENV = "KM_BENCH_STATE_PROFILE"
 
 
 def silent_state_function(make):
@@ -231,11 +233,19 @@ def timed_state_function(make):
         fn = make(cfg, compact_partitions)
         path = os.environ.get(TIMES_ENV)
 
+        profile_dir = os.environ.get(PROFILE_ENV)
+
         def update_bucket(key, pdfs, state):
             t = time.perf_counter()
             frames = list(pdfs)  # Spark's Arrow -> pandas conversion happens as they are taken
             t1, c1 = time.perf_counter(), time.thread_time()
-            out = list(fn(key, iter(frames), state))
+            if profile_dir:
+                import cProfile
+                prof = cProfile.Profile()
+                out = prof.runcall(lambda: list(fn(key, iter(frames), state)))
+                prof.dump_stats(os.path.join(profile_dir, f"{os.getpid()}-{time.time_ns()}.prof"))
+            else:
+                out = list(fn(key, iter(frames), state))
             if path:
                 with open(path, "a") as f:
                     f.write(f"{time.time()} {time.perf_counter() - t1} {t1 - t} {time.thread_time() - c1}\n")
@@ -444,6 +454,9 @@ def main() -> int:
     ap.add_argument("--scrape-rate", type=float, default=0.0,
                     help="scrapes of /metrics per second during every other steady cycle (0: none): the "
                          "job's batch time with and without scrapes, and scrape latency, in one run")
+    ap.add_argument("--profile-state", default=None, metavar="DIR",
+                    help="a diagnosis: write a cProfile of every state function call into DIR (read them "
+                         "together with pstats; the profiler slows the job, so its figures are not comparable)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
                                                  "job-noop-state.json with --state noop)")
     args = ap.parse_args()
@@ -454,6 +467,9 @@ def main() -> int:
         state.make_state_function = noop_state_function
     else:
         os.environ.setdefault(TIMES_ENV, tempfile.mktemp(prefix="km-bench-state-times-"))
+        if args.profile_state:
+            os.makedirs(args.profile_state, exist_ok=True)
+            os.environ[PROFILE_ENV] = os.path.abspath(args.profile_state)
         state.make_state_function = timed_state_function(state.make_state_function)
         if args.state == "silent":
             state.make_state_function = silent_state_function(state.make_state_function)
