@@ -476,7 +476,7 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         pick = operator.itemgetter(*order)
         cols = {c: list(pick(v)) if len(order) > 1 else v for c, v in cols.items()}
     used = [c for c in names if c in cols]
-    blank = dict.fromkeys(names)  # each row: every column, None where it is null
+    blank: dict[str, Any] = dict.fromkeys(names)  # each row: every column, None where it is null
     for values in zip(*(cols[c] for c in used)):
         r = blank.copy()
         r.update(zip(used, values))
