@@ -37,6 +37,8 @@ _IDS = ("off_id", "md_id")
 #: the int columns ``compact`` gives (the codes are the table's to give)
 _PLAIN = HOT + _APPLIED + _FIXED + _SENT + _IDS
 _INT_COLUMNS = _PLAIN + _CODED
+#: the order of ``compact``'s ints, and of its objects but the cold part
+PLAIN, CODED = _PLAIN, _CODED
 #: per-row values in Arrow arrays (pickled as their buffers, no Python object per row): the
 #: pickled cold part
 _ARRAYS = {"cold": pa.binary()}
@@ -89,7 +91,7 @@ _COLD_KEYS: dict[tuple, tuple[tuple, int]] = {}
 _HOT_OF = itemgetter(*HOT)
 
 
-def _cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
+def cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
     order = tuple(s)
     got = _COLD_KEYS.get(order)
     if got is None:
@@ -122,7 +124,7 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     shown = (s["leader"], _count(s["replicas"]), _count(s["isr"]))
     sent = s.get("sent")
     sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
-    keys, at_applied = _cold_keys(s)
+    keys, at_applied = cold_keys(s)
     values = list(itemgetter(*keys)(s))
     values[at_applied] = {k: v for k, v in applied.items()
                           if not (k == (_OFFSETS, off[0]) or (md and k == (_METADATA, md[0])))}
@@ -288,6 +290,29 @@ class PartitionTable:
             return np.full(len(entities), -1, np.int64)
         pos = pc.index_in(pa.array(entities, pa.string()), value_set=self.keys)
         return pc.fill_null(pos, -1).to_numpy().astype(np.int64)
+
+    def layout(self, keys: tuple) -> int:
+        """The number of a cold part's key layout (added when new)."""
+        if keys not in self.layouts:
+            self.layouts.append(keys)
+        return self.layouts.index(keys)
+
+    def add(self, keys: list[str], ints: dict[str, np.ndarray], coded: dict[str, list], cold: list[bytes]) -> np.ndarray:
+        """Append quiet partitions given as columns (``_PLAIN`` ints, ``_CODED`` values, pickled
+        cold parts; their gauges sent in this run), none of them in the table yet; return their
+        positions."""
+        n0, n = len(self.keys), len(keys)
+        self.keys = pa.concat_arrays([self.keys, pa.array(keys, pa.string())])
+        for name in _PLAIN:
+            self.ints[name] = np.concatenate([self.ints[name], np.asarray(ints[name], np.int64)])
+        for name in _CODED:
+            self.ints[name] = np.concatenate([self.ints[name], codes_of(self.uniq[name], coded[name])])
+        self.arrays["cold"] = pa.concat_arrays([self.arrays["cold"], pa.array(cold, pa.binary())])
+        self.sent_ok = np.concatenate([self.sent_ok, np.ones(n, bool)])
+        self.alive = np.concatenate([self.alive, np.ones(n, bool)])
+        if self._index is not None:
+            self._index.update(zip(keys, range(n0, n0 + n)))
+        return np.arange(n0, n0 + n, dtype=np.int64)
 
     def take(self, key: str) -> Optional[rules_partition.PartitionState]:
         """The partition's dict (as the dict rules would have left it), removed from the table;

@@ -4,9 +4,10 @@ The seeded scenarios of test_partition_table.py only ever raise high watermarks.
 kind of row a partition can get is a rule of the machine: offsets whose high watermark goes up,
 stays or goes back (a truncation, an unclean election, a re-created topic), log start and last
 stable offsets that come and go, metadata that repeats, changes (ISR, leader, epoch up or down,
-no leader, min.insync.replicas) or comes from another source, replays of earlier events, events
-older than the partition's last ones, gaps long enough for PartitionUnobserved and eviction,
-state timeouts and new runs of the job.  After every micro-batch the state function with the
+no leader, min.insync.replicas) or comes from another source, partitions seen for the first time
+(their metadata, then their offsets), replays of earlier events, events older than the
+partition's last ones, gaps long enough for PartitionUnobserved and eviction, state timeouts and
+new runs of the job.  After every micro-batch the state function with the
 table (the job's default) and the one that folds every row through the dict rules must have
 produced the same output rows and must hold the same entity states.  Any rule that reacts to a
 row the table applies in columns (and so never sees) makes them differ.
@@ -108,6 +109,20 @@ class TableVersusDicts(RuleBasedStateMachine):
                     self.metadata(part, "repeat", "p", 0)
             self.micro_batch(random.Random(self.seq))
             self.time_passes(10_000)
+
+    @rule(changes=hs.lists(hs.sampled_from(["repeat", "repeat", "repeat", "shrink", "full", "leader", "offline",
+                                            "min_isr", "no_min_isr"]), min_size=PARTS, max_size=PARTS),
+          fresh=hs.booleans(), dt=hs.sampled_from([0, 1]), shuffle=hs.randoms(use_true_random=False))
+    def partitions_appear(self, changes, fresh, dt, shuffle):
+        """A first sight as a probe sends it: each partition's metadata, then its offsets, in one
+        micro-batch (``state.fold_new``); with ``fresh``, after the job forgot every partition."""
+        if fresh and self.fast.value is not None:
+            self.time_passes(2_000_000)
+            self.timeout(1_000)  # past the TTL: every partition is evicted
+        for part, change in enumerate(changes):
+            self.metadata(part, change, "p", 0)
+            self.offsets(part, 5, "p", 0, "hw", "before", dt)
+        self.micro_batch(shuffle)
 
     @precondition(lambda self: self.sent)
     @rule(data=hs.data(), late=hs.booleans())
