@@ -130,11 +130,16 @@ def _frame(*parts: Any) -> pd.DataFrame:
         at = 0
         for p, size in zip(parts, sizes):
             if isinstance(p, list):
-                got = [r[name] for r in p]
+                got = list(map(operator.itemgetter(name), p))
                 if t == "long":
-                    mask = np.fromiter((v is None for v in got), bool, size)
-                    values[at:at + size] = [0 if v is None else v for v in got]
-                    missing[at:at + size] = mask
+                    objs = np.array(got, dtype=object)
+                    mask = objs == None  # noqa: E711  (elementwise, in C)
+                    if mask.any():
+                        objs[mask] = 0
+                        missing[at:at + size] = mask
+                    else:
+                        missing[at:at + size] = False
+                    values[at:at + size] = objs
                 elif t == "double":
                     values[at:at + size] = np.array(got, dtype=np.float64)  # None -> NaN
                 else:
@@ -459,19 +464,15 @@ _MD, _OFF = "partition_metadata", "partition_offsets"
 _NEW_INTS = ("observed_at", "seq", "leader", "min_insync_replicas", "high_watermark", "log_start_offset",
              "last_stable_offset", "metadata_at")
 _NEW_OBJECTS = ("entity", "type", "source", "cluster", "topic", "replicas", "isr")
-#: the cold part of a partition ``fold_new`` makes, by field: a function of (the metadata row's
-#: cluster, topic, partition, leader, epoch, replicas, isr, min ISR)
-_NEW_COLD: dict[str, Callable[..., Any]] = {
-    "cluster": lambda c, t, p, ld, ep, rep, isr, mi: c, "topic": lambda c, t, p, ld, ep, rep, isr, mi: t,
-    "partition": lambda c, t, p, ld, ep, rep, isr, mi: p, "kind": lambda *_: "partition",
-    "leader": lambda c, t, p, ld, ep, rep, isr, mi: ld, "leader_epoch": lambda c, t, p, ld, ep, rep, isr, mi: ep,
-    "replicas": lambda c, t, p, ld, ep, rep, isr, mi: rep, "isr": lambda c, t, p, ld, ep, rep, isr, mi: isr,
-    "min_isr": lambda c, t, p, ld, ep, rep, isr, mi: mi, "open": lambda *_: {}, "applied": lambda *_: {},
-    "interval_ms": lambda *_: None, "leader_seen": lambda c, t, p, ld, ep, rep, isr, mi: ld,
-    "epoch_seen": lambda c, t, p, ld, ep, rep, isr, mi: None if ep is None else int(ep),
-    "epoch_regressions": lambda *_: 0, "leader_episode": lambda *_: None, "imbalanced_since": lambda *_: None,
-    "pending_writes_at": lambda *_: None, "pending_since": lambda *_: None,
-}
+#: the cold part of a partition ``fold_new`` makes, field by field: a slot of the partition's
+#: values (its metadata row's, and its two empty dicts, ``open`` and ``applied``, the latter
+#: being what ``compact`` leaves of it), a field the rules copy from one, or a constant
+_NEW_SLOTS = ("cluster", "topic", "partition", "leader", "leader_epoch", "replicas", "isr", "min_isr", "epoch_seen",
+              "open", "applied")
+_NEW_COPIES = {"leader_seen": "leader"}
+_NEW_CONSTANTS: dict[str, Any] = {"kind": "partition", "interval_ms": None, "epoch_regressions": 0,
+                                  "leader_episode": None, "imbalanced_since": None, "pending_writes_at": None,
+                                  "pending_since": None}
 _new_warned = False
 
 
@@ -561,7 +562,8 @@ def fold_new(table: PartitionTable, entities: dict[str, Any], frames: list[pd.Da
     layouts = {k: i for i, k in enumerate(table.layouts)}
     want = None if got or list(ref) != [key0] else table_compact(ref[key0], cfg.run_id, cfg.partition, layouts)
     cold_keys = table_cold_keys(ref[key0])[0] if key0 in ref else ()
-    if want is None or any(k not in _NEW_COLD for k in cold_keys):
+    if want is None or any(k not in _NEW_SLOTS and k not in _NEW_COPIES and k not in _NEW_CONSTANTS
+                           for k in cold_keys):
         stamped = None
     else:
         stamped = _stamp(table, cfg, obj, ints, raw, keys, im, io, lists, cold_keys)
@@ -610,14 +612,18 @@ def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, raw: 
             "window": np.full(n, rules_partition.unobserved_window_ms({"interval_ms": None}, cfg.partition)),
             "layout": np.full(n, table.layout(cold_keys)), "sent_hw": hw, "sent_ls": ls, "sent_lso": lso,
             "off_id": keys[io], "md_id": keys[im]}
-    makers = [_NEW_COLD[k] for k in cold_keys]
+    consts = list(_NEW_CONSTANTS.values())
+    slot = {k: i for i, k in enumerate(_NEW_SLOTS)}
+    slot.update({k: slot[v] for k, v in _NEW_COPIES.items()})
+    slot.update({k: len(_NEW_SLOTS) + i for i, k in enumerate(_NEW_CONSTANTS)})
+    pick = operator.itemgetter(*(slot[k] for k in cold_keys))
     cold, sigs = [], []
     for c, tp, p, ld, ep, (rep, isr), mi in zip(obj["cluster"][im], obj["topic"][im], raw["partition"], leader.tolist(),
                                                   raw["leader_epoch"], lists, min_isr.tolist()):
-        mi_v = None if mi == NULL else mi
-        cold.append(pickle.dumps(tuple(m(c, tp, p, ld, ep, rep, isr, mi_v) for m in makers),
+        es = None if ep is None else int(ep)
+        cold.append(pickle.dumps(pick((c, tp, p, ld, ep, rep, isr, None if mi == NULL else mi, es, {}, {}, *consts)),
                                  protocol=pickle.HIGHEST_PROTOCOL))
-        sigs.append(repr(rules_partition.signature(ld, ep, rep, isr)))
+        sigs.append(repr((ld, es, tuple(rep), tuple(isr))))  # rules.partition.signature's
     src = obj["source"][im].tolist()
     coded = {"off_src": src, "md_src": src, "sig": sigs, "cluster": obj["cluster"][im].tolist(),
              "topic": obj["topic"][im].tolist()}

@@ -341,7 +341,7 @@ def test_the_column_path_for_new_partitions_defers_to_the_rules_when_they_disagr
     """The first new partition of a batch goes through the dict rules too: a rule that makes
     something the column path does not (here: a field it fills otherwise) sends them all there,
     with a warning, and the result is still the dict rules'."""
-    monkeypatch.setitem(st._NEW_COLD, "epoch_regressions", lambda *_: 1)
+    monkeypatch.setitem(st._NEW_CONSTANTS, "epoch_regressions", 1)
     monkeypatch.setattr(st, "_new_warned", False)
     batch = [r for p in range(4) for r in _first_sight(p, 1 + 2 * p, 1000)]
     with counting_table_paths() as counts, caplog.at_level("WARNING", logger=st.__name__):
