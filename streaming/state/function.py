@@ -567,7 +567,7 @@ def fold_new(table: PartitionTable, entities: dict[str, Any], frames: list[pd.Da
         stamped = None
     else:
         stamped = _stamp(table, cfg, obj, ints, raw, keys, im, io, lists, cold_keys)
-    if stamped is None or want is None or not _same(stamped, want):
+    if want is None or stamped is None or not _same(stamped, want):
         if not _new_warned:
             _new_warned = True
             log.warning("new partitions: the column path does not match the rules for %s; they go through "
@@ -623,7 +623,7 @@ def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, raw: 
         es = None if ep is None else int(ep)
         cold.append(pickle.dumps(pick((c, tp, p, ld, ep, rep, isr, None if mi == NULL else mi, es, {}, {}, *consts)),
                                  protocol=pickle.HIGHEST_PROTOCOL))
-        sigs.append(repr((ld, es, tuple(rep), tuple(isr))))  # rules.partition.signature's
+        sigs.append(repr(rules_partition.signature(ld, es, rep, isr)))
     src = obj["source"][im].tolist()
     coded = {"off_src": src, "md_src": src, "sig": sigs, "cluster": obj["cluster"][im].tolist(),
              "topic": obj["topic"][im].tolist()}
