@@ -170,6 +170,27 @@ class PartitionGauges:
         return self.exporter.partition_samples()
 
 
+class AlertSeries:
+    """``alert_active``: a series per open alert (``Exporter._alerts``), kept as dict keys: a
+    prometheus-client series per alert cost a ``labels()`` and a ``remove()`` per transition
+    (~9,000 a batch at 300,000 partitions when 1 in 97 of their ISRs moves)."""
+
+    def __init__(self, exporter: "Exporter"):
+        self.exporter = exporter
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        name = P + "alert_active"
+        fam = GaugeMetricFamily(name, CATALOGUE[name][1], labels=list(ALERT))
+        with self.exporter._lock:
+            open_ = list(self.exporter._alerts)
+        for lab in open_:
+            fam.add_metric(lab, 1)
+        return [fam]
+
+
 class ReportMetrics:
     """The canary's series, from each canary partition's latest report (``Exporter._canary``),
     and the instrumented producers' (``Exporter._produce``): their counters and histograms are
@@ -348,6 +369,8 @@ class Exporter:
                 continue  # served from self._parts / self._gparts (PartitionGauges)
             if short.startswith(("canary_", "client_produce_")):
                 continue  # served from self._canary / self._produce (ReportMetrics)
+            if short == "alert_active":
+                continue  # served from self._alerts (AlertSeries)
             # prometheus_client appends _total to counters itself
             if typ == "counter":
                 self._m[name] = Counter(name[: -len("_total")], help_, labels, registry=self._base)
@@ -356,6 +379,7 @@ class Exporter:
             else:
                 self._m[name] = Gauge(name, help_, labels, registry=self._base)
         self._base.register(ReportMetrics(self))
+        self._base.register(AlertSeries(self))
         self.registry.register(_Registry(self._base))
         self.m("job_start_timestamp_seconds").set(time.time())
         for reason in QUARANTINE_REASONS:  # at 0 from the start, so increase() sees the first one
@@ -363,6 +387,8 @@ class Exporter:
         for reason in DROP_REASONS:
             self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
+        #: the open alerts' labels (ALERT order): alert_active's series
+        self._alerts: dict[tuple, None] = {}
         self._group_state: dict[tuple, str] = {}
         self._fetch_state: dict[tuple, str] = {}
         #: (cluster, topic, partition) -> (leader, its latest canary report)
@@ -393,7 +419,8 @@ class Exporter:
 
     def _full(self) -> bool:
         """The series cap is reached (prometheus-client series and the partitions' values)."""
-        return len(self._series) + (self._part_series if self.per_partition else 0) >= self.max_series
+        return (len(self._series) + len(self._alerts) + (self._part_series if self.per_partition else 0)
+                >= self.max_series)
 
     def _series_for(self, name: str, labels: tuple) -> Any:
         """The series' own object (created on first use; updating it needs no label lookup), or
@@ -706,13 +733,16 @@ class Exporter:
                     lab = (r["alert"], r["severity"], r["cluster"] or "", r["topic"] or "",
                            "" if r["partition"] is None else str(r["partition"]), r["consumer_group"] or "",
                            r.get("source") or "", "" if r.get("broker") is None else str(r["broker"]))
-                    if kind == "open_alert":  # still open, restated for a new run: not a transition
-                        self._set("alert_active", lab, 1)
-                        continue
-                    if action == "open":
-                        self._set("alert_active", lab, 1)
+                    if kind == "open_alert" or action == "open":  # open_alert: restated for a new run
+                        if lab not in self._alerts:
+                            if self._full():
+                                self._refused += 1
+                            else:
+                                self._alerts[lab] = None
+                        if kind == "open_alert":  # not a transition
+                            continue
                     else:
-                        self._remove("alert_active", lab)
+                        self._alerts.pop(lab, None)
                     moved[(r["alert"], action)] = moved.get((r["alert"], action), 0) + 1
                 elif kind == "quarantine":
                     self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)

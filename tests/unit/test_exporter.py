@@ -39,6 +39,23 @@ def test_partition_gauges_set_and_removed():
     assert v(e, "partition_high_watermark", **lab) is None
 
 
+def test_alert_series_count_against_the_cap_and_come_back_when_freed():
+    e = Exporter(max_series=2)
+    def a(p):
+        return dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=p)
+    def lab(p):
+        return {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": str(p),
+                "group": "", "source": "", "broker": ""}
+    e.apply([row(action="open", **a(p)) for p in range(3)] + [row(action="open", **a(0))], batch_id=0)
+    assert [v(e, "alert_active", **lab(p)) for p in range(3)] == [1, 1, None]
+    assert v(e, "exporter_series_refused_total") == 1  # the third; the first opened again is no new series
+    e.apply([row(action="resolve", **a(0)), row(action="open", **{**a(2), "kind": "open_alert"})],
+            batch_id=1)
+    assert [v(e, "alert_active", **lab(p)) for p in range(3)] == [None, 1, 1]
+    assert v(e, "alert_transitions_total", alert="IsrShrink", action="open") == 4
+    assert 'kafka_monitor_alert_active{alert="IsrShrink",broker="",cluster="k",group="",partition="2",' in e.render().decode()
+
+
 def test_lag_absent_when_unknown():
     e = Exporter()
     g = dict(kind="group_partition", cluster="k", consumer_group="g", topic="t", partition=1)
