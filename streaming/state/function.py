@@ -400,6 +400,17 @@ def admit(s: dict, etype: str, source: Optional[str], t: int, event_id: Optional
 _NOT_READ = frozenset({"raw", "raw_bytes", "reason", "bucket_key", "bucket"})
 
 
+def _all_null(col: pd.Series) -> bool:
+    """``col.isna().all()`` on its numpy values (a Series' isna costs ~20 us a call, ~70 calls
+    a bucket)."""
+    a = col.to_numpy()
+    if a.dtype.kind == "f":
+        return bool(np.isnan(a).all())
+    if a.dtype.kind in "iub":
+        return len(a) == 0
+    return bool(pd.isna(a).all())
+
+
 def _columns(frames: list[pd.DataFrame], names: list[str]) -> dict[str, list]:
     """Each column of the frames with a value in some row as one list of Python values; the
     columns left out are all null (most are: a row holds its own type's fields).  No
@@ -408,7 +419,7 @@ def _columns(frames: list[pd.DataFrame], names: list[str]) -> dict[str, list]:
     out: dict[str, list] = {}
     for c in names:
         series = [f[c] for f in frames]
-        nulls = [s.isna().all() for s in series]
+        nulls = [_all_null(s) for s in series]
         if all(nulls):
             continue
         values: list = []
