@@ -312,31 +312,35 @@ class FaultCycle:
             self.stop.wait(1.0)
 
     def _recover(self, fault: str, t0: float, t_undo: float) -> None:
-        self._wait(self._isr_whole, self.recover_timeout_s, f"the ISR of {self.topic} whole")
-        if self.stop.is_set():
+        # the metadata that showed the recovery is recorded, not a later read: brokers apply the
+        # controller's changes at their own pace, and a later read may come from one still behind
+        parts = self._wait(self._isr_whole, self.recover_timeout_s, f"the ISR of {self.topic} whole")
+        if not parts or self.stop.is_set():
             return
-        parts = self._partitions()
         self.history.append((fault, time.monotonic() - t0, parts))
         off = sorted((self.topic, p) for p, (leader, reps, _) in parts.items() if leader != reps[0])
         msg = f"ISR whole again {time.monotonic() - t_undo:.0f} s after the fault was undone"
         if off:
             self.say(f"{msg}; preferred leader election for {self._parts(p for _, p in off)}...")
             self.cluster.elect_leaders("preferred", off)
-            self._wait(self._preferred, self.recover_timeout_s, f"preferred leaders of {self.topic}")
-            parts = self._partitions()
+            parts = self._wait(self._preferred, self.recover_timeout_s, f"preferred leaders of {self.topic}")
+            if not parts:  # stopped
+                return
             self.history.append((fault, time.monotonic() - t0, parts))
             msg = f"leaders back on their preferred replicas {time.monotonic() - t_undo:.0f} s after the fault was undone"
         self.say(f"recovered ({time.monotonic() - t0:.0f} s after the fault began): {msg}: {self._view(parts)}; "
                  "the alerts resolve within a few observations (LeaderChanged after 5 quiet minutes)")
 
-    def _preferred(self) -> bool:
+    def _preferred(self) -> Optional[dict]:
+        """The topic's partitions when every leader is its preferred replica, else None."""
         parts = self._try_partitions()
-        return parts is not None and bool(parts) and all(leader == reps[0] for leader, reps, _ in parts.values())
+        return parts if parts and all(leader == reps[0] for leader, reps, _ in parts.values()) else None
 
-    def _isr_whole(self) -> bool:
+    def _isr_whole(self) -> Optional[dict]:
+        """The topic's partitions when every ISR is whole and every partition led, else None."""
         parts = self._try_partitions()
-        return parts is not None and bool(parts) and all(set(isr) == set(reps) and leader >= 0
-                                                         for leader, reps, isr in parts.values())
+        return parts if parts and all(set(isr) == set(reps) and leader >= 0
+                                      for leader, reps, isr in parts.values()) else None
 
     def _view(self, parts: dict) -> str:
         return f"{self.topic}: " + " | ".join(f"p{p} leader {leader} isr {sorted(isr)}"
