@@ -122,6 +122,12 @@ def test_a_paused_follower_stalls_the_high_watermark_then_leaves_the_isr(write_p
         assert ("BrokerDown", "3") not in broker_alerts(wp["url"])
     finally:
         c.resume_broker(3)
+
+    def stalls_resolved() -> bool:  # polled: a resolve can reach the alerts topic after the shrink's wait ended
+        done = {str(a["labels"]["partition"]) for a in canary_alerts(wp)
+                if a["alert"] == "HighWatermarkStalled" and a["action"] == "resolve" and a["at"] > t0}
+        return followed <= done
+    wait_for(stalls_resolved, 60, interval=1, what="HighWatermarkStalled resolved on the partitions broker 3 follows")
     records = [a for a in canary_alerts(wp) if a["at"] > t0]
     # one broker named for the whole stall: the one the writes waited for, before it left the ISR
     stalling = [a for a in read_alerts(wp["tansu"].bootstrap, wp["alerts"])
