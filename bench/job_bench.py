@@ -25,6 +25,10 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
   shuffle into buckets, ``applyInPandasWithState``, the sink) with a state function that takes
   its input as pandas frames, as the real one does, then emits nothing and stores nothing: what
   the job could reach at best on this machine if its rules and its sink cost nothing.
+- ``--state carry``: the floor plus the state's round trip: each bucket's real value (its first
+  call runs the job's function) read and stored again unchanged every batch, nothing emitted;
+- ``breakdown``: where a steady batch's time goes (the state store, the state function, the
+  driver's sink) and what the driver got per batch (``<kind>_rows_per_batch``).
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
     python bench/job_bench.py --sizes 1000:1000 --runs 1
@@ -226,6 +230,27 @@ def silent_state_function(make):
     return wrapped
 
 
+def carry_state_function(make):
+    """``--state carry``: a bucket's first call runs the job's state function (its stored value
+    is then the real one, at the size the job's would be); every later call consumes its input
+    frames, stores that value again unchanged and emits nothing.  The floor plus the state's
+    round trip (JVM -> worker -> JVM -> checkpoint each batch): what no rule can go below while
+    the whole bucket is one ``applyInPandasWithState`` value."""
+    def wrapped(cfg, compact_partitions=True):
+        fn = make(cfg, compact_partitions)
+
+        def update_bucket(key, pdfs, state):
+            if not state.exists:
+                return fn(key, pdfs, state)
+            for _ in pdfs:
+                pass
+            state.update(state.get)
+            state.setTimeoutDuration(cfg.tick_ms)
+            return iter(())
+        return update_bucket
+    return wrapped
+
+
 def timed_state_function(make):
     """The job's state function, each call's wall time (in the Python worker, output frames
     included) appended to the file named by ``$KM_BENCH_STATE_TIMES``: (end time, seconds)."""
@@ -321,6 +346,18 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         for obj, name, f in restore:
             setattr(obj, name, _timing(f, spent[{"sink_rows": "sink_rows", "apply": "exporter_apply",
                                                   "publish": "alerts_publish"}[name]]))
+        # what each batch's sink got: alert transitions, and gauge rows by kind
+        kinds: list[dict[str, int]] = []
+        timed_sink_rows = job_module.sink_rows
+
+        def counted_sink_rows(t):
+            rows = timed_sink_rows(t)
+            got: dict[str, int] = {}
+            for r in rows:
+                got[r["kind"]] = got.get(r["kind"], 0) + 1
+            kinds.append(got)
+            return rows
+        job_module.sink_rows = counted_sink_rows
         times = os.environ.get(TIMES_ENV)
         if times:
             open(times, "w").close()
@@ -405,6 +442,9 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         for name, got in spent.items():
             if len(got) == len(sinks):
                 breakdown[f"{name}_s"] = statistics.median(got[i] for i in steady_sinks)
+        if len(kinds) == len(sinks):
+            for kind in sorted({k for c in kinds for k in c}):
+                breakdown[f"{kind}_rows_per_batch"] = statistics.median(kinds[i].get(kind, 0) for i in steady_sinks)
     if steady:
         later_gc = [c for c in collections if c[0] >= steady_from]
         breakdown["driver_gc_s_per_batch"] = sum(c[1] for c in later_gc) / len(steady)
@@ -448,9 +488,10 @@ def main() -> int:
     ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
                     help="partition metadata as the probe sends it: on change and as a snapshot every "
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
-    ap.add_argument("--state", choices=["rules", "noop", "silent"], default="rules",
+    ap.add_argument("--state", choices=["rules", "noop", "silent", "carry"], default="rules",
                     help="the job's state function (default), or one that does nothing: the framework's floor "
-                         "(silent: the job's, its output dropped)")
+                         "(silent: the job's, its output dropped; carry: the floor plus storing each bucket's "
+                         "real value again every batch)")
     ap.add_argument("--scrape-rate", type=float, default=0.0,
                     help="scrapes of /metrics per second during every other steady cycle (0: none): the "
                          "job's batch time with and without scrapes, and scrape latency, in one run")
@@ -458,13 +499,15 @@ def main() -> int:
                     help="a diagnosis: write a cProfile of every state function call into DIR (read them "
                          "together with pstats; the profiler slows the job, so its figures are not comparable)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
-                                                 "job-noop-state.json with --state noop)")
+                                                 "job-<state>-state.json with another --state)")
     args = ap.parse_args()
     if args.out is None:
-        args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else "job-noop-state.json"))
+        args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else f"job-{args.state}-state.json"))
     from streaming.state import function as state
     if args.state == "noop":
         state.make_state_function = noop_state_function
+    elif args.state == "carry":
+        state.make_state_function = carry_state_function(state.make_state_function)
     else:
         os.environ.setdefault(TIMES_ENV, tempfile.mktemp(prefix="km-bench-state-times-"))
         if args.profile_state:
