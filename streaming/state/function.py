@@ -899,8 +899,10 @@ def quarantine_rows(frames: Any) -> list[dict]:
 #:   5  format 4, the table's keys and cold parts in Arrow arrays, its sources, signatures and
 #:      labels as codes into per-table lists, event ids (``admit``'s, everywhere) as their
 #:      64-bit keys (``table.from_lists``, ``table.event_keys``)
+#:   6  format 5, its table's int columns each in the narrowest type that holds them, its cold
+#:      parts without the partition's cluster, topic and number (columns already), dictionary-encoded
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
-_FORMAT = 5
+_FORMAT = 6
 
 #: a format 4+ bucket: this prefix, the pickle's length (8 bytes, little endian), the pickle
 #: compressed with zstd (at 300,000 partitions a bucket's pickle is ~8 MB, ~1 MB compressed:
@@ -952,8 +954,12 @@ def _from_4(v: dict) -> dict:
     return {**v, "format": 5, "partitions": table_from_lists(v["partitions"])}
 
 
+def _from_5(v: dict) -> dict:
+    return {**v, "format": 6}  # decode widens the columns; a cold part's names are overwritten by the columns'
+
+
 #: format N -> the function that turns it into format N + 1
-_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4}
+_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
 
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs

@@ -52,7 +52,7 @@ _DELTA_OF = (("lso", "hw"), ("hw_seen", "hw"), ("sent_hw", "hw"), ("sent_ls", "l
              ("md_confirmed_at", "observed_at"), ("md_at", "observed_at"), ("off_t", "observed_at"),
              ("md_t", "observed_at"))
 #: dict keys rebuilt from the columns (so not kept in the cold part)
-_DERIVED = frozenset(HOT) | {"due", "due_pw", "sent"}
+_DERIVED = frozenset(HOT) | {"due", "due_pw", "sent", "cluster", "topic", "partition"}
 
 
 def _i(v: Any) -> int:
@@ -221,20 +221,44 @@ def from_lists(state: Optional[dict]) -> Optional[dict]:
 
 def encode(state: Optional[dict]) -> Optional[dict]:
     """A table state (``PartitionTable.state``) as it is stored: the ``_DELTA_OF`` columns as
-    differences (int64 arithmetic wraps, so NULLs and any values come back exactly)."""
+    differences (int64 arithmetic wraps, so NULLs and any values come back exactly), each int
+    column in the narrowest type that holds it, the cold parts dictionary-encoded (from format 6
+    they hold no partition's name, so most are alike)."""
     if not state:
         return state
     ints = state["ints"]
     with np.errstate(over="ignore"):
         coded = {**ints, **{c: ints[c] - ints[ref] for c, ref in _DELTA_OF}}
-    return {**state, "ints": coded}
+    out = {**state, "ints": {c: _narrow(v) for c, v in coded.items()}}
+    if "arrays" in state:
+        out["arrays"] = {**state["arrays"], "cold": pc.dictionary_encode(state["arrays"]["cold"])}
+    return out
+
+
+_NARROW = (np.int8, np.int16, np.int32)
+
+
+def _narrow(v: np.ndarray) -> np.ndarray:
+    """``v`` in the narrowest int type that holds it: the differences and codes are mostly
+    small, and a bucket's columns are most of what a batch pickles and compresses."""
+    if not len(v):
+        return v
+    lo, hi = int(v.min()), int(v.max())
+    for t in _NARROW:
+        i = np.iinfo(t)
+        if i.min <= lo and hi <= i.max:
+            return v.astype(t)
+    return v
 
 
 def decode(state: Optional[dict]) -> Optional[dict]:
     """``encode`` undone."""
     if not state:
         return state
-    ints = dict(state["ints"])
+    ints = {c: v.astype(np.int64, copy=False) for c, v in state["ints"].items()}
+    cold = state.get("arrays", {}).get("cold")
+    if isinstance(cold, pa.DictionaryArray):
+        state = {**state, "arrays": {**state["arrays"], "cold": cold.dictionary.take(cold.indices)}}
     with np.errstate(over="ignore"):
         for c, ref in _DELTA_OF:
             ints[c] = ints[c] + ints[ref]
@@ -336,6 +360,7 @@ class PartitionTable:
         d: dict[str, Any] = dict(zip(self.layouts[c["layout"][i]], pickle.loads(a["cold"][i].as_py())))
         for k in HOT:
             d[k] = _o(c[k][i])
+        d["cluster"], d["topic"], d["partition"] = self.value("cluster", i), self.value("topic", i), int(c["partition"][i])
         s = cast(rules_partition.PartitionState, d)
         s["applied"][(_OFFSETS, self.value("off_src", i))] = (int(c["off_t"][i]), [_o(c["off_id"][i])])
         if c["md_t"][i] != NULL:

@@ -15,14 +15,14 @@ from streaming.state import function as st
 from tests.unit.test_state import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
-#: format 5 is today's: its fixture is read as written (the next format change migrates it)
+#: each fixture was written by the code of its format, before the next one replaced it
 OLDER = [(FIXTURES / f"format{n}-bucket.pickle").read_bytes() for n in (2, 3, 4, 5)]
 OLDER_META = [json.loads((FIXTURES / f"format{n}-bucket.json").read_text()) for n in (2, 3, 4, 5)]
 FORMAT2, FORMAT2_META = OLDER[0], OLDER_META[0]
 
 
 def test_every_older_format_has_a_migration():
-    assert st._FORMAT == 5
+    assert st._FORMAT == 6
     assert sorted(st._MIGRATIONS) == list(range(1, st._FORMAT))
 
 
@@ -98,7 +98,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
 
 def test_a_state_from_a_newer_version_is_refused_with_what_to_do():
     newer = pickle.dumps({"format": st._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
-    with pytest.raises(st.StateFormatError, match=r"format 6, written by a newer kafka-monitor.*formats 1\.\.5"):
+    with pytest.raises(st.StateFormatError, match=r"format 7, written by a newer kafka-monitor.*formats 1\.\.6"):
         st._unpack(newer, "r")
 
 
@@ -109,6 +109,30 @@ def test_a_state_in_todays_format_is_not_reworked():
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
     _, table, _ = st._unpack(s.value[0], "r")
     assert len(table) > 0, "the table is kept as it is when the signature matches"
+
+
+def test_format6_stores_a_cold_part_once_for_partitions_alike_and_narrow_columns():
+    """Format 6: a cold part holds no partition's name, so partitions alike share one stored
+    value; int columns are stored narrow; both come back as they were, names included."""
+    import numpy as np
+    import pyarrow as pa
+    from streaming.state import table as pt
+    s = FakeState()
+    fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    for t in (1_000, 11_000):
+        call(fn, 0, rows(*(x for p in range(20) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
+    table = st.decode_state(s.value[0])["partitions"]
+    assert len(table["keys"]) == 20
+    stored = pt.encode(table)
+    cold = stored["arrays"]["cold"]
+    assert isinstance(cold, pa.DictionaryArray) and len(cold.dictionary) == 1
+    assert stored["ints"]["partition"].dtype == np.int8 and stored["ints"]["hw"].dtype == np.int8
+    back = pt.decode(stored)
+    assert back["arrays"]["cold"].equals(table["arrays"]["cold"])
+    assert all(back["ints"][c].dtype == np.int64 and np.array_equal(back["ints"][c], table["ints"][c]) for c in table["ints"])
+    _, t, _ = st._unpack(s.value[0], "r")
+    got = {(d["cluster"], d["topic"], d["partition"]) for d in map(t.peek, t.live_keys())}
+    assert got == {("k", "t", p) for p in range(20)}
 
 
 def test_format3_table_signatures_are_read_as_the_strings_format4_compares():
