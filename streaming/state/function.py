@@ -905,7 +905,7 @@ def quarantine_rows(frames: Any) -> list[dict]:
 _FORMAT = 6
 
 #: a format 4+ bucket: this prefix, the pickle's length (8 bytes, little endian), the pickle
-#: compressed with zstd (at 300,000 partitions a bucket's pickle is ~8 MB, ~1 MB compressed:
+#: compressed with zstd (at 300,000 partitions a bucket's pickle is ~2 MB, ~0.6 MB compressed:
 #: Spark's state store moves and writes every bucket each batch)
 _ENVELOPE = b"KMZ\x04"
 _CODEC = pa.Codec("zstd")
