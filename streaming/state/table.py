@@ -258,7 +258,7 @@ def decode(state: Optional[dict]) -> Optional[dict]:
     ints = {c: v.astype(np.int64, copy=False) for c, v in state["ints"].items()}
     cold = state.get("arrays", {}).get("cold")
     if isinstance(cold, pa.DictionaryArray):
-        state = {**state, "arrays": {**state["arrays"], "cold": cold.dictionary.take(cold.indices)}}
+        state = {**state, "arrays": {**state["arrays"], "cold": cold.dictionary_decode()}}
     with np.errstate(over="ignore"):
         for c, ref in _DELTA_OF:
             ints[c] = ints[c] + ints[ref]
