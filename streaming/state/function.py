@@ -239,12 +239,37 @@ def _column(col: pd.Series, text: bool = False) -> list:
     return values.tolist()
 
 
+#: an alert's evidence as text (keys sorted, what JSON cannot hold as its str); one encoder for
+#: all (``json.dumps`` with options makes one per call)
+_EVIDENCE = json.JSONEncoder(sort_keys=True, default=str)
+_SEVERITY_TEXT = {s: s.name.lower() for s in rules.Severity}
+
+
 def _transition_row(t: rules.Transition) -> dict:
     lab = t.labels
     return _row(kind="alert", action=t.action, cluster=lab.get("cluster"), topic=lab.get("topic"),
                 partition=lab.get("partition"), consumer_group=lab.get("group"), source=lab.get("source"),
-                broker=lab.get("broker"), alert=t.alert.value, alert_id=t.alert_id, severity=t.severity.name.lower(),
-                evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at)
+                broker=lab.get("broker"), alert=t.alert.value, alert_id=t.alert_id,
+                severity=_SEVERITY_TEXT[t.severity], evidence=_EVIDENCE.encode(t.evidence), at=t.at)
+
+
+def _transition_columns(ts: list[rules.Transition]) -> dict[str, Any]:
+    """The ``alert`` rows of ``ts`` as output columns (``_frame``'s dict part): the same rows as
+    ``_transition_row`` makes, without a dict of every output column per transition (~13,000 a
+    batch at 300,000 partitions in the job benchmark)."""
+    labs = [t.labels for t in ts]
+
+    def text(name: str) -> list:
+        return [lab.get(name) for lab in labs]
+
+    def ints(values: Any) -> np.ndarray:
+        return np.array([NULL if v is None else v for v in values], np.int64)
+
+    return {"kind": ["alert"] * len(ts), "action": [t.action for t in ts], "cluster": text("cluster"),
+            "topic": text("topic"), "partition": ints(text("partition")), "consumer_group": text("group"),
+            "source": text("source"), "broker": ints(text("broker")), "alert": [t.alert.value for t in ts],
+            "alert_id": [t.alert_id for t in ts], "severity": [_SEVERITY_TEXT[t.severity] for t in ts],
+            "evidence": [_EVIDENCE.encode(t.evidence) for t in ts], "at": ints(t.at for t in ts)}
 
 
 def remember_shown(entities: dict[str, Any], transitions: list[rules.Transition]) -> None:
@@ -1043,13 +1068,12 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
             entities.update(table.take_due(now, cfg.entity_ttl_ms))
             transitions = tick(entities, now, cfg)
             remember_shown(entities, transitions)
-            out = [_transition_row(x) for x in transitions]
-            out += evict_stale(entities, now, cfg.entity_ttl_ms)
+            out = evict_stale(entities, now, cfg.entity_ttl_ms)
             if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
                 out += active_rows(entities)
             _store(state, entities, table, cfg, compact_partitions)
-            if out:
-                yield _frame(out)
+            if transitions or out:
+                yield _frame(_transition_columns(transitions), out)
             return
         if bucket == QUARANTINE_BUCKET:
             yield _frame(quarantine_rows(pdfs))
@@ -1069,14 +1093,13 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
         entities.update(table.take_due(now, cfg.entity_ttl_ms))
         transitions += tick(entities, now, cfg)
         remember_shown(entities, transitions)
-        out = [_transition_row(x) for x in transitions]
-        out += changed_entity_rows(entities, touched, cfg.run_id)
+        out = changed_entity_rows(entities, touched, cfg.run_id)
         if len(quiet):
             out.append(pack_block(table.gauge_columns(quiet)))
         after = dropped_rows(dropped, now) + evict_stale(entities, now, cfg.entity_ttl_ms)
         if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
             after += active_rows(entities)
         _store(state, entities, table, cfg, compact_partitions)
-        yield _frame(out, after)
+        yield _frame(_transition_columns(transitions), out, after)
 
     return update_bucket

@@ -533,3 +533,26 @@ def test_an_instrumented_producers_writes_in_flight_under_a_flat_hw_raise_high_w
     out = call(fn, 0, rows(cprod(3, 14_000, 0), poff(5, 15_000, 180)), s)
     assert list(zip(out[out.kind == "alert"].alert, out[out.kind == "alert"].action)) == [
         ("HighWatermarkStalled", "resolve")]
+
+
+def test_alert_columns_are_the_alert_rows():
+    """The main path emits a batch's transitions as columns (``_transition_columns``); the
+    eviction path as rows (``_transition_row``): both give the same output rows, labels that
+    are absent, null and evidence that JSON cannot hold as it is included."""
+    from streaming.rules import base as rules
+
+    ts = [rules.Transition(rules.Alert.ISR_SHRINK, "open", "a1", 1_000, "partition|c/t/3",
+                           {"cluster": "c", "topic": "t", "partition": 3, "broker": 2},
+                           {"removed": [2], "isr": [1, 3], "z": 1, "a": {1, 2}}),
+           rules.Transition(rules.Alert.CONSUMER_LAG_STATUS, "resolve", "a2", 2_000, "group_partition|c/g/t/0",
+                            {"cluster": "c", "group": "g", "topic": "t", "partition": 0}, {},
+                            severity_override=rules.Severity.CRITICAL),
+           rules.Transition(rules.Alert.SOURCE_SILENT, "open", "a3", 3_000, "source|c/p",
+                            {"cluster": "c", "source": "p"}, {"silent_ms": 60_000})]
+    rows = st._frame([st._transition_row(t) for t in ts])
+    cols = st._frame(st._transition_columns(ts))
+    pd.testing.assert_frame_equal(cols, rows)
+    assert cols["severity"].tolist() == ["warning", "critical", rules.SEVERITY[rules.Alert.SOURCE_SILENT].name.lower()]
+    assert json.loads(cols["evidence"][0]) == {"a": str({1, 2}), "isr": [1, 3], "removed": [2], "z": 1}
+    assert cols["broker"].isna().tolist() == [False, True, True]
+    assert len(st._frame(st._transition_columns([]), [])) == 0
