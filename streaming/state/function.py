@@ -111,7 +111,7 @@ def _row(**kw: Any) -> dict:
 
 def _frame(*parts: Any) -> pd.DataFrame:
     """Output rows as a frame built column by column, from ``parts`` in order: lists of row
-    dicts, or dicts of output columns (numpy arrays, ints ``NULL`` for missing; a column that
+    dicts, or dicts of output columns (numpy arrays or lists, ints ``NULL`` for missing; a column that
     is absent is all null), as ``PartitionTable.gauge_columns`` makes them.  The string columns
     then share one object block: PySpark's output path ``pd.concat``s the frame, and pandas
     checks an object block that is all null element by element in Python (a column per block,
