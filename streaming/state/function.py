@@ -245,18 +245,10 @@ _EVIDENCE = json.JSONEncoder(sort_keys=True, default=str)
 _SEVERITY_TEXT = {s: s.name.lower() for s in rules.Severity}
 
 
-def _transition_row(t: rules.Transition) -> dict:
-    lab = t.labels
-    return _row(kind="alert", action=t.action, cluster=lab.get("cluster"), topic=lab.get("topic"),
-                partition=lab.get("partition"), consumer_group=lab.get("group"), source=lab.get("source"),
-                broker=lab.get("broker"), alert=t.alert.value, alert_id=t.alert_id,
-                severity=_SEVERITY_TEXT[t.severity], evidence=_EVIDENCE.encode(t.evidence), at=t.at)
-
-
 def _transition_columns(ts: list[rules.Transition]) -> dict[str, Any]:
-    """The ``alert`` rows of ``ts`` as output columns (``_frame``'s dict part): the same rows as
-    ``_transition_row`` makes, without a dict of every output column per transition (~13,000 a
-    batch at 300,000 partitions in the job benchmark)."""
+    """The ``alert`` rows of ``ts`` as output columns (``_frame``'s dict part): only the columns an
+    alert fills, not a dict of every output column per transition (~13,000 a batch at 300,000
+    partitions in the job benchmark)."""
     labs = [t.labels for t in ts]
 
     def text(name: str) -> list:
@@ -850,16 +842,18 @@ def dropped_rows(dropped: dict[str, int], at: Optional[int]) -> list[dict]:
     return [_row(kind="dropped", action="count", alert=why, count=n, at=at) for why, n in sorted(dropped.items()) if n]
 
 
-def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> list[dict]:
+def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[rules.Transition], list[dict]]:
+    """Drop the entities not seen for ``ttl_ms``: (their alerts' resolves, their remove rows)."""
+    resolved: list[rules.Transition] = []
     out = []
     for key in list(entities):
         s = entities[key]
         gone = rules.evict(s, now, ttl_ms, key, _labels(s))
         if gone is not None:
-            out += [_transition_row(x) for x in gone]
+            resolved += gone
             out.append(_entity_row(s, action="remove"))
             del entities[key]
-    return out
+    return resolved, out
 
 
 #: the quarantine_event rows of one batch carry samples of at most this many characters in all
@@ -1068,7 +1062,8 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
             entities.update(table.take_due(now, cfg.entity_ttl_ms))
             transitions = tick(entities, now, cfg)
             remember_shown(entities, transitions)
-            out = evict_stale(entities, now, cfg.entity_ttl_ms)
+            gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
+            transitions += gone
             if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
                 out += active_rows(entities)
             _store(state, entities, table, cfg, compact_partitions)
@@ -1096,7 +1091,9 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
         out = changed_entity_rows(entities, touched, cfg.run_id)
         if len(quiet):
             out.append(pack_block(table.gauge_columns(quiet)))
-        after = dropped_rows(dropped, now) + evict_stale(entities, now, cfg.entity_ttl_ms)
+        gone, removed = evict_stale(entities, now, cfg.entity_ttl_ms)
+        transitions += gone
+        after = dropped_rows(dropped, now) + removed
         if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
             after += active_rows(entities)
         _store(state, entities, table, cfg, compact_partitions)

@@ -536,9 +536,8 @@ def test_an_instrumented_producers_writes_in_flight_under_a_flat_hw_raise_high_w
 
 
 def test_alert_columns_are_the_alert_rows():
-    """The main path emits a batch's transitions as columns (``_transition_columns``); the
-    eviction path as rows (``_transition_row``): both give the same output rows, labels that
-    are absent, null and evidence that JSON cannot hold as it is included."""
+    """A batch's transitions leave as columns (``_transition_columns``): the alert rows, labels
+    that are absent null, evidence that JSON cannot hold as its text."""
     from streaming.rules import base as rules
 
     ts = [rules.Transition(rules.Alert.ISR_SHRINK, "open", "a1", 1_000, "partition|c/t/3",
@@ -549,7 +548,11 @@ def test_alert_columns_are_the_alert_rows():
                             severity_override=rules.Severity.CRITICAL),
            rules.Transition(rules.Alert.SOURCE_SILENT, "open", "a3", 3_000, "source|c/p",
                             {"cluster": "c", "source": "p"}, {"silent_ms": 60_000})]
-    rows = st._frame([st._transition_row(t) for t in ts])
+    rows = st._frame([st._row(kind="alert", action=t.action, cluster=t.labels["cluster"], topic=t.labels.get("topic"),
+                              partition=t.labels.get("partition"), consumer_group=t.labels.get("group"),
+                              source=t.labels.get("source"), broker=t.labels.get("broker"), alert=t.alert.value,
+                              alert_id=t.alert_id, severity=t.severity.name.lower(),
+                              evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at) for t in ts])
     cols = st._frame(st._transition_columns(ts))
     pd.testing.assert_frame_equal(cols, rows)
     assert cols["severity"].tolist() == ["warning", "critical", rules.SEVERITY[rules.Alert.SOURCE_SILENT].name.lower()]
