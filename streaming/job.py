@@ -471,20 +471,26 @@ def report_progress(p: Any, exporter: Exporter) -> None:
     if not p:
         return
     get = (lambda o, k, d=None: o.get(k, d)) if isinstance(p, dict) else (lambda o, k, d=None: getattr(o, k, d))
-    behind = 0
+    behind, unreadable, oldest = 0, 0, None
     for src in get(p, "sources", []) or []:
         latest, end = get(src, "latestOffset"), get(src, "endOffset")
         try:
-            lo = source_offsets(json.loads(latest) if isinstance(latest, str) else latest)
+            latest = json.loads(latest) if isinstance(latest, str) else latest
+            lo = source_offsets(latest)
             eo = source_offsets(json.loads(end) if isinstance(end, str) else end)
             for part, off in lo.items():
                 behind += max(0, off - eo.get(part, 0))
-        except (ValueError, TypeError, AttributeError):
+            # our source: partitions whose offsets it could not read (streaming.read.source)
+            for v in ((latest or {}).get("unreadable") or {}).values():
+                unreadable += 1
+                oldest = v["since"] if oldest is None else min(oldest, v["since"])
+        except (ValueError, TypeError, AttributeError, KeyError):
             continue
     state_keys = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])
     duration_ms = get(p, "durationMs", {}) or {}
     exporter.progress(events_behind=behind, state_keys=state_keys,
-                      duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0)
+                      duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0, unreadable=unreadable,
+                      unreadable_s=max(0.0, time.time() - oldest / 1000.0) if oldest is not None else 0.0)
 
 
 class ProgressListener(StreamingQueryListener):

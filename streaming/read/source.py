@@ -21,6 +21,17 @@ Semantics (the ones Spark's own Kafka source has):
 - every option starting with ``kafka.`` is passed to librdkafka without the prefix
   (``kafka.bootstrap.servers``, ``kafka.security.protocol``, ``kafka.sasl.*``, ``kafka.ssl.*``).
 
+The events topic may live on the cluster the monitor watches, so its brokers fail under the
+source (issue 33).  A partition whose offsets cannot be had -- no leader, its leader down, paused
+or fenced, an answer that is an error or a sentinel such as -1001, none within
+``offsetsTimeoutMs`` (default 10000) -- is *unknown*, never data loss: it keeps its offset and
+is asked again at the next trigger, while the others go on.  Its leader's partitions are asked
+in a request of their own, so one broker that does not answer holds up no other.  How long each
+partition has been unreadable goes out with ``reportLatestOffset`` (``"unreadable"``), which the
+job exports.  A read task waits out a leader change (transient consumer errors are retried by
+librdkafka) for up to ``idle_timeout_s``.  Only what retrying cannot fix fails the query:
+authorization or authentication refused, the topic absent, a log that truly went back.
+
 End offsets come from ListOffsets.  On Tansu that answer is the base offset of the last record
 batch + 1, so the last batch of a partition becomes visible only once another batch is written
 after it (the probe writes every cycle, so this costs at most one probe interval there; Apache
@@ -34,7 +45,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
+from concurrent.futures import wait as wait_futures
 from typing import Any, Iterator, Optional, Union
 
 import pyarrow as pa
@@ -54,10 +67,26 @@ ARROW_BATCH_ROWS = 20_000
 ARROW_BATCH_BYTES = 32 << 20
 #: a micro-batch gets one more read task per this many records (up to option maxTasks)
 RECORDS_PER_TASK = 50_000
+#: how long a watermark read waits for brokers (option offsetsTimeoutMs)
+OFFSETS_TIMEOUT_S = 10.0
+#: how long a read task waits for the records of its range (a leader change, a broker down)
+READ_IDLE_TIMEOUT_S = 300.0
 
 
 class SourceError(RuntimeError):
     pass
+
+
+def permanent_error(e: Any) -> Optional[str]:
+    """What to tell the operator about an error that retrying cannot fix (authorization,
+    authentication, a fatal client state), else None: every other broker or network error is
+    transient here (a broker down, paused or fenced, a leader moving, a timeout)."""
+    from monitor.access import authorization_resource, fatal_reason, kafka_error
+
+    if authorization_resource(e) is not None:
+        err = kafka_error(e)
+        return f"{err.name() if err is not None else e}: {err.str() if err is not None else ''}"
+    return fatal_reason(e)
 
 
 def _options(options: Any) -> tuple[str, dict[str, str], dict[str, str]]:
@@ -123,8 +152,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.max_tasks = int(opts.get("maxtasks", "1"))
         if self.max_tasks <= 0:
             raise SourceError("option 'maxTasks' must be > 0")
+        self.timeout_s = int(opts.get("offsetstimeoutms", str(int(OFFSETS_TIMEOUT_S * 1000)))) / 1000.0
+        if self.timeout_s <= 0:
+            raise SourceError("option 'offsetsTimeoutMs' must be > 0")
         self._admin = None
         self._latest: Optional[dict] = None
+        #: partition -> (since when it is unreadable, epoch ms; why)
+        self._unreadable: dict[int, tuple[int, str]] = {}
 
     # -- driver side ------------------------------------------------------------------------
 
@@ -135,21 +169,95 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._admin
 
     def _watermarks(self) -> dict[int, tuple[int, int]]:
-        from confluent_kafka import TopicPartition
+        """(earliest, latest) of every partition that answered; the others are noted as
+        unreadable (``self._unreadable``) and left out.  Raises SourceError only for what
+        retrying cannot fix."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         admin = self._admin_client()
-        md = admin.list_topics(self.topic, timeout=30)
+        asked_at = int(time.time() * 1000)
+        try:
+            md = admin.list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            self._note_unreadable(set(self._known_partitions()), {}, f"metadata: {e.args[0] if e.args else e}",
+                                  asked_at)
+            return {}
         tmd = md.topics.get(self.topic)
-        if tmd is None or tmd.error is not None:
-            raise SourceError(f"events topic {self.topic!r} is not available: {tmd.error if tmd else 'absent'}")
-        tps = [TopicPartition(self.topic, p) for p in sorted(tmd.partitions)]
-        lo = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=30)
-        hi = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=30)
-        return {tp.partition: (lo[tp].result().offset, hi[tp].result().offset) for tp in tps}
+        err = tmd.error if tmd is not None else None
+        if tmd is None or (err is not None and (err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                                                or permanent_error(err))):
+            raise SourceError(f"events topic {self.topic!r} is not available: {err if tmd else 'absent'}")
+        if err is not None or not tmd.partitions:  # e.g. LEADER_NOT_AVAILABLE while the cluster settles
+            self._note_unreadable(set(self._known_partitions()), {}, f"metadata: {err or 'no partitions'}", asked_at)
+            return {}
+        why: dict[int, str] = {}
+        by_leader: dict[int, list] = {}
+        for p, pm in tmd.partitions.items():
+            if pm.leader < 0:
+                why[p] = "no leader"
+            else:
+                by_leader.setdefault(pm.leader, []).append(TopicPartition(self.topic, p))
+        # one request per leader and kind: a broker that does not answer delays only its own
+        asked: dict[Any, tuple[int, int, int]] = {}  # future -> (partition, 0 earliest / 1 latest, leader)
+        for leader, tps in by_leader.items():
+            for i, spec in enumerate((OffsetSpec.earliest(), OffsetSpec.latest())):
+                for tp, f in admin.list_offsets({tp: spec for tp in tps},
+                                                request_timeout=self.timeout_s).items():
+                    asked[f] = (tp.partition, i, leader)
+        done, _ = wait_futures(list(asked), timeout=self.timeout_s + 1.0)
+        got: dict[int, list[int]] = {}
+        for f, (p, i, leader) in asked.items():
+            if p in why:
+                continue
+            if f not in done:
+                why[p] = f"no answer from its leader {leader} within {self.timeout_s:g}s"
+                continue
+            exc = f.exception()
+            if exc is not None:
+                fatal = permanent_error(exc)
+                if fatal:
+                    raise SourceError(f"{self.topic}/{p}: {fatal}")
+                why[p] = f"leader {leader}: {exc.args[0] if exc.args else exc}"
+                continue
+            off = f.result().offset
+            if off < 0:  # librdkafka's sentinels (-1001: no offset) are no position in the log
+                why[p] = f"leader {leader} answered no offset ({off})"
+                continue
+            got.setdefault(p, [-1, -1])[i] = off
+        marks = {p: (lo, hi) for p, (lo, hi) in got.items() if p not in why}
+        self._note_unreadable(set(why), why, "", asked_at)
+        return marks
+
+    def _known_partitions(self) -> list[int]:
+        return [int(p) for p in (self._latest or {}).get("offsets", {})] or list(self._unreadable)
+
+    def _note_unreadable(self, now_unreadable: set[int], why: dict[int, str], default: str, asked_at: int) -> None:
+        """Start the clock of each partition that just became unreadable (from when it was
+        asked); stop the others'."""
+        now = asked_at
+        for p in sorted(now_unreadable):
+            reason = why.get(p, default)
+            if p not in self._unreadable:
+                log.warning("%s/%s: offsets unknown (%s); asking again at the next trigger", self.topic, p, reason)
+                self._unreadable[p] = (now, reason)
+            else:
+                self._unreadable[p] = (self._unreadable[p][0], reason)
+        for p in [p for p in self._unreadable if p not in now_unreadable]:
+            since, _ = self._unreadable.pop(p)
+            log.warning("%s/%s: offsets readable again after %.1fs", self.topic, p, (time.time() * 1000 - since) / 1000)
 
     def initialOffset(self) -> dict:
+        """Partitions whose offsets are unknown now are left out: they are read from their
+        earliest offset once known (as partitions added later are)."""
         marks = self._watermarks()
+        deadline = time.monotonic() + 6 * self.timeout_s
+        while (self._unreadable or not marks) and time.monotonic() < deadline:
+            time.sleep(1.0)  # a first start during a broker fault: give its partitions a leader
+            marks = self._watermarks()
+        if self._unreadable:
+            log.warning("%s: starting without partitions %s (offsets unknown); they will be read from their "
+                        "earliest offset", self.topic, sorted(self._unreadable))
         if self.starting == "earliest":
             offs = {str(p): lo for p, (lo, _) in marks.items()}
         elif self.starting == "latest":
@@ -171,7 +279,8 @@ class KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         marks = self._watermarks()
         begin = {int(p): o for p, o in (start or {}).get("offsets", {}).items()}
-        end: dict[int, int] = {}
+        # an unknown partition keeps its offset (no records this batch), never loses it
+        end: dict[int, int] = {p: o for p, o in begin.items() if p not in marks}
         for p, (lo, hi) in marks.items():
             s = begin.get(p, lo)
             if hi < s:
@@ -185,13 +294,18 @@ class KafkaStreamReader(DataSourceStreamReader):
                 log.warning("%s/%s: end offset went back from %d to %d; going on from %d", self.topic, p, s, hi, hi)
             end[p] = hi  # >= s unless the log went back (failOnDataLoss=false: go on from there)
         self._latest = {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
+        if self._unreadable:
+            self._latest["unreadable"] = {str(p): {"since": t, "reason": r[:200]}
+                                          for p, (t, r) in sorted(self._unreadable.items())}
         if isinstance(limit, ReadMaxRows):
             end = cap(begin, end, limit.max_rows, {p: lo for p, (lo, _) in marks.items()})
         return {"topic": self.topic, "offsets": {str(p): o for p, o in sorted(end.items())}}
 
     def reportLatestOffset(self) -> Optional[dict]:
         """The uncapped end seen by the last latestOffset(): Spark reports it in the query's
-        progress, and the job exports end - processed as how far behind it is."""
+        progress, and the job exports end - processed as how far behind it is, and from
+        ``"unreadable"`` (partitions whose offsets were unknown: since when, why) how long it
+        could not read."""
         return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSourcePartition]:
@@ -244,7 +358,7 @@ def cap(begin: dict[int, int], end: dict[int, int], max_rows: int, earliest: dic
     return out
 
 
-def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[Any]:
+def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = READ_IDLE_TIMEOUT_S) -> Iterator[Any]:
     """The consumer messages with offsets in [start, end) of each of the task's partitions, each
     once, in offset order per partition (the one loop every reader of a range shares)."""
     import time
@@ -265,7 +379,7 @@ def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0)
     try:
         consumer.assign([TopicPartition(part.topic, p, s) for p, s, _ in part.ranges])
         open_parts = {p for p in nxt if nxt[p] < end[p]}
-        last_progress = time.monotonic()
+        last_progress = last_warned = time.monotonic()
         while open_parts:
             # consume() waits for its full timeout unless it gets num_messages: ask for exactly
             # what is left (+1 per partition for an end-of-partition event) so it returns at once
@@ -290,8 +404,16 @@ def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0)
                         raise SourceError(
                             f"{where}: offsets from {nxt.get(p, '?') if p is not None else '?'} were deleted (retention) before they were "
                             f"read; restart with option failOnDataLoss=false to skip them ({err.str()})")
-                    if err.fatal() or not err.retriable():
-                        raise SourceError(f"{part.topic}/{p}: {err.str()}")
+                    fatal = permanent_error(err)
+                    if fatal:
+                        raise SourceError(f"{part.topic}/{p}: {fatal}")
+                    if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise SourceError(f"{part.topic}/{p}: {err.str()} (the events topic was deleted?)")
+                    # a broker down, paused or fenced, a leader moving: librdkafka retries, the
+                    # idle timeout bounds the wait
+                    if time.monotonic() - last_warned > 10:
+                        log.warning("%s: %s while reading; waiting for the partition's leader", part.topic, err.str())
+                        last_warned = time.monotonic()
                     continue
                 if p is None or off is None or p not in open_parts:
                     continue
@@ -310,7 +432,7 @@ def messages_in_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0)
         consumer.close()
 
 
-def read_range(part: KafkaSourcePartition, idle_timeout_s: float = 120.0) -> Iterator[pa.RecordBatch]:
+def read_range(part: KafkaSourcePartition, idle_timeout_s: float = READ_IDLE_TIMEOUT_S) -> Iterator[pa.RecordBatch]:
     """Yield the records of [start, end) of each of the task's partitions as Arrow record
     batches, built column-wise.  Measured (bench/source_bench.py, 200k events, local[2]): 1.3-1.5x
     less Python CPU per record than yielding tuples (which PySpark then converts field by field),

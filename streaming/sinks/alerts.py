@@ -11,6 +11,12 @@ after a start the sink reads the tail of the alerts topic and learns which trans
 latest batch are already there; a replayed batch then publishes only what is missing, and an
 older batch nothing.  A batch is done only when every record was acknowledged (idempotent
 producer, flush); otherwise the batch fails and Spark runs it again.
+
+The alerts topic may live on the cluster the monitor watches (issue 33): a broker down, paused
+or fenced under it delays a batch, never fails it.  The idempotent producer retries each record
+until librdkafka's ``message.timeout.ms`` (5 minutes by default) and the flush waits as long;
+reading the tail back at start-up retries transient errors for ``recover_timeout_s``.  Only
+what retrying cannot fix (authorization, authentication, a fatal producer) fails at once.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Iterable, Optional
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from monitor.access import fatal_reason, missing_acl
+from monitor.access import authorization_resource, fatal_reason, missing_acl
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +38,18 @@ log = logging.getLogger(__name__)
 READER_GROUP_PREFIX = "kafka-monitor-alerts-reader-"
 SEQUENCE_STRIDE = 1_000_000  # transitions per batch at most (a batch with more fails loudly)
 TAIL_RECORDS = 5_000         # per partition, read back at start-up
+#: a batch's flush waits this long: librdkafka's default message.timeout.ms (300 s) and a margin,
+#: so a record is delivered or has failed by then
+FLUSH_TIMEOUT_S = 330.0
+RECOVER_TIMEOUT_S = 300.0
 
 
 class AlertsSinkError(RuntimeError):
     pass
+
+
+class _Transient(RuntimeError):
+    """A broker error that retrying may fix (read-back of the tail)."""
 
 
 def transition_sort_key(r: dict) -> tuple:
@@ -60,10 +74,12 @@ def record_value(r: dict, batch_id: int, index: int) -> bytes:
 
 
 class AlertsTopicSink:
-    def __init__(self, kafka: dict[str, str], topic: str, flush_timeout_s: float = 60.0):
+    def __init__(self, kafka: dict[str, str], topic: str, flush_timeout_s: float = FLUSH_TIMEOUT_S,
+                 recover_timeout_s: float = RECOVER_TIMEOUT_S):
         self.kafka = dict(kafka)
         self.topic = topic
         self.flush_timeout_s = flush_timeout_s
+        self.recover_timeout_s = recover_timeout_s
         self._producer: Optional[Producer] = None
         self._last_batch: Optional[int] = None       # highest batch id found in the topic
         self._published_in_last: set[int] = set()    # indices of that batch already there
@@ -74,11 +90,36 @@ class AlertsTopicSink:
     # -- start-up: what is already in the topic ------------------------------------------------
 
     def recover(self) -> None:
+        """Learn which transitions of the latest batch are already in the topic.  A broker fault
+        (a timeout, a leader moving, a partition without a leader for a while) is retried until
+        ``recover_timeout_s``; authorization and authentication errors fail at once."""
+        deadline = time.monotonic() + self.recover_timeout_s
+        delay = 1.0
+        while True:
+            try:
+                self._read_back(deadline)
+                return
+            except (KafkaException, _Transient) as e:
+                if authorization_resource(e) is not None or fatal_reason(e) is not None:
+                    raise AlertsSinkError(f"reading the alerts topic back: {fatal_reason(e) or e}" + missing_acl(
+                        e, topic=("READ", self.topic))) from None
+                if time.monotonic() + delay > deadline:
+                    raise AlertsSinkError(f"reading the alerts topic {self.topic!r} back: {e} (still failing after "
+                                          f"{self.recover_timeout_s:.0f}s)") from None
+                log.warning("reading the alerts topic %s back: %s; retrying in %.0fs", self.topic, e, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 15.0)
+
+    def _read_back(self, deadline: float) -> None:
+        self._last_batch, self._published_in_last = None, set()
         c = Consumer({**self.kafka, "group.id": f"{READER_GROUP_PREFIX}{uuid.uuid4().hex[:8]}",
                       "enable.auto.commit": False, "enable.partition.eof": True})
         try:
             md = c.list_topics(self.topic, timeout=30)
             t = md.topics.get(self.topic)
+            if t is not None and t.error is not None and authorization_resource(t.error) is None \
+                    and t.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise _Transient(f"alerts topic {self.topic!r}: {t.error}")  # e.g. LEADER_NOT_AVAILABLE
             if t is None or t.error is not None:
                 raise AlertsSinkError(f"alerts topic {self.topic!r} is not available: {t.error if t else 'absent'}"
                                       f"{missing_acl(t.error, topic=('READ', self.topic)) if t else ''}; "
@@ -95,14 +136,23 @@ class AlertsTopicSink:
             c.assign(assign)
             eof: set[int] = set()
             while len(eof) < len(assign):
+                if time.monotonic() > deadline:
+                    raise _Transient(f"partitions {sorted(set(tp.partition for tp in assign) - eof)} not read to "
+                                     f"their end")
                 for m in c.consume(1000, timeout=0.5):  # returns at its timeout unless 1000 came: short
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             eof.add(m.partition() or 0)
                             continue
-                        raise AlertsSinkError(f"reading the alerts topic back: {err}" + missing_acl(
-                            err, topic=("READ", self.topic), group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
+                        if authorization_resource(err) is not None or fatal_reason(err) is not None \
+                                or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                            raise AlertsSinkError(f"reading the alerts topic back: {err}" + missing_acl(
+                                err, topic=("READ", self.topic),
+                                group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
+                        if time.monotonic() > deadline:
+                            raise _Transient(str(err))
+                        continue  # a broker down or a leader moving: librdkafka retries
                     try:
                         rec = json.loads(m.value() or b"")
                         b, i = int(rec["batch_id"]), int(rec["index"])

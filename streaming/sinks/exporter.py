@@ -132,6 +132,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "job_up": ("gauge", "1 while the job runs (its streaming query starting or running), 0 after the query failed.", ()),
     P + "job_start_timestamp_seconds": ("gauge", "When the job process started serving metrics (Unix time); start-up allowances of the alert rules count from it.", ()),
     P + "job_events_behind": ("gauge", "Records in the events topic the job has not processed yet (at its last batch).", ()),
+    P + "job_source_unreadable_partitions": ("gauge", "Partitions of the events topic whose offsets the job could not read at its last batch (no leader, leader down or not answering); they wait, nothing is skipped.", ()),
+    P + "job_source_unreadable_seconds": ("gauge", "How long the longest-unreadable partition of the events topic has been so, at the last batch; 0 when every partition is readable.", ()),
     P + "job_state_keys": ("gauge", "Grouping keys with state in the job's state store: its buckets (job.buckets), not its entities.", ()),
     P + "job_last_trigger_duration_seconds": ("gauge", "Wall time of the last micro-batch, read to write.", ()),
     P + "job_batches_total": ("counter", "Micro-batches the job has completed.", ()),
@@ -762,10 +764,13 @@ class Exporter:
         self.m("job_last_sink_duration_seconds").set(duration_s)
         self.m("job_last_batch_timestamp_seconds").set(finished_at)
 
-    def progress(self, events_behind: int, state_keys: int, duration_s: float) -> None:
+    def progress(self, events_behind: int, state_keys: int, duration_s: float, unreadable: int = 0,
+                 unreadable_s: float = 0.0) -> None:
         """From Spark's progress report of the last micro-batch."""
         self._generation += 1
         self.m("job_events_behind").set(events_behind)
+        self.m("job_source_unreadable_partitions").set(unreadable)
+        self.m("job_source_unreadable_seconds").set(unreadable_s)
         self.m("job_state_keys").set(state_keys)
         self.m("job_last_trigger_duration_seconds").set(duration_s)
 

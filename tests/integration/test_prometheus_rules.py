@@ -47,7 +47,8 @@ EXPECTED_GROUPS = {
     "kafka-monitor.clients": ["MetadataStale", "MetadataRefreshStorm"],
     "kafka-monitor.brokers": ["BrokerDown", "BrokerUnderReplicating", "BrokerStallingWrites"],
     "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
-                           "KafkaMonitorJobFallingBehind", "KafkaMonitorEventsQuarantined"],
+                           "KafkaMonitorJobFallingBehind", "KafkaMonitorJobSourceUnreadable",
+                           "KafkaMonitorEventsQuarantined"],
 }
 SEVERITIES = {"info", "warning", "critical"}
 #: labels a rule may group or match on: the metrics' vocabulary plus the scrape's own labels

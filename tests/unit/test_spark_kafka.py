@@ -139,7 +139,22 @@ def test_events_behind_from_either_sources_offsets(source, as_dict):
         p = Obj(p)
     rec = Recorder()
     report_progress(p, rec)
-    assert rec.calls == [{"events_behind": 20 + 0 + 7, "state_keys": 11, "duration_s": 1.5}]
+    assert rec.calls == [{"events_behind": 20 + 0 + 7, "state_keys": 11, "duration_s": 1.5, "unreadable": 0,
+                          "unreadable_s": 0.0}]
+
+
+def test_unreadable_partitions_of_our_source_are_counted_with_the_longest_wait():
+    import time
+    now_ms = int(time.time() * 1000)
+    latest = {"topic": "ev", "offsets": {"0": 5, "1": 9},
+              "unreadable": {"0": {"since": now_ms - 30_000, "reason": "no leader"},
+                             "1": {"since": now_ms - 5_000, "reason": "leader 2 answered no offset (-1001)"}}}
+    rec = Recorder()
+    report_progress({"batchId": 4, "sources": [{"latestOffset": json.dumps(latest),
+                                                "endOffset": json.dumps({"topic": "ev", "offsets": {"0": 5, "1": 9}})}]},
+                    rec)
+    call = rec.calls[0]
+    assert call["unreadable"] == 2 and 29.0 <= call["unreadable_s"] <= 40.0 and call["events_behind"] == 0
 
 
 def test_source_offsets_shapes():

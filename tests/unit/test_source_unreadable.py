@@ -1,0 +1,157 @@
+"""The source's driver side when brokers of the events topic fail (issue 33), with a fake admin
+client behind the two calls it makes (Metadata, ListOffsets): offsets that cannot be had are
+unknown -- the partition keeps its offset and is reported unreadable -- never data loss; what
+retrying cannot fix still fails, and a log that truly went back is still data loss.  The real
+cluster's version of these faults: tests/e2e/test_own_cluster.py."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from streaming.read.source import KafkaStreamReader, ReadAllAvailable, SourceError
+
+TOPIC = "ev"
+
+
+class FakeAdmin:
+    """``leaders[p]`` (-1: none), ``marks[p] = (earliest, latest)``; ``answers[p]`` overrides
+    the latest answer: an int offset (e.g. -1001), an exception, or None (never answers)."""
+
+    def __init__(self, leaders: dict[int, int], marks: dict[int, tuple[int, int]]):
+        self.leaders, self.marks, self.answers = dict(leaders), dict(marks), {}
+        self.metadata_error: object = None   # a KafkaException to raise, or a KafkaError on the topic
+        self.requests: list[list[int]] = []  # partitions of each ListOffsets request
+
+    def list_topics(self, topic, timeout):
+        if isinstance(self.metadata_error, Exception):
+            raise self.metadata_error
+        parts = {p: SimpleNamespace(id=p, leader=b) for p, b in self.leaders.items()}
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=self.metadata_error, partitions=parts)})
+
+    def list_offsets(self, specs, request_timeout):
+        self.requests.append(sorted(tp.partition for tp in specs))
+        out = {}
+        for tp, spec in specs.items():
+            f: Future = Future()
+            latest = type(spec).__name__ == "LatestSpec"
+            answer = self.answers.get(tp.partition, "ok") if latest else "ok"
+            if answer == "ok":
+                f.set_result(SimpleNamespace(offset=self.marks[tp.partition][1 if latest else 0]))
+            elif isinstance(answer, Exception):
+                f.set_exception(answer)
+            elif isinstance(answer, int):
+                f.set_result(SimpleNamespace(offset=answer))
+            out[tp] = f  # None: never completes
+        return out
+
+
+def reader(admin: FakeAdmin, timeout_ms: int = 200) -> KafkaStreamReader:
+    r = KafkaStreamReader({"subscribe": TOPIC, "kafka.bootstrap.servers": "unused:9092",
+                           "offsetsTimeoutMs": str(timeout_ms)})
+    r._admin = admin
+    return r
+
+
+START = {"topic": TOPIC, "offsets": {"0": 10, "1": 10, "2": 10}}
+
+
+def fresh() -> FakeAdmin:
+    return FakeAdmin({0: 1, 1: 2, 2: 3}, {0: (0, 20), 1: (0, 20), 2: (0, 20)})
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (-1001, "leader 1 answered no offset (-1001)"),
+    (KafkaException(KafkaError(KafkaError.FENCED_LEADER_EPOCH)), "leader 1:"),
+    (KafkaException(KafkaError(KafkaError._TIMED_OUT)), "leader 1:"),
+    (KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)), "leader 1:"),
+    (None, "no answer from its leader 1 within 0.2s"),
+], ids=["sentinel", "fenced-epoch", "timed-out", "not-leader", "no-answer"])
+def test_an_unknown_end_keeps_the_partition_where_it_was_and_the_others_go_on(answer, reason):
+    admin = fresh()
+    admin.answers[0] = answer
+    r = reader(admin)
+    end = r.latestOffset(START, ReadAllAvailable())
+    assert end["offsets"] == {"0": 10, "1": 20, "2": 20}
+    report = r.reportLatestOffset()
+    assert list(report["unreadable"]) == ["0"] and report["unreadable"]["0"]["reason"].startswith(reason)
+    assert report["offsets"] == {"0": 10, "1": 20, "2": 20}
+    # one request per leader and kind: broker 1's silence held up nobody else's answer
+    assert sorted(admin.requests) == [[0], [0], [1], [1], [2], [2]]
+
+    admin.answers.clear()  # the leader answers again (or the partition moved)
+    assert r.latestOffset(end, ReadAllAvailable())["offsets"] == {"0": 20, "1": 20, "2": 20}
+    assert "unreadable" not in r.reportLatestOffset()
+
+
+def test_a_partition_without_a_leader_is_not_asked_and_waits():
+    admin = fresh()
+    admin.leaders[1] = -1
+    r = reader(admin)
+    assert r.latestOffset(START, ReadAllAvailable())["offsets"] == {"0": 20, "1": 10, "2": 20}
+    assert r.reportLatestOffset()["unreadable"]["1"]["reason"] == "no leader"
+    assert all(1 not in req for req in admin.requests)
+
+
+def test_the_clock_of_an_unreadable_partition_runs_from_its_first_failure():
+    admin = fresh()
+    admin.answers[2] = -1001
+    r = reader(admin)
+    r.latestOffset(START, ReadAllAvailable())
+    since = r.reportLatestOffset()["unreadable"]["2"]["since"]
+    admin.answers[2] = KafkaException(KafkaError(KafkaError._TRANSPORT))
+    r.latestOffset(START, ReadAllAvailable())
+    again = r.reportLatestOffset()["unreadable"]["2"]
+    assert again["since"] == since and "leader 3" in again["reason"]
+
+
+@pytest.mark.parametrize("error", [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
+                                   KafkaError(KafkaError.LEADER_NOT_AVAILABLE)], ids=["raised", "topic-error"])
+def test_metadata_that_fails_leaves_every_partition_where_it_was(error):
+    admin = fresh()
+    r = reader(admin)
+    end = r.latestOffset(START, ReadAllAvailable())
+    admin.metadata_error = error
+    assert r.latestOffset(end, ReadAllAvailable())["offsets"] == {"0": 20, "1": 20, "2": 20}
+    assert sorted(r.reportLatestOffset()["unreadable"]) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("error, text", [
+    (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), "TOPIC_AUTHORIZATION_FAILED"),
+    (KafkaException(KafkaError(KafkaError._AUTHENTICATION)), "authentication failed"),
+], ids=["authorization", "authentication"])
+def test_what_retrying_cannot_fix_still_fails(error, text):
+    admin = fresh()
+    admin.answers[1] = error
+    with pytest.raises(SourceError, match=text):
+        reader(admin).latestOffset(START, ReadAllAvailable())
+
+
+def test_a_topic_that_is_gone_or_refused_fails_with_its_name():
+    admin = fresh()
+    admin.metadata_error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    with pytest.raises(SourceError, match="events topic 'ev' is not available"):
+        reader(admin).latestOffset(START, ReadAllAvailable())
+
+
+def test_a_log_that_truly_went_back_is_still_data_loss():
+    admin = fresh()
+    admin.marks[1] = (0, 4)  # a real answer below the checkpoint: the topic was recreated
+    with pytest.raises(SourceError, match=r"ev/1: the end offset went back from 10 to 4"):
+        reader(admin).latestOffset(START, ReadAllAvailable())
+
+
+def test_a_first_start_leaves_out_a_partition_it_cannot_read_then_reads_it_from_its_earliest():
+    admin = fresh()
+    admin.marks[2] = (5, 20)
+    admin.answers[2] = -1001
+    r = reader(admin, timeout_ms=50)  # initialOffset gives the fault 6 timeouts (0.3 s) to pass
+    start = r.initialOffset()
+    assert start["offsets"] == {"0": 0, "1": 0}
+    admin.answers.clear()
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end["offsets"] == {"0": 20, "1": 20, "2": 20}
+    assert [(p, s, e) for t in r.partitions(start, end) for p, s, e in t.ranges] == [(0, 0, 20), (1, 0, 20), (2, 0, 20)]
