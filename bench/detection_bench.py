@@ -4,7 +4,9 @@ A scenario suite on a real Apache Kafka cluster (``kafka_monitor.cluster``: KRaf
 controller and 3 brokers on loopback), watched by the monitor as it ships: the probe
 (``monitor.probe.Probe``, every ``--probe-interval`` s, otherwise its defaults) writes its
 events to a separate Tansu broker (so no fault on the watched cluster hides the monitor's own
-pipeline), and the job (``streaming.job.run`` in this process, local[2], trigger 5 s, otherwise
+pipeline) or, with ``--layout own``, to the watched cluster itself (events and alerts topics RF 3,
+min ISR 1, as the README tells a user to create them: every fault is also the monitor's), and
+the job (``streaming.job.run`` in this process, local[2], trigger 5 s, otherwise
 its defaults) serves ``/metrics`` and publishes to its alerts topic.  The bench polls
 ``/metrics`` every second (``kafka_monitor_alert_active`` series appearing and disappearing)
 and reads the alerts topic at the end.
@@ -48,6 +50,7 @@ kafka_exporter exposes it, and the community rules as they ship with their ``for
 
     python bench/detection_bench.py                 # the full run (~30 min on 2 cores)
     python bench/detection_bench.py --quick         # a smoke run (~9 min)
+    python bench/detection_bench.py --layout own    # the monitor's topics on the watched cluster
     python bench/detection_bench.py --rescore /tmp/raw.json   # score a recorded run again
 
 Prints a table and writes bench/results/detection.json (or detection-quick.json), and the raw
@@ -926,13 +929,12 @@ class Bench:
         t_run = time.time()
         with ExitStack() as stack:
             stack.callback(self.stop.set)
-            t = time.time()
-            self.tansu = TansuBroker().start()
-            stack.callback(self.tansu.stop)
-            create_topics(self.tansu.bootstrap, {EVENTS_TOPIC: 3, ALERTS_TOPIC: 1})
-            self.facts["tansu_start_s"] = time.time() - t
-            self.app_events = ({"bootstrap.servers": self.tansu.bootstrap, "topic": EVENTS_TOPIC}
-                               if args.instrument else None)
+            if args.layout == "tansu":
+                t = time.time()
+                self.tansu = TansuBroker().start()
+                stack.callback(self.tansu.stop)
+                create_topics(self.tansu.bootstrap, {EVENTS_TOPIC: 3, ALERTS_TOPIC: 1})
+                self.facts["tansu_start_s"] = time.time() - t
 
             self.cluster = KafkaCluster(broker_session_timeout_ms=p.session_timeout_ms,
                                         replica_lag_time_max_ms=p.replica_lag_time_max_ms)
@@ -945,11 +947,19 @@ class Bench:
                                      "replica_lag_time_max_ms": p.replica_lag_time_max_ms,
                                      "broker_session_timeout_ms": p.session_timeout_ms,
                                      "broker_heartbeat_interval_ms": 1000, "auto_leader_rebalance": False}
+            if args.layout == "own":  # the user's layout: the monitor's topics on the watched cluster
+                conf = {"min.insync.replicas": args.own_min_isr}
+                self.cluster.create_topic(EVENTS_TOPIC, partitions=3, config=conf)
+                self.cluster.create_topic(ALERTS_TOPIC, partitions=1, config=conf)
+            monitor_bootstrap = self.tansu.bootstrap if self.tansu else self.cluster.bootstrap_servers
+            self.facts["layout"] = args.layout
+            self.app_events = ({"bootstrap.servers": monitor_bootstrap, "topic": EVENTS_TOPIC}
+                               if args.instrument else None)
 
             t = time.time()
             work = pathlib.Path(tempfile.mkdtemp(prefix="km-detect-"))
             stack.callback(shutil.rmtree, work, True)
-            job_cfg = JobConfig(bootstrap_servers=self.tansu.bootstrap, checkpoint_dir=str(work / "ckpt"),
+            job_cfg = JobConfig(bootstrap_servers=monitor_bootstrap, checkpoint_dir=str(work / "ckpt"),
                                 events_topic=EVENTS_TOPIC, alerts_topic=ALERTS_TOPIC, trigger_s=p.trigger_s,
                                 master="local[2]", metrics_port=free_port())
             handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -974,7 +984,7 @@ class Bench:
             self.consumer("steady", steady, "steady-a", healthy=True)
 
             probe_cfg = dict(bootstrap_servers=self.cluster.bootstrap_servers, events_topic=EVENTS_TOPIC,
-                             interval_s=p.probe_interval_s, events_kafka={"bootstrap.servers": self.tansu.bootstrap},
+                             interval_s=p.probe_interval_s, events_kafka={"bootstrap.servers": monitor_bootstrap},
                              topics_include=f"^{re.escape(PREFIX)}", groups_include=f"^{re.escape(PREFIX)}",
                              cluster=CLUSTER_LABEL, source="probe-bench", canary=True, canary_topic=CANARY_TOPIC)
             ProbeConfig(**probe_cfg).validate()
@@ -1047,9 +1057,9 @@ class Bench:
                 c.set_mode("exit")
             stop_probe()
             stop_job()
-            alerts = read_alerts(self.tansu.bootstrap, ALERTS_TOPIC)
+            alerts = read_alerts(monitor_bootstrap, ALERTS_TOPIC)
             try:
-                probe_events = events_summary(self.tansu.bootstrap, EVENTS_TOPIC, scope_start)
+                probe_events = events_summary(monitor_bootstrap, EVENTS_TOPIC, scope_start)
             except Exception as e:  # noqa: BLE001
                 probe_events = {"error": repr(e)}
             probe_log = (work / "probe.stderr.log").read_text(errors="replace").splitlines() \
@@ -1057,7 +1067,7 @@ class Bench:
             if args.raw_out:
                 shutil.copy(work / "probe.stderr.log", args.raw_out + ".probe-stderr.log")
             raw = {
-                "params": {**vars(p), "prefix": PREFIX, "canary_topic": CANARY_TOPIC, "poll_interval_s": args.poll_interval,
+                "params": {**vars(p), "layout": args.layout, "own_min_isr": args.own_min_isr, "prefix": PREFIX, "canary_topic": CANARY_TOPIC, "poll_interval_s": args.poll_interval,
                            "instrumented_consumers": bool(args.instrument), "mode": "quick" if args.quick else "full"},
                 "facts": self.facts,
                 "scope": {"start": scope_start, "end": scope_end},
@@ -1203,8 +1213,15 @@ def main() -> int:
     ap.add_argument("--poll-interval", type=float, default=0.5, help="admin polls for the ground truth (default 0.5 s)")
     ap.add_argument("--instrument", action="store_true",
                     help="wrap the bench's consumers with monitor.instrument (rebalance events from the members)")
-    ap.add_argument("--out", default=None, help="results file (default bench/results/detection.json, "
-                                                "detection-quick.json with --quick)")
+    ap.add_argument("--layout", choices=("tansu", "own"), default="tansu",
+                    help="where the monitor's events and alerts topics live: tansu (a broker of their own, no "
+                         "fault reaches them; default) or own (on the watched cluster, RF 3, min ISR "
+                         "--own-min-isr: the "
+                         "user's layout, where every fault is also the monitor's)")
+    ap.add_argument("--own-min-isr", type=int, default=1,
+                    help="min.insync.replicas of the monitor's topics with --layout own (default 1, as the README "
+                         "says; 2 shows what a cluster default of 2 costs)")
+    ap.add_argument("--out", default=None, help="results file (default bench/results/detection[-own][-quick].json)")
     ap.add_argument("--raw-out", default=None, help="the raw record of the run (default: a file in the temp dir)")
     ap.add_argument("--rescore", default=None, help="score a raw record again instead of running")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -1220,7 +1237,8 @@ def main() -> int:
         log.addHandler(h)
         log.propagate = False
     if args.out is None:
-        args.out = str(ROOT / "bench" / "results" / ("detection-quick.json" if args.quick else "detection.json"))
+        args.out = str(ROOT / "bench" / "results" / ("detection" + ("-own" if args.layout == "own" else "")
+                                                      + ("-quick" if args.quick else "") + ".json"))
 
     if args.rescore:
         raw = json.loads(pathlib.Path(args.rescore).read_text())

@@ -373,9 +373,9 @@ def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 
 class ExporterSink:
-    """foreachBatch target: publishes the batch's alert transitions (exactly once, see
-    streaming.sinks.alerts), writes its quarantined events, then applies everything to the
-    exporter.  A replayed batch id is harmless to all three."""
+    """foreachBatch target: applies the batch to the exporter, writes its quarantined events,
+    then publishes its alert transitions (exactly once, see streaming.sinks.alerts).  A
+    replayed batch id is harmless to all three."""
 
     def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,
                  quarantine_dir: Optional[str] = None):
@@ -394,12 +394,15 @@ class ExporterSink:
         t0 = time.monotonic()
         # Arrow to the driver: ~10x cheaper per row than collect()'s Row objects
         rows = sink_rows(df.toArrow())
-        if self.alerts is not None:
-            self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
+        # /metrics first: publishing waits out a fault of the alerts topic's brokers (up to
+        # message.timeout.ms), and the batch's alerts should not wait with it.  A batch that
+        # fails after this is replayed by a new process, whose exporter starts empty.
+        n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
         if bad and self.quarantine_dir:
             write_quarantine(self.quarantine_dir, batch_id, bad)
-        n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
+        if self.alerts is not None:
+            self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
 
 

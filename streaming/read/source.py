@@ -26,7 +26,9 @@ source (issue 33).  A partition whose offsets cannot be had -- no leader, its le
 or fenced, an answer that is an error or a sentinel such as -1001, none within
 ``offsetsTimeoutMs`` (default 10000) -- is *unknown*, never data loss: it keeps its offset and
 is asked again at the next trigger, while the others go on.  Its leader's partitions are asked
-in a request of their own, so one broker that does not answer holds up no other.  How long each
+in a request of their own, so one broker that does not answer holds up no other; when the
+metadata request itself gets no answer within half a timeout, the leaders of the last answer
+are asked.  How long each
 partition has been unreadable goes out with ``reportLatestOffset`` (``"unreadable"``), which the
 job exports.  A read task waits out a leader change (transient consumer errors are retried by
 librdkafka) for up to ``idle_timeout_s``.  Only what retrying cannot fix fails the query:
@@ -159,6 +161,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         self._latest: Optional[dict] = None
         #: partition -> (since when it is unreadable, epoch ms; why)
         self._unreadable: dict[int, tuple[int, str]] = {}
+        self._pending: list = []  # ListOffsets futures not answered when last waited for
+        self._leaders: dict[int, int] = {}  # partition -> leader, from the last metadata answer
 
     # -- driver side ------------------------------------------------------------------------
 
@@ -168,7 +172,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             self._admin = AdminClient(dict(self.kafka))
         return self._admin
 
-    def _watermarks(self) -> dict[int, tuple[int, int]]:
+    def _watermarks(self, known: tuple[int, ...] = ()) -> dict[int, tuple[int, int]]:
         """(earliest, latest) of every partition that answered; the others are noted as
         unreadable (``self._unreadable``) and left out.  Raises SourceError only for what
         retrying cannot fix."""
@@ -177,27 +181,37 @@ class KafkaStreamReader(DataSourceStreamReader):
 
         admin = self._admin_client()
         asked_at = int(time.time() * 1000)
+        # metadata comes from one broker, which may be the one that does not answer: with the
+        # leaders of the last answer at hand, wait half a timeout for it and go on with those
         try:
-            md = admin.list_topics(self.topic, timeout=self.timeout_s)
+            md = admin.list_topics(self.topic, timeout=self.timeout_s / 2 if self._leaders else self.timeout_s)
+            tmd = md.topics.get(self.topic)
+            err = tmd.error if tmd is not None else None
         except KafkaException as e:
-            self._note_unreadable(set(self._known_partitions()), {}, f"metadata: {e.args[0] if e.args else e}",
-                                  asked_at)
-            return {}
-        tmd = md.topics.get(self.topic)
-        err = tmd.error if tmd is not None else None
-        if tmd is None or (err is not None and (err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                                                or permanent_error(err))):
-            raise SourceError(f"events topic {self.topic!r} is not available: {err if tmd else 'absent'}")
-        if err is not None or not tmd.partitions:  # e.g. LEADER_NOT_AVAILABLE while the cluster settles
-            self._note_unreadable(set(self._known_partitions()), {}, f"metadata: {err or 'no partitions'}", asked_at)
-            return {}
+            tmd, err = None, e.args[0] if e.args else e
+            if not self._leaders:
+                self._note_unreadable(set(self._known_partitions()) | set(known), {}, f"metadata: {err}", asked_at)
+                return {}
+        else:
+            if tmd is None or (err is not None and (err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                                                    or permanent_error(err))):
+                raise SourceError(f"events topic {self.topic!r} is not available: {err if tmd else 'absent'}")
+            if err is None and tmd.partitions:
+                self._leaders = {p: pm.leader for p, pm in tmd.partitions.items()}
+            elif not self._leaders:  # e.g. LEADER_NOT_AVAILABLE while the cluster settles
+                self._note_unreadable(set(self._known_partitions()) | set(known), {},
+                                      f"metadata: {err or 'no partitions'}",
+                                      asked_at)
+                return {}
+        if err is not None:
+            log.info("%s: metadata unavailable (%s); asking the leaders it last named", self.topic, err)
         why: dict[int, str] = {}
         by_leader: dict[int, list] = {}
-        for p, pm in tmd.partitions.items():
-            if pm.leader < 0:
+        for p, leader in self._leaders.items():
+            if leader < 0:
                 why[p] = "no leader"
             else:
-                by_leader.setdefault(pm.leader, []).append(TopicPartition(self.topic, p))
+                by_leader.setdefault(leader, []).append(TopicPartition(self.topic, p))
         # one request per leader and kind: a broker that does not answer delays only its own
         asked: dict[Any, tuple[int, int, int]] = {}  # future -> (partition, 0 earliest / 1 latest, leader)
         for leader, tps in by_leader.items():
@@ -205,7 +219,10 @@ class KafkaStreamReader(DataSourceStreamReader):
                 for tp, f in admin.list_offsets({tp: spec for tp in tps},
                                                 request_timeout=self.timeout_s).items():
                     asked[f] = (tp.partition, i, leader)
-        done, _ = wait_futures(list(asked), timeout=self.timeout_s + 1.0)
+        done, late = wait_futures(list(asked), timeout=self.timeout_s + 1.0)
+        # unanswered requests stay with their client until they end: librdkafka can crash a
+        # client destroyed with requests in flight (stop() waits for them)
+        self._pending = [f for f in self._pending if not f.done()] + list(late)
         got: dict[int, list[int]] = {}
         for f, (p, i, leader) in asked.items():
             if p in why:
@@ -277,8 +294,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_offsets) if self.max_offsets else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        marks = self._watermarks()
         begin = {int(p): o for p, o in (start or {}).get("offsets", {}).items()}
+        marks = self._watermarks(tuple(begin))
         # an unknown partition keeps its offset (no records this batch), never loses it
         end: dict[int, int] = {p: o for p, o in begin.items() if p not in marks}
         for p, (lo, hi) in marks.items():
@@ -318,6 +335,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         pass  # Spark's checkpoint is the source of truth; nothing is committed to Kafka
 
     def stop(self) -> None:
+        if self._pending:
+            wait_futures(self._pending, timeout=self.timeout_s + 1.0)
+            self._pending = []
         self._admin = None
 
     # -- executor side ----------------------------------------------------------------------

@@ -551,3 +551,30 @@ def test_each_metric_is_described_once_in_the_exposition():
             batch_id=0)
     helps = [line.split()[2] for line in e.render().decode().splitlines() if line.startswith("# HELP ")]
     assert len(helps) == len(set(helps)), sorted(h for h in helps if helps.count(h) > 1)
+
+
+def test_the_sink_shows_a_batch_on_metrics_before_it_publishes_its_alerts(monkeypatch):
+    """Publishing waits out a fault of the alerts topic's brokers (issue 33): the batch's alerts
+    are on /metrics while it waits, and the batch counts as done only once they are published."""
+    from streaming import job
+
+    e = Exporter()
+    lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0",
+           "group": "", "source": "", "broker": ""}
+    seen = []
+
+    class SlowAlerts:
+        def publish(self, batch_id, rows):
+            seen.append((batch_id, [r["alert"] for r in rows], v(e, "alert_active", **lab),
+                         v(e, "job_batches_total")))
+            return len(rows)
+
+    class Batch:
+        def toArrow(self):
+            return [row(kind="alert", action="open", alert="IsrShrink", severity="warning", cluster="k", topic="t",
+                        partition=0)]
+
+    monkeypatch.setattr(job, "sink_rows", lambda rows: rows)
+    job.ExporterSink(e, SlowAlerts())(Batch(), 7)
+    assert seen == [(7, ["IsrShrink"], 1.0, 0.0)]
+    assert v(e, "job_batches_total") == 1

@@ -110,13 +110,28 @@ def test_the_clock_of_an_unreadable_partition_runs_from_its_first_failure():
 
 @pytest.mark.parametrize("error", [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
                                    KafkaError(KafkaError.LEADER_NOT_AVAILABLE)], ids=["raised", "topic-error"])
-def test_metadata_that_fails_leaves_every_partition_where_it_was(error):
+def test_metadata_that_fails_before_any_answer_leaves_every_partition_where_it_was(error):
+    admin = fresh()
+    admin.metadata_error = error
+    r = reader(admin)
+    assert r.latestOffset(START, ReadAllAvailable())["offsets"] == {"0": 10, "1": 10, "2": 10}
+    assert sorted(r.reportLatestOffset()["unreadable"]) == ["0", "1", "2"]
+    assert admin.requests == []
+
+
+@pytest.mark.parametrize("error", [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
+                                   KafkaError(KafkaError.LEADER_NOT_AVAILABLE)], ids=["raised", "topic-error"])
+def test_metadata_that_fails_later_asks_the_leaders_it_last_named(error):
+    """The metadata request went to the broker that does not answer: the other leaders are
+    still asked, and only the silent one's partitions wait."""
     admin = fresh()
     r = reader(admin)
     end = r.latestOffset(START, ReadAllAvailable())
     admin.metadata_error = error
-    assert r.latestOffset(end, ReadAllAvailable())["offsets"] == {"0": 20, "1": 20, "2": 20}
-    assert sorted(r.reportLatestOffset()["unreadable"]) == ["0", "1", "2"]
+    admin.marks = {0: (0, 30), 1: (0, 30), 2: (0, 30)}
+    admin.answers[1] = None  # broker 2, silent
+    assert r.latestOffset(end, ReadAllAvailable())["offsets"] == {"0": 30, "1": 20, "2": 30}
+    assert list(r.reportLatestOffset()["unreadable"]) == ["1"]
 
 
 @pytest.mark.parametrize("error, text", [
