@@ -79,3 +79,13 @@ def fatal_reason(e: Any, write_topic: Optional[str] = None) -> Optional[str]:
                     f"its producer id; brokers before Kafka 3.0 want IDEMPOTENT_WRITE on Cluster:kafka-cluster)")
         return f"fatal client error {err.name()}: {err.str()}{hint}"
     return None
+
+
+def permanent_error(e: Any) -> Optional[str]:
+    """What to tell the operator about an error that retrying cannot fix (authorization refused,
+    or ``fatal_reason``), else None: every other broker or network error is transient to a
+    reader that asks again (a broker down, paused or fenced, a leader moving, a timeout)."""
+    if authorization_resource(e) is not None:
+        err = kafka_error(e)
+        return f"{err.name()}: {err.str()}" if err is not None else str(e)
+    return fatal_reason(e)

@@ -56,6 +56,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from monitor.access import permanent_error
+
 log = logging.getLogger(__name__)
 
 FORMAT = "kafka-monitor-kafka"
@@ -77,18 +79,6 @@ READ_IDLE_TIMEOUT_S = 300.0
 
 class SourceError(RuntimeError):
     pass
-
-
-def permanent_error(e: Any) -> Optional[str]:
-    """What to tell the operator about an error that retrying cannot fix (authorization,
-    authentication, a fatal client state), else None: every other broker or network error is
-    transient here (a broker down, paused or fenced, a leader moving, a timeout)."""
-    from monitor.access import authorization_resource, fatal_reason, kafka_error
-
-    if authorization_resource(e) is not None:
-        err = kafka_error(e)
-        return f"{err.name() if err is not None else e}: {err.str() if err is not None else ''}"
-    return fatal_reason(e)
 
 
 def _options(options: Any) -> tuple[str, dict[str, str], dict[str, str]]:

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from monitor.access import authorization_resource, fatal_reason, missing_acl
+from monitor.access import authorization_resource, fatal_reason, missing_acl, permanent_error
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class AlertsTopicSink:
                 self._read_back(deadline)
                 return
             except (KafkaException, _Transient) as e:
-                if authorization_resource(e) is not None or fatal_reason(e) is not None:
+                if permanent_error(e):
                     raise AlertsSinkError(f"reading the alerts topic back: {fatal_reason(e) or e}" + missing_acl(
                         e, topic=("READ", self.topic))) from None
                 if time.monotonic() + delay > deadline:
@@ -145,8 +145,7 @@ class AlertsTopicSink:
                         if err.code() == KafkaError._PARTITION_EOF:
                             eof.add(m.partition() or 0)
                             continue
-                        if authorization_resource(err) is not None or fatal_reason(err) is not None \
-                                or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        if permanent_error(err) or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                             raise AlertsSinkError(f"reading the alerts topic back: {err}" + missing_acl(
                                 err, topic=("READ", self.topic),
                                 group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))

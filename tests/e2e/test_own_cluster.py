@@ -142,6 +142,19 @@ class Watch:
         self._t.join(10)
 
 
+def wait_broker_down(own, brokers, timeout: float) -> None:
+    """Until BrokerDown is open on /metrics for every broker in ``brokers``, the query up."""
+    want = {("BrokerDown", str(b)) for b in brokers}
+    wait_for(lambda: want <= broker_alerts(own["url"]) and own["query"].exception() is None, timeout=timeout,
+             interval=0.5, what=f"BrokerDown for brokers {sorted(brokers)} on /metrics")
+
+
+def wait_broker_back(own, brokers) -> None:
+    want = {("BrokerDown", str(b)) for b in brokers}
+    wait_for(lambda: not want & broker_alerts(own["url"]), timeout=120, interval=0.5,
+             what=f"BrokerDown for {sorted(brokers)} resolved")
+
+
 def assert_alive(own, batches_before: float, what: str) -> None:
     """The query runs and completes batches again after the fault."""
     def going():
@@ -213,16 +226,13 @@ def test_a_killed_leader_of_the_events_topic_does_not_end_the_job(own):
     with Watch(own) as w:
         c.kill_broker(victim)
         try:
-            wait_for(lambda: ("BrokerDown", str(victim)) in broker_alerts(own["url"])
-                     and own["query"].exception() is None, timeout=90, interval=0.5,
-                     what=f"BrokerDown for the killed broker {victim} on /metrics")
+            wait_broker_down(own, [victim], timeout=90)
             seen = time.monotonic() - t0
             batches = value(own["url"], "kafka_monitor_job_batches_total")
         finally:
             c.start_broker(victim)
         assert_alive(own, batches, f"broker {victim} was killed")
-        wait_for(lambda: ("BrokerDown", str(victim)) not in broker_alerts(own["url"]), timeout=120, interval=0.5,
-                 what=f"BrokerDown for {victim} resolved")
+        wait_broker_back(own, [victim])
     print(f"\nkilled broker {victim} (led {own['events']}/0): BrokerDown on /metrics after {seen:.1f}s; "
           f"{w.polls} polls of /metrics, {len(w.failures)} failed; at most {w.max_unreadable:.0f} events "
           f"partition(s) unreadable")
@@ -262,15 +272,12 @@ def test_a_stopped_leader_of_the_alerts_topic_delays_publishing_and_loses_nothin
     with Watch(own) as w:
         c.stop_broker(victim)  # its partitions' alerts (IsrShrink, UnderReplicated, ...) open now
         try:
-            wait_for(lambda: ("BrokerDown", str(victim)) in broker_alerts(own["url"])
-                     and own["query"].exception() is None, timeout=90, interval=0.5,
-                     what=f"BrokerDown for the stopped broker {victim} on /metrics")
+            wait_broker_down(own, [victim], timeout=90)
             batches = value(own["url"], "kafka_monitor_job_batches_total")
         finally:
             c.start_broker(victim)
         assert_alive(own, batches, f"broker {victim} was stopped")
-        wait_for(lambda: ("BrokerDown", str(victim)) not in broker_alerts(own["url"]), timeout=120, interval=0.5,
-                 what=f"BrokerDown for {victim} resolved")
+        wait_broker_back(own, [victim])
     assert not w.failures, w.failures[:3]
 
 
@@ -308,9 +315,7 @@ def test_two_brokers_down_the_job_reads_and_publishes_from_the_last_one(own):
         for b in down:
             c.stop_broker(b)
         try:
-            wait_for(lambda: {("BrokerDown", str(b)) for b in down} <= broker_alerts(own["url"])
-                     and own["query"].exception() is None, timeout=120, interval=0.5,
-                     what=f"BrokerDown for brokers {down} on /metrics")
+            wait_broker_down(own, down, timeout=120)
             wait_for(lambda: any(ln.startswith("kafka_monitor_alert_active{") and 'alert="UnderMinIsr"' in ln
                                  and f'topic="{rep}"' in ln
                                  for ln in urllib.request.urlopen(own["url"], timeout=5).read().decode().splitlines()),
@@ -320,8 +325,7 @@ def test_two_brokers_down_the_job_reads_and_publishes_from_the_last_one(own):
         finally:
             for b in down:
                 c.start_broker(b)
-        wait_for(lambda: not {("BrokerDown", str(b)) for b in down} & broker_alerts(own["url"]), timeout=120,
-                 interval=0.5, what=f"BrokerDown for {down} resolved")
+        wait_broker_back(own, down)
     assert not w.failures, w.failures[:3]
 
 
