@@ -50,7 +50,10 @@ def alerts_table() -> list[str]:
             if "alert" not in r:
                 continue
             extra = "".join(f" ({k} {v})" for k, v in sorted(r.get("labels", {}).items()) if k != "severity")
-            out.append(f"| {g['name']} | {r['alert']}{extra} | {code(r['expr'])} | {r.get('for', '')} | "
+            hold = str(r.get("for", ""))
+            if r.get("keep_firing_for"):
+                hold += f" (keep firing {r['keep_firing_for']})"
+            out.append(f"| {g['name']} | {r['alert']}{extra} | {code(r['expr'])} | {hold} | "
                        f"{r.get('labels', {}).get('severity', '')} | {metrics(r['expr'])} |")
     return out
 
