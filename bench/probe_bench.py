@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
+from monitor import coordinator as coordinator_mod  # noqa: E402
 from monitor import emitter as emitter_mod  # noqa: E402
 from monitor import probe as probe_mod  # noqa: E402
 from monitor.probe import Probe, ProbeConfig  # noqa: E402
@@ -87,6 +88,7 @@ PHASE_METHODS = [
     (Probe, "_on_stats", "stats"),
     (Probe, "_topic_min_isr", "min_isr"),
     (Probe, "_committed_offsets", "committed"),
+    (coordinator_mod.CoordinatorClient, "collect", "committed"),  # waiting for the child's answers
     (Probe, "_group_states", "group_states"),
     (Probe, "_watermarks", "watermarks"),
     (Probe, "_wait", "idle"),

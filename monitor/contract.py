@@ -356,6 +356,11 @@ class Heartbeat:
         "offsets on them) and reports the state of the groups whose crc32 modulo n is i-1, so that every "
         "partition, group partition and group is reported by exactly one of the n probes. Null: the whole "
         "cluster (or not a probe).", default=None)
+    unanswered_brokers: Optional[list[int]] = _doc(
+        "The brokers that left a request of this cycle's observation unanswered when it stopped waiting (a "
+        "probe waits half its interval, at least 2 s, at most its request timeout): the offsets of the partitions "
+        "they lead and the groups they coordinate are missing from this cycle. Empty when every broker answered; "
+        "null for sources without cycles.", default=None)
 
 
 #: type name -> (payload class, fields that make up the entity key after the cluster)

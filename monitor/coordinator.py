@@ -10,6 +10,7 @@ more."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import pickle
@@ -82,46 +83,89 @@ def group_state_from(gid: str, d: Any) -> GroupState:
                       coordinator=d.coordinator.id if d.coordinator is not None else None, members=members)
 
 
-def ask_committed(admin: Any, requests: Requests, timeout_s: float) -> dict[str, Raw]:
-    """One request per group (the admin API takes one group per call), all sent before any is
-    waited for: a coordinator that does not answer costs one request timeout, not one per group.
-    The answer is plain data, so that it crosses a process boundary."""
-    out: dict[str, Raw] = {}
-    asked = {}
+def _send_committed(admin: Any, requests: Requests, timeout_s: float) -> dict[str, Any]:
+    """One ListConsumerGroupOffsets per group (the admin API takes one group per call), all sent
+    before any is waited for: group -> its future, or the error that refused it."""
+    out: dict[str, Any] = {}
     for gid, tps in requests.items():
         req = ConsumerGroupTopicPartitions(gid, [TopicPartition(t, p) for t, p in tps] if tps is not None else None)
         try:
-            asked[gid] = admin.list_consumer_group_offsets([req], request_timeout=timeout_s)[gid]
+            out[gid] = admin.list_consumer_group_offsets([req], request_timeout=timeout_s)[gid]
         except Exception as e:
             out[gid] = _plain(e)
-    names: dict[str, str] = {}  # one string per topic name, pickled once
-    for gid, fut in asked.items():
-        try:
-            res = fut.result()
-        except Exception as e:
-            out[gid] = _plain(e)
-            continue
-        out[gid] = [(names.setdefault(tp.topic, tp.topic), tp.partition, tp.offset, tp.error)
-                    for tp in res.topic_partitions]
     return out
 
 
-def ask_described(admin: Any, groups: list[str], timeout_s: float) -> dict[str, Raw]:
-    """Every group in one DescribeConsumerGroups call; each answered by its state or its error."""
-    out: dict[str, Raw] = {}
+def _send_described(admin: Any, groups: list[str], timeout_s: float) -> dict[str, Any]:
+    """Every group in one DescribeConsumerGroups call: group -> its future, or the error."""
     try:
-        futs = admin.describe_consumer_groups(groups, request_timeout=timeout_s)
+        return dict(admin.describe_consumer_groups(groups, request_timeout=timeout_s))
     except Exception as e:
         return dict.fromkeys(groups, _plain(e))
-    for gid, fut in futs.items():
-        try:
-            out[gid] = group_state_from(gid, fut.result())
-        except Exception as e:
-            out[gid] = _plain(e)
-    return out
 
 
-_ASK: dict[str, Callable[[Any, Any, float], dict[str, Raw]]] = {"committed": ask_committed, "described": ask_described}
+def _committed_answer(res: Any, names: dict[str, str]) -> Raw:
+    return [(names.setdefault(tp.topic, tp.topic), tp.partition, tp.offset, tp.error) for tp in res.topic_partitions]
+
+
+_SEND: dict[str, Callable[[Any, Any, float], dict[str, Any]]] = {"committed": _send_committed,
+                                                                  "described": _send_described}
+
+
+class Asker:
+    """The requests of one admin client (the child's), each group's waited for until a deadline.
+
+    A group whose coordinator does not answer by the deadline is answered ``_TIMED_OUT`` and its
+    request left running (librdkafka ends it by its request timeout); until it ends, that group
+    is not asked again (answered "still waiting"), so a paused coordinator never holds more than
+    one request per group and kind, and never holds up the other groups' answers."""
+
+    def __init__(self, admin: Any) -> None:
+        self.admin = admin
+        #: (kind, group) -> (the request's future, when it was sent, monotonic s)
+        self.pending: dict[tuple[str, str], tuple[Any, float]] = {}
+
+    def ask(self, asks: dict[str, Any], timeout_s: float, wait_s: float) -> dict[str, dict[str, Raw]]:
+        """``asks``: kind ("committed" / "described") -> what to ask; answers per kind and group,
+        within ``wait_s`` seconds."""
+        now = time.monotonic()
+        deadline = now + wait_s
+        sent: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, Raw]] = {}
+        for kind, what in asks.items():
+            groups = list(what)
+            answers = out[kind] = {}
+            fresh = []
+            for gid in groups:
+                held = self.pending.get((kind, gid))
+                if held is not None and not held[0].done():
+                    answers[gid] = KafkaError(KafkaError._TIMED_OUT, f"{kind}: its coordinator has not answered the "
+                                              f"request sent {now - held[1]:.0f}s ago (asked again once it does)")
+                    continue
+                self.pending.pop((kind, gid), None)
+                fresh.append(gid)
+            if fresh:
+                chosen = {g: what[g] for g in fresh} if isinstance(what, dict) else fresh
+                sent[kind] = _SEND[kind](self.admin, chosen, timeout_s)
+        names: dict[str, str] = {}  # one string per topic name, pickled once
+        for kind, futures in sent.items():
+            answers = out[kind]
+            for gid, fut in futures.items():
+                if not hasattr(fut, "result"):
+                    answers[gid] = fut  # refused when sent
+                    continue
+                try:
+                    res = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    self.pending[(kind, gid)] = (fut, now)
+                    answers[gid] = KafkaError(KafkaError._TIMED_OUT, f"{kind}: no answer from its coordinator "
+                                              f"within {wait_s:.1f}s")
+                    continue
+                except Exception as e:
+                    answers[gid] = _plain(e)
+                    continue
+                answers[gid] = _committed_answer(res, names) if kind == "committed" else group_state_from(gid, res)
+        return out
 
 
 def _plain(e: Exception) -> Union[KafkaError, str]:
@@ -160,13 +204,20 @@ def _child() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printed goes to stderr, not into the answers
     from confluent_kafka.admin import AdminClient
-    admin = AdminClient(_recv(0))
+    asker = Asker(AdminClient(_recv(0)))
     while True:
         try:
-            kind, what, timeout_s = _recv(0)
+            asks, timeout_s, wait_s = _recv(0)
         except EOFError:
             return
-        _send(out, _ASK[kind](admin, what, timeout_s))
+        _send(out, asker.ask(asks, timeout_s, wait_s))
+
+
+#: how much longer than a request's wait the probe waits for the child's answer (the child's
+#: start, the pickling)
+CHILD_MARGIN_S = 10.0
+#: a child whose coordinator requests time out for this many request timeouts in a row is replaced
+STUCK_AFTER_TIMEOUTS = 3
 
 
 class CoordinatorClient:
@@ -181,41 +232,116 @@ class CoordinatorClient:
         self._timeout_s = request_timeout_s
         self._admin = admin
         self._proc: Optional[subprocess.Popen] = None
+        self._local = Asker(admin) if admin is not None else None
+        #: the last send(): (what was asked, wait_s, its deadline), until collect()
+        self._sent: Optional[tuple[dict[str, Any], float, float]] = None
+        self._written = False  # whether the child has the last send()'s request
+        #: since when every collect() has had a timed-out group (monotonic s), and children
+        #: replaced for it
+        self._timing_out_since: Optional[float] = None
+        self.replaced = 0
         #: how many times the child died while asking (each is logged)
         self.deaths = 0
 
     def committed(self, requests: Requests) -> dict[str, Answer]:
         """group -> its partitions' committed offsets, or the exception that answered it."""
-        return self._ask("committed", requests, list(requests))
+        return self.ask({"committed": requests}, self._timeout_s)["committed"]
 
     def described(self, groups: list[str]) -> dict[str, Union[GroupState, Exception]]:
         """group -> its state, members and coordinator, or the exception that answered it."""
-        return self._ask("described", groups, groups)
+        return self.ask({"described": groups}, self._timeout_s)["described"]
 
-    def _ask(self, kind: str, what: Any, groups: list[str]) -> dict[str, Any]:
-        if not groups:
-            return {}
-        if self._admin is not None:
-            return {g: _exception(a) for g, a in _ASK[kind](self._admin, what, self._timeout_s).items()}
-        for attempt in (1, 2):
+    def ask(self, asks: dict[str, Any], wait_s: float) -> dict[str, dict[str, Any]]:
+        """``send`` then ``collect``."""
+        self.send(asks, wait_s)
+        return self.collect()
+
+    def send(self, asks: dict[str, Any], wait_s: float) -> None:
+        """Ask, without waiting: ``asks`` maps a kind ("committed": ``Requests``, "described": a
+        list of groups) to its groups; each group's answer is waited for at most ``wait_s``
+        seconds (``collect``).  The probe sends these first and then its ListOffsets, so that
+        both wait at once."""
+        asks = {k: v for k, v in asks.items() if v}
+        self._sent = (asks, wait_s, time.monotonic() + wait_s)
+        if asks and self._admin is None:
             try:
-                proc = self._child()
-                assert proc.stdin is not None and proc.stdout is not None
-                _send(proc.stdin, (kind, what, self._timeout_s))
-                raw = _recv(proc.stdout.fileno(), time.monotonic() + self._timeout_s * 2 + 30)
-                return {g: _exception(a) for g, a in raw.items()}
-            except (EOFError, BrokenPipeError):
-                self.deaths += 1
-                log.warning("the child process asking group coordinators (%s) died (%s; %d so far): librdkafka 2.16 "
-                            "crashes when a coordinator goes away mid-request, as when its broker stops; %s",
-                            kind, self._reap(5), self.deaths,
-                            "asking again from a new one" if attempt == 1 else "those groups wait for the next cycle")
-            except TimeoutError:
-                self._reap(0)
-                err = KafkaError(KafkaError._TIMED_OUT, f"{kind}: no answer from the child process asking coordinators")
-                return dict.fromkeys(groups, KafkaException(err))
-        err = KafkaError(KafkaError._TRANSPORT, f"{kind}: the child process asking coordinators died twice")
-        return dict.fromkeys(groups, KafkaException(err))
+                self._write(asks, wait_s)
+            except (BrokenPipeError, OSError):
+                self._written = False  # the child is gone: collect() starts another
+
+    def collect(self) -> dict[str, dict[str, Any]]:
+        """The answers to the last ``send``: kind -> group -> its answer or the exception that
+        answered it."""
+        if self._sent is None:
+            raise RuntimeError("collect() without send()")
+        (asks, wait_s, deadline), self._sent = self._sent, None
+        raw: Optional[dict[str, dict[str, Raw]]] = None
+        if not asks:
+            raw = {}
+        elif self._local is not None:
+            raw = self._local.ask(asks, self._timeout_s, wait_s)
+        else:
+            for attempt in (1, 2):
+                try:
+                    if not self._written:
+                        self._write(asks, max(1.0, deadline - time.monotonic()))
+                    proc = self._proc
+                    assert proc is not None and proc.stdout is not None
+                    # the child answers by its deadline; the margin covers its start and the pickling
+                    raw = _recv(proc.stdout.fileno(), max(deadline, time.monotonic()) + CHILD_MARGIN_S)
+                    break
+                except (EOFError, BrokenPipeError, OSError):
+                    self.deaths += 1
+                    self._written = False
+                    log.warning("the child process asking group coordinators died (%s; %d so far): librdkafka 2.16 "
+                                "crashes when a coordinator goes away mid-request, as when its broker stops; %s",
+                                self._reap(5), self.deaths,
+                                "asking again from a new one" if attempt == 1 else "those groups wait for the next cycle")
+                except TimeoutError:
+                    self._reap(0)
+                    self._written = False
+                    return {kind: dict.fromkeys(what, KafkaException(KafkaError(
+                        KafkaError._TIMED_OUT, f"{kind}: no answer from the child process asking coordinators")))
+                        for kind, what in asks.items()}
+            if raw is None:
+                return {kind: dict.fromkeys(what, KafkaException(KafkaError(
+                    KafkaError._TRANSPORT, f"{kind}: the child process asking coordinators died twice")))
+                    for kind, what in asks.items()}
+        self._written = False
+        out = {kind: {g: _exception(a) for g, a in answers.items()} for kind, answers in raw.items()}
+        for kind in ("committed", "described"):
+            out.setdefault(kind, {})
+        self._check_stuck(out)
+        return out
+
+    def _check_stuck(self, out: dict[str, dict[str, Any]]) -> None:
+        """A child whose coordinator requests have timed out for ``STUCK_AFTER_TIMEOUTS`` request
+        timeouts in a row is replaced.  Seen on the real cluster: after a coordinator's broker was
+        paused and resumed, the child's client went on timing out every request for that group
+        (for minutes, while the broker answered every other client); a new client asks
+        FindCoordinator afresh and is answered at once."""
+        timed_out = any(isinstance(a, KafkaException) and a.args and isinstance(a.args[0], KafkaError)
+                        and a.args[0].code() == KafkaError._TIMED_OUT
+                        for answers in out.values() for a in answers.values())
+        now = time.monotonic()
+        if not timed_out:
+            self._timing_out_since = None
+            return
+        if self._timing_out_since is None:
+            self._timing_out_since = now
+        elif self._proc is not None and now - self._timing_out_since > STUCK_AFTER_TIMEOUTS * self._timeout_s:
+            self.replaced += 1
+            log.warning("coordinator requests unanswered for %.0fs: replacing the child process that asks them "
+                        "(%d so far; librdkafka 2.16 can keep timing out a coordinator that answers other clients)",
+                        now - self._timing_out_since, self.replaced)
+            self._reap(0)
+            self._timing_out_since = None
+
+    def _write(self, asks: dict[str, Any], wait_s: float) -> None:
+        proc = self._child()
+        assert proc.stdin is not None
+        _send(proc.stdin, (asks, self._timeout_s, wait_s))
+        self._written = True
 
     def _child(self) -> subprocess.Popen:
         if self._proc is not None and self._proc.poll() is None:

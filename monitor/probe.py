@@ -57,6 +57,16 @@ cluster's metadata and every matching group's committed offsets, and keeps only 
 heartbeat carries ``share``; when one probe stops, the job's SourceSilent names it, and the
 partitions of its share go unobserved.
 
+A broker that does not answer (paused, overloaded) must not blind the probe to the others: an
+observation sends the committed-offset and group requests (through the coordinator child) and
+the ListOffsets (one request per leader) at once and waits for them until one deadline,
+``observe_wait_s()`` (half the interval, at least 2 s, at most the request timeout); the group
+listing, which every broker answers, gets a third of it, and a late or incomplete one keeps the
+groups listed before.  What is late is missing from that cycle, its brokers are named in the
+heartbeat (``unanswered_brokers``), and a broker or group with a request still out is not sent
+another until it ends, so a silent broker never holds more than one cycle's requests.  A metadata
+refresh waits for its leader epochs at most ``EPOCH_WAIT_SHARE`` of the interval.
+
 The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
 refreshes since the previous observation, and this observation) and ``observation_lag_ms``
 (how late the observation started after its schedule), and a cycle longer than ``interval_s``
@@ -106,6 +116,11 @@ OFFSETS_VIA = ("list_offsets", "fetch")
 
 #: partitions per ListOffsets request (see Probe._list_offsets)
 LIST_OFFSETS_BATCH = 500
+#: a metadata refresh waits for its leader epochs (the client's statistics) at most this share of
+#: the interval (and 2.5 statistics intervals): past it they come from the statistics before
+EPOCH_WAIT_SHARE = 0.25
+#: a group missing from incomplete group listings is still observed for this long, s
+GROUPS_KEPT_S = 600.0
 #: cycles between two full garbage collections, and the watched partitions from which the probe
 #: freezes what survives a cycle (see Probe._gc_settle)
 GC_FULL_EVERY = 60
@@ -366,8 +381,14 @@ class Probe:
         self._lo_for: Optional[list[tuple[str, int]]] = None
         self._lo_requests: tuple[list, list, list] = ([], [], [])
         self._lo_owners: list[int] = []
-        #: ListOffsets futures of requests the probe stopped waiting for (_list_offsets)
-        self._lo_pending: list[concurrent.futures.Future] = []
+        #: leader -> its ListOffsets requests the probe stopped waiting for (_collect_list_offsets)
+        self._lo_out: dict[int, list[concurrent.futures.Future]] = {}
+        #: the group listing, while it is out (_listed_groups); the watched groups it named, and when
+        self._listing: Optional[concurrent.futures.Future] = None
+        self._groups_seen: dict[str, float] = {}
+        #: group -> its coordinator as last described; the brokers this observation found silent
+        self._group_coordinators: dict[str, int] = {}
+        self._unanswered: set[int] = set()
         self._lo_leaders: list[int] = []
         self.cycles = 0
         self.warnings: dict[str, int] = {}
@@ -430,7 +451,8 @@ class Probe:
                                      watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
                                      share=self._share_text(), started_at=self._started_at,
                                      cycle_duration_ms=int(duration * 1000),
-                                     observation_lag_ms=int(lag * 1000) if lag is not None else None))
+                                     observation_lag_ms=int(lag * 1000) if lag is not None else None,
+                                     unanswered_brokers=sorted(self._unanswered)))
         self._emitter.poll(0)
         self.cycles += 1
         self.last_cycle_s, self.last_lag_s = duration, lag
@@ -453,23 +475,43 @@ class Probe:
             gc.collect()
         gc.freeze()
 
+    def observe_wait_s(self) -> float:
+        """How long an observation waits for its answers: the group listing first, then the
+        committed offsets, the group descriptions and the ListOffsets together.  Half the
+        interval (at least 2 s, at most the request timeout), so that a broker that does not
+        answer (paused, overloaded) costs a cycle that much and no more: what it did not answer
+        is missing from this cycle (``Heartbeat.unanswered_brokers``) and asked again in the next
+        one, once its earlier request has ended."""
+        return min(self.cfg.request_timeout_s, max(2.0, 0.5 * self.cfg.interval_s))
+
     def _observe(self) -> None:
-        if self.metadata.cluster is not None:
-            partitions = self._watched_partitions
-            committed = self._committed_offsets()
-            self._group_states(sorted(g for g in committed if self._owns(g)))
-            offsets, offsets_at = self._watermarks(partitions)
-            via, metadata_at = self.cfg.offsets_via, self._watched_at
-            self._emit_rows(PartitionOffsets, [(topic, part, hi, via, lo, lso, metadata_at)
-                                               for (topic, part), (lo, hi, lso) in offsets.items()], offsets_at)
-            rows = []
-            get = offsets.get
-            for group, tps in committed.items():
-                for (topic, part), off in tps.items():
-                    hw = get((topic, part))
-                    rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
-                                else (group, topic, part, off, None, None, None, None, None, None))
-            self._emit_rows(GroupOffsets, rows, offsets_at)
+        self._unanswered = set()
+        if self.metadata.cluster is None:
+            return
+        deadline = time.monotonic() + self.observe_wait_s()
+        partitions = self._watched_partitions
+        # the listing gets a third of the wait: the groups listed before stand in for a late one
+        groups = self._listed_groups(time.monotonic() + self.observe_wait_s() / 3)
+        # committed offsets asked before the watermarks (so HW >= committed, mostly), all waited
+        # for at once
+        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if self._owns(g)]},
+                               max(0.5, deadline - time.monotonic()))
+        sent = self._send_list_offsets(partitions) if self.cfg.offsets_via == "list_offsets" else None
+        answers = self._coordinator.collect()
+        committed = self._committed_offsets(answers["committed"])
+        self._group_states(answers["described"])
+        offsets, offsets_at = self._watermarks(partitions, sent, deadline)
+        via, metadata_at = self.cfg.offsets_via, self._watched_at
+        self._emit_rows(PartitionOffsets, [(topic, part, hi, via, lo, lso, metadata_at)
+                                           for (topic, part), (lo, hi, lso) in offsets.items()], offsets_at)
+        rows = []
+        get = offsets.get
+        for group, tps in committed.items():
+            for (topic, part), off in tps.items():
+                hw = get((topic, part))
+                rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
+                            else (group, topic, part, off, None, None, None, None, None, None))
+        self._emit_rows(GroupOffsets, rows, offsets_at)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:
         """A cycle whose work takes longer than the interval means observations fall behind their
@@ -768,7 +810,7 @@ class Probe:
         librdkafka reports a partition's leader epoch only in its statistics, only for topics
         the client holds a handle for (``list_topics(topic)`` creates one), and only in
         statistics produced after the metadata response.  So: register new topics once, then
-        wait (at most 2.5 statistics intervals) for statistics stamped after now — librdkafka's
+        wait (at most 2.5 statistics intervals and EPOCH_WAIT_SHARE of the interval) for statistics stamped after now — librdkafka's
         ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
         carry no epochs at all (seen once) is not waited for again; epochs then stay null.
         Only that one document is read (``epochs_from_stats``), not every one the client sends.
@@ -790,7 +832,9 @@ class Probe:
                 except KafkaException as e:
                     self._warn_once("register", "topic %s: %s", t, e)
         mark = time.monotonic()
-        deadline = mark + 2.5 * self._stats_s
+        # bounded by a share of the interval too: the refresh holds up the next observation
+        # (seen on the real cluster: 4-5 s of a 5 s interval while the refresh's timing was off)
+        deadline = mark + min(2.5 * self._stats_s, max(0.5, EPOCH_WAIT_SHARE * self.cfg.interval_s))
         while self._stats_ts < mark and time.monotonic() < deadline:
             self._admin.poll(0.05)
         if self._stats_ts == 0.0:
@@ -819,7 +863,7 @@ class Probe:
         epochs = agreeing(leaders)
         if self._stats_ts >= mark and len(epochs) < len(leaders):
             missing = [k for k in leaders if k in stats and k not in epochs]
-            deadline = time.monotonic() + 5 * self._stats_s
+            deadline = max(deadline, time.monotonic() + min(5 * self._stats_s, EPOCH_WAIT_SHARE * self.cfg.interval_s))
             while missing and time.monotonic() < deadline:
                 self._admin.poll(0.05)
                 if self._stats_raw is not None:
@@ -869,23 +913,59 @@ class Probe:
         self.warnings[kind] = n + 1
         log.log(logging.WARNING if n == 0 else logging.DEBUG, msg, *args)
 
-    def _committed_offsets(self) -> dict[str, dict[tuple[str, int], Optional[int]]]:
-        try:
-            listing = self._ops.list_consumer_groups(request_timeout=self.cfg.request_timeout_s).result()
-        except Exception as e:
-            log.warning("listing consumer groups failed: %s%s", e, missing_acl(e, cluster=("DESCRIBE", "kafka-cluster")))
-            return {}
-        if not any(self._groups_in.search(g.group_id) and not self._groups_out.search(g.group_id) for g in listing.valid):
-            self._warn_once("no_groups", "no consumer group matching groups_include %r / groups_exclude %r is listed: "
-                            "none exists, or the probe's user may not see them (ListGroups leaves out the groups a "
-                            "user lacks DESCRIBE on) -- permission missing?: DESCRIBE on Group:<name>",
-                            self.cfg.groups_include, self.cfg.groups_exclude)
+    def _listed_groups(self, deadline: float) -> list[str]:
+        """The consumer groups to observe: the watched ones the last group listing named.
+
+        ListGroups goes to every broker, and each lists the groups it coordinates: one broker
+        that does not answer holds the listing until its request timeout, and then leaves its
+        groups out.  So the listing is waited for until ``deadline`` only, and is not sent again
+        while one is out; a listing that is late or incomplete (an error from some broker) keeps
+        the groups listed before (for ``GROUPS_KEPT_S``), and a complete one replaces them."""
+        fut = self._listing
+        if fut is None:
+            try:
+                fut = self._listing = self._ops.list_consumer_groups(request_timeout=self.cfg.request_timeout_s)
+            except Exception as e:
+                self._warn_once("list_groups", "listing consumer groups failed: %s", e)
+        listing = None
+        if fut is not None:
+            try:
+                listing = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                self._listing = None
+            except concurrent.futures.TimeoutError:
+                self._warn_once("list_groups_late", "the consumer group listing was not answered within %.1fs (a "
+                                "broker not answering): the groups listed before are observed meanwhile",
+                                self.observe_wait_s())
+            except Exception as e:
+                self._listing = None
+                log.warning("listing consumer groups failed: %s%s", e,
+                            missing_acl(e, cluster=("DESCRIBE", "kafka-cluster")))
+        now = time.monotonic()
+        if listing is not None:
+            valid = [g.group_id for g in listing.valid]
+            wanted = [g for g in valid if self._groups_in.search(g) and not self._groups_out.search(g)]
+            errors = getattr(listing, "errors", None)
+            if errors:
+                self._warn_once("list_groups_partial", "the consumer group listing is incomplete (%s): the groups "
+                                "listed before are kept for %.0fs", errors[0], GROUPS_KEPT_S)
+            elif not wanted:
+                self._warn_once("no_groups", "no consumer group matching groups_include %r / groups_exclude %r is "
+                                "listed: none exists, or the probe's user may not see them (ListGroups leaves out "
+                                "the groups a user lacks DESCRIBE on) -- permission missing?: DESCRIBE on "
+                                "Group:<name>", self.cfg.groups_include, self.cfg.groups_exclude)
+            if not errors:
+                self._groups_seen = dict.fromkeys(wanted, now)
+                return sorted(wanted)
+            self._groups_seen.update(dict.fromkeys(wanted, now))
+        self._groups_seen = {g: t for g, t in self._groups_seen.items() if now - t <= GROUPS_KEPT_S}
+        return sorted(self._groups_seen)
+
+    def _committed_offsets(self, answers: dict[str, Any]) -> dict[str, dict[tuple[str, int], Optional[int]]]:
+        """Each group's committed offsets on watched topics, from the coordinators' answers."""
         out: dict[str, dict[tuple[str, int], Optional[int]]] = {}
-        wanted = sorted(g.group_id for g in listing.valid
-                        if self._groups_in.search(g.group_id) and not self._groups_out.search(g.group_id))
-        answers = self._coordinator.committed(dict.fromkeys(wanted))
         for gid, res in answers.items():
             if isinstance(res, Exception):
+                self._unanswered_group(gid, res)
                 log.warning("committed offsets of group %s: %s%s", gid, res,
                             missing_acl(res, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
                 continue
@@ -909,31 +989,48 @@ class Probe:
                 out[gid] = tps
         return out
 
-    def _group_states(self, groups: list[str]) -> None:
+    def _unanswered_group(self, gid: str, error: Exception) -> None:
+        """A group request that timed out: its coordinator (as last described) did not answer."""
+        err = error.args[0] if isinstance(error, KafkaException) and error.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
+            node = self._group_coordinators.get(gid)
+            if node is not None:
+                self._unanswered.add(node)
+
+    def _group_states(self, answers: dict[str, Any]) -> None:
         """One ``group_state`` per group from the coordinator's DescribeGroups answer.  The
         generation is not exposed by DescribeGroups (nor by the admin API), so it stays null."""
-        if not groups:
-            return
-        answers = self._coordinator.described(groups)
         at = self._now_ms()
+        coordinators = self._group_coordinators
         for gid, d in answers.items():
             if isinstance(d, Exception):
+                self._unanswered_group(gid, d)
                 self._warn_once("describe_group", "describing group %s: %s%s", gid, d,
                                 missing_acl(d, group=("DESCRIBE", gid)))
                 continue
+            if d.coordinator is not None:
+                if len(coordinators) > 100_000:
+                    coordinators.clear()
+                coordinators[gid] = d.coordinator
             self._emitter.emit(d, observed_at=at)
 
-    def _watermarks(self, partitions: list[tuple[str, int]]) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
+    def _watermarks(self, partitions: list[tuple[str, int]], sent: Any = None, deadline: Optional[float] = None,
+                    ) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
+        """(log start, high watermark, last stable offset) per partition that answered, and the
+        observation's time.  ``sent``: the ListOffsets already sent (``_send_list_offsets``),
+        waited for until ``deadline``."""
         if self.cfg.offsets_via == "fetch":
             return self._watermarks_from_fetch(partitions)
-        return self._watermarks_from_list_offsets(partitions)
+        if sent is None:
+            sent = self._send_list_offsets(partitions)
+        return self._watermarks_from_list_offsets(partitions, sent, deadline)
 
-    def _watermarks_from_list_offsets(self, partitions):
+    def _watermarks_from_list_offsets(self, partitions, sent, deadline):
         out = {}
         if not partitions:
             return out, self._now_ms()
         try:
-            at, latest, earliest, stable = self._list_offsets(partitions)
+            at, latest, earliest, stable = self._collect_list_offsets(sent, deadline)
         except KafkaException as e:
             self.invalidate(e.args[0] if e.args else e, "list_offsets")
             self._warn_once("list_offsets", "list_offsets failed: %s", e)
@@ -948,7 +1045,7 @@ class Probe:
                     lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
                     out[key] = (lo if lo is not None and lo >= 0 else None, h, lso)  # kafka_offset(lo)
                 continue
-            if hi is None or lo is None:  # its broker did not answer in time (_list_offsets)
+            if hi is None or lo is None:  # its broker did not answer in time (_collect_list_offsets)
                 continue
             topic, part = key
             err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
@@ -962,19 +1059,15 @@ class Probe:
                 out[(topic, part)] = (kafka_offset(lo), hi, None)
         return out, at
 
-    def offsets_wait_s(self) -> float:
-        """How long a cycle waits for ListOffsets answers: the request timeout.  (Waiting only the
-        interval, so that a silent broker leaves just its own partitions unobserved, was tried:
-        CI's pytest process then died of a segfault in 2 of 4 runs of tests/e2e/test_job_killed.py,
-        whose in-process probe sees broker 3 stop; not understood, so not kept.)"""
-        return self.cfg.request_timeout_s
-
     def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict, dict]:
+        """``_send_list_offsets`` and ``_collect_list_offsets``, waiting up to the observation's wait."""
+        return self._collect_list_offsets(self._send_list_offsets(partitions),
+                                          time.monotonic() + self.observe_wait_s())
+
+    def _send_list_offsets(self, partitions: list[tuple[str, int]]) -> Any:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
-        offset: what a read_committed consumer can read up to) for ``partitions``, and when the
-        requests were sent (the observation's time).  Each result: TopicPartition ->
-        ListOffsetsResultInfo, or the error of that partition; a request-level failure raises
-        KafkaException.
+        offset: what a read_committed consumer can read up to) for ``partitions``, sent and not
+        waited for (``_collect_list_offsets``).
 
         Two costs are avoided here.  AdminClient.list_offsets makes a future per partition and
         settles each from a Python callback (~25 us a partition); the probe hands its request
@@ -984,9 +1077,10 @@ class Probe:
         so a request's cost grows with the square of its partitions (20,000 in one request:
         1.5 CPU-s; in requests of 500: 0.1): the probe sends requests of ``LIST_OFFSETS_BATCH``
         partitions, all at once, each to one leader (a request spanning brokers is answered when
-        its slowest broker answers), and waits ``offsets_wait_s`` for them.  A request that fails is an error for each of its partitions,
-        as AdminClient.list_offsets reports it.  An injected admin (tests) goes through its
-        list_offsets."""
+        its slowest broker answers).  A leader whose requests of an earlier cycle are still out
+        (it has not answered them, and librdkafka has not timed them out yet) is not sent more:
+        its partitions go unobserved, so a silent broker never holds more than one cycle's
+        requests.  An injected admin (tests) goes through its list_offsets."""
         leaders = self._watched_leaders if len(self._watched_leaders) == len(partitions) else [-1] * len(partitions)
         if self._lo_for is not partitions or self._lo_leaders is not leaders:
             latest, earliest = OffsetSpec.latest()._value, OffsetSpec.earliest()._value
@@ -1007,25 +1101,42 @@ class Probe:
         timeout = self.cfg.request_timeout_s
         committed = IsolationLevel.READ_COMMITTED
         if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
+            busy = {owner for owner, futures in self._lo_out.items() if any(not f.done() for f in futures)}
             sent = []
             kinds: tuple[tuple[Any, dict[str, Any]], ...] = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
             for reqs, extra in kinds:
-                futures = []
-                for req in reqs:
+                futures: list[Optional[concurrent.futures.Future]] = []
+                for req, owner in zip(reqs, self._lo_owners):
+                    if owner in busy:
+                        futures.append(None)
+                        continue
                     f: concurrent.futures.Future = concurrent.futures.Future()
                     f.set_running_or_notify_cancel()
                     _AdminClientImpl.list_offsets(self._ops, req, f, request_timeout=timeout, **extra)
                     futures.append(f)
                 sent.append(futures)
-            at = self._now_ms()
-            # a broker that does not answer (paused, overloaded) holds only its own partitions'
-            # requests: past the deadline they are not waited for (their partitions go
-            # unobserved this cycle; librdkafka times the requests out)
-            deadline = time.monotonic() + self.offsets_wait_s()
-            results, late = [], set()
-            for (reqs, _), futures in zip(kinds, sent):
+            return ("impl", self._now_ms(), kinds, sent, busy)
+        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout, **extra)
+                for spec, extra in ((OffsetSpec.latest(), {}), (OffsetSpec.earliest(), {}),
+                                    (OffsetSpec.latest(), {"isolation_level": committed}))]
+        return ("api", self._now_ms(), futs)
+
+    def _collect_list_offsets(self, sent: Any, deadline: Optional[float]) -> tuple[int, dict, dict, dict]:
+        """The answers to ``_send_list_offsets``, waited for until ``deadline``, and when the
+        requests were sent (the observation's time).  Each result: TopicPartition ->
+        ListOffsetsResultInfo, or the error of that partition; a request that fails is an error
+        for each of its partitions, as AdminClient.list_offsets reports it; the partitions of a
+        request not answered in time are left out (their leader is in ``_unanswered``)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.observe_wait_s()
+        if sent[0] == "impl":
+            _, at, kinds, requests, busy = sent
+            results, late = [], set(busy)
+            for (reqs, _), futures in zip(kinds, requests):
                 merged: dict = {}
                 for req, f, owner in zip(reqs, futures, self._lo_owners):
+                    if f is None:
+                        continue
                     try:
                         merged.update(f.result(timeout=max(0.0, deadline - time.monotonic())))
                     except concurrent.futures.TimeoutError:
@@ -1036,16 +1147,20 @@ class Probe:
                 results.append(merged)
             # requests not waited for stay with their client until they end (close() waits for
             # them: librdkafka crashes the process when a client goes with requests in flight)
-            self._lo_pending = [f for f in self._lo_pending if not f.done()]
-            self._lo_pending += [f for futures in sent for f in futures if not f.done()]
+            out = self._lo_out
+            for futures in requests:
+                for f, owner in zip(futures, self._lo_owners):
+                    if f is not None and not f.done():
+                        out.setdefault(owner, []).append(f)
+            self._lo_out = {o: kept for o, fs in out.items() if (kept := [f for f in fs if not f.done()])}
+            late.discard(-1)
             if late:
+                self._unanswered.update(late)
                 self._warn_once(f"list_offsets_late_{sorted(late)}", "offsets from broker(s) %s not answered within "
-                                "%.1fs: their partitions are not observed this cycle", sorted(late), self.offsets_wait_s())
+                                "%.1fs: their partitions are not observed until they answer", sorted(late),
+                                self.observe_wait_s())
             return at, results[0], results[1], results[2]
-        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout, **extra)
-                for spec, extra in ((OffsetSpec.latest(), {}), (OffsetSpec.earliest(), {}),
-                                    (OffsetSpec.latest(), {"isolation_level": committed}))]
-        at = self._now_ms()
+        _, at, futs = sent
 
         def settled(fmap: dict) -> dict:
             out = {}
@@ -1197,9 +1312,12 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        if self._lo_pending:  # each ends by its request timeout at the latest
-            concurrent.futures.wait(self._lo_pending, timeout=self.cfg.request_timeout_s + 1)
-            self._lo_pending = []
+        pending = [f for fs in self._lo_out.values() for f in fs]
+        if self._listing is not None:
+            pending.append(self._listing)
+        if pending:  # each ends by its request timeout at the latest
+            concurrent.futures.wait(pending, timeout=self.cfg.request_timeout_s + 1)
+            self._lo_out, self._listing = {}, None
         self._coordinator.close()
         self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again

@@ -118,3 +118,32 @@ def test_a_group_description_and_its_error_cross_from_the_child(offsets):
     got = offsets.described(["g1"])
     assert list(got) == ["g1"] and isinstance(got["g1"], KafkaException)
     assert got["g1"].args[0].code() == KafkaError._UNSUPPORTED_FEATURE and offsets.deaths == 0
+
+
+def test_a_child_whose_requests_keep_timing_out_is_replaced():
+    """Seen on the real cluster: after a coordinator's broker was paused and resumed, the child's
+    client went on timing out that group's requests while the broker answered everyone else.
+    Here no broker answers at all (nothing listens on the port): every answer is a timeout by the
+    wait, and after STUCK_AFTER_TIMEOUTS request timeouts in a row the child is replaced."""
+    import socket
+    import time
+
+    from monitor.coordinator import STUCK_AFTER_TIMEOUTS
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    co = CoordinatorClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0}, 0.5)
+    try:
+        first = None
+        deadline = time.monotonic() + 30
+        while co.replaced == 0 and time.monotonic() < deadline:
+            got = co.ask({"committed": {"g1": None}}, wait_s=0.3)["committed"]["g1"]
+            assert isinstance(got, KafkaException) and got.args[0].code() == KafkaError._TIMED_OUT, got
+            first = first or co._proc
+        assert co.replaced == 1 and co._proc is None  # the next ask starts a new child
+        assert time.monotonic() - (deadline - 30) >= STUCK_AFTER_TIMEOUTS * 0.5
+        co.ask({"committed": {"g1": None}}, wait_s=0.3)
+        assert co._proc is not None and co._proc is not first
+    finally:
+        co.close()
