@@ -230,7 +230,6 @@ class CoordinatorClient:
         # the child's client: no callbacks (they would run in the child)
         self._conf = {k: v for k, v in (conf or {}).items() if not callable(v)}
         self._timeout_s = request_timeout_s
-        self._admin = admin
         self._proc: Optional[subprocess.Popen] = None
         self._local = Asker(admin) if admin is not None else None
         #: the last send(): (what was asked, wait_s, its deadline), until collect()
@@ -263,7 +262,7 @@ class CoordinatorClient:
         both wait at once."""
         asks = {k: v for k, v in asks.items() if v}
         self._sent = (asks, wait_s, time.monotonic() + wait_s)
-        if asks and self._admin is None:
+        if asks and self._local is None:
             try:
                 self._write(asks, wait_s)
             except (BrokenPipeError, OSError):
@@ -300,13 +299,9 @@ class CoordinatorClient:
                 except TimeoutError:
                     self._reap(0)
                     self._written = False
-                    return {kind: dict.fromkeys(what, KafkaException(KafkaError(
-                        KafkaError._TIMED_OUT, f"{kind}: no answer from the child process asking coordinators")))
-                        for kind, what in asks.items()}
+                    return _failed(asks, KafkaError._TIMED_OUT, "no answer from the child process asking coordinators")
             if raw is None:
-                return {kind: dict.fromkeys(what, KafkaException(KafkaError(
-                    KafkaError._TRANSPORT, f"{kind}: the child process asking coordinators died twice")))
-                    for kind, what in asks.items()}
+                return _failed(asks, KafkaError._TRANSPORT, "the child process asking coordinators died twice")
         self._written = False
         out = {kind: {g: _exception(a) for g, a in answers.items()} for kind, answers in raw.items()}
         for kind in ("committed", "described"):
@@ -320,11 +315,8 @@ class CoordinatorClient:
         paused and resumed, the child's client went on timing out every request for that group
         (for minutes, while the broker answered every other client); a new client asks
         FindCoordinator afresh and is answered at once."""
-        timed_out = any(isinstance(a, KafkaException) and a.args and isinstance(a.args[0], KafkaError)
-                        and a.args[0].code() == KafkaError._TIMED_OUT
-                        for answers in out.values() for a in answers.values())
         now = time.monotonic()
-        if not timed_out:
+        if not any(timed_out(a) for answers in out.values() for a in answers.values()):
             self._timing_out_since = None
             return
         if self._timing_out_since is None:
@@ -375,6 +367,17 @@ class CoordinatorClient:
 
     def close(self) -> None:
         self._reap(self._timeout_s + 5)
+
+
+def timed_out(answer: Any) -> bool:
+    """Whether an answer is a request that timed out (its coordinator did not answer)."""
+    err = answer.args[0] if isinstance(answer, KafkaException) and answer.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT
+
+
+def _failed(asks: dict[str, Any], code: int, why: str) -> dict[str, dict[str, Any]]:
+    """Every group asked answered by one error."""
+    return {kind: dict.fromkeys(what, KafkaException(KafkaError(code, f"{kind}: {why}"))) for kind, what in asks.items()}
 
 
 def _exception(a: Raw) -> Union[list[Committed], GroupState, Exception]:

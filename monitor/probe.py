@@ -101,7 +101,7 @@ from monitor.contract import (
 )
 from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
-from monitor.coordinator import CoordinatorClient
+from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.metadata import ClusterView, MetadataCache, Reason, cause_for_error
@@ -114,7 +114,7 @@ _AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
 
 OFFSETS_VIA = ("list_offsets", "fetch")
 
-#: partitions per ListOffsets request (see Probe._list_offsets)
+#: partitions per ListOffsets request (see Probe._send_list_offsets)
 LIST_OFFSETS_BATCH = 500
 #: a metadata refresh waits for its leader epochs (the client's statistics) at most this share of
 #: the interval (and 2.5 statistics intervals): past it they come from the statistics before
@@ -991,8 +991,7 @@ class Probe:
 
     def _unanswered_group(self, gid: str, error: Exception) -> None:
         """A group request that timed out: its coordinator (as last described) did not answer."""
-        err = error.args[0] if isinstance(error, KafkaException) and error.args else None
-        if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
+        if timed_out(error):
             node = self._group_coordinators.get(gid)
             if node is not None:
                 self._unanswered.add(node)
@@ -1058,11 +1057,6 @@ class Probe:
             if hi is not None and hi >= 0:
                 out[(topic, part)] = (kafka_offset(lo), hi, None)
         return out, at
-
-    def _list_offsets(self, partitions: list[tuple[str, int]]) -> tuple[int, dict, dict, dict]:
-        """``_send_list_offsets`` and ``_collect_list_offsets``, waiting up to the observation's wait."""
-        return self._collect_list_offsets(self._send_list_offsets(partitions),
-                                          time.monotonic() + self.observe_wait_s())
 
     def _send_list_offsets(self, partitions: list[tuple[str, int]]) -> Any:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
