@@ -118,7 +118,9 @@ def _resolve(state: Any, alert: Alert, entity: str, labels: dict, now: int, evid
     was = state["open"].pop(alert.value, None)
     if was is None:
         return []
-    return [Transition(alert, "resolve", was["id"], now, entity, was.get("labels", labels),
+    # never before its open: an event delayed in an unreadable partition can end, at its own
+    # time, a condition that a later batch had already opened (issue 33)
+    return [Transition(alert, "resolve", was["id"], max(now, was["since"]), entity, was.get("labels", labels),
                        {**evidence, "open_since": was["since"]})]
 
 

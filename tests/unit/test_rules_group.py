@@ -367,9 +367,10 @@ CLIENT_CASES = [
     ("a late success (older than the last known) does not resolve",
      [mr(0, max_age=60_000), mr(100_000), ctick(220_001), mr(50_000), mr(-1)],
      [(220_001, STALE, "open")]),
-    ("a late success newer than the last known one does resolve (the metadata was fresh then)",
+    ("a late success newer than the last known one does resolve (the metadata was fresh then), "
+     "stamped no earlier than the open",
      [mr(0, max_age=60_000), ctick(130_000), mr(125_000)],
-     [(130_000, STALE, "open"), (125_000, STALE, "resolve")]),
+     [(130_000, STALE, "open"), (130_000, STALE, "resolve")]),
     ("a late failure (older than the last success) is old news",
      [mr(0, max_age=60_000), mr(200_000), mr(150_000, ok=False, error="x"), ctick(320_000)], []),
     ("a tick earlier than the last success computes no negative age and opens nothing",
@@ -736,3 +737,16 @@ def test_a_member_report_in_the_gap_is_not_counted_twice():
     steps = [gss(0, "Stable", "a"), rb(30 * S, gen=8), gss(1 * M, "Stable", "b")]
     _, s = run_group(steps)
     assert s["rebalances_total"] == 1
+
+
+def test_a_late_heartbeat_resolves_source_silent_no_earlier_than_its_open():
+    """A heartbeat delayed in an events partition whose leader was paused arrives after a
+    batch opened SourceSilent at its due time; it ends the silence at its own, earlier time,
+    but the resolve is never stamped before the open (seen on the real cluster, issue 33)."""
+    s = rsrc.new_source("c", "p")
+    rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 1, "events_dropped": 0}, 10_000, "src")
+    opened = rsrc.tick_source(s, 13_001, "src")
+    assert [t.action for t in opened] == ["open"]
+    late = rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 2, "events_dropped": 0}, 12_500, "src")
+    assert [(t.action, t.at) for t in late] == [("resolve", 13_001)]
+    assert late[0].evidence["open_since"] == 13_001
