@@ -42,6 +42,9 @@ SUPPORTED_SCHEMAS = (SCHEMA_V1,)
 KAFKA_OFFSET_SENTINELS = frozenset({-1, -1001})
 #: leader id in a MetadataResponse for a partition without a leader.
 NO_LEADER = -1
+#: the events whose absence reads as the source's silence (SourceSilent, MetadataStale): a source
+#: sends each twice, on its key's partition and on another (monitor/emitter.py)
+LIVENESS_TYPES = frozenset({"heartbeat", "metadata_refresh"})
 
 
 class ContractError(ValueError):

@@ -5,13 +5,12 @@ queue is full the event is dropped and counted (the probe must never block or gr
 bound because the events topic is slow or unreachable).  Delivery failures are counted too;
 both counts travel in every heartbeat.
 
-Events come one at a time (:meth:`EventEmitter.emit`, a payload object) or in bulk
-(:meth:`EventEmitter.emit_rows`, rows of one payload type's field values): the probe sends one
-``partition_offsets`` per partition and one ``group_offsets`` per group partition every cycle,
-hundreds of thousands on a large cluster.  A bulk call makes no payload or :class:`Event`
-objects: each payload type that has only scalar and list-of-scalar fields gets a serializer
-generated from its dataclass, which writes exactly the bytes :meth:`Event.to_json` writes (a
-test holds it to that), with event ids drawn in one ``os.urandom`` call.
+The events that say the source is alive (``heartbeat``, ``metadata_refresh``: the job opens
+SourceSilent and MetadataStale when they stop) share one key, hence one partition, and a paused
+leader of that partition would hold them until it is fenced.  No client can tell a paused broker
+before sending to it, so each one also goes, the same event, to a second partition: one that
+delivered most recently.  The job applies whichever comes first and drops the other (not counted
+as a dropped event); see docs/own-topics.md.
 """
 
 from __future__ import annotations
@@ -32,6 +31,9 @@ from monitor import contract as c
 from monitor.contract import Event, Payload
 
 log = logging.getLogger(__name__)
+
+#: partitions whose last delivery is this close to the freshest one's take turns for the copies
+FRESH_S = 0.25
 
 #: fatal producer errors a new producer would meet again: credentials and permissions
 _FATAL_FOR_GOOD = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
@@ -65,6 +67,12 @@ class EventEmitter:
         self.last_error: Optional[str] = None
         #: producers replaced after a fatal error that a new producer cures (see _renew_after)
         self.renewals = 0
+        #: liveness events also sent to a second partition (see LIVENESS_TYPES)
+        self.copies = 0
+        self._polled_at = time.monotonic()    # when the poll serving the current reports began
+        self._delivered_at: dict[int, float] = {}  # partition -> its last delivery's poll time
+        self._live_partition: Optional[int] = None  # the liveness key's partition, once delivered
+        self._turns: dict[str, int] = {}
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -75,9 +83,12 @@ class EventEmitter:
             self._seq += 1
         ev = Event.of(data, cluster=cluster or self.cluster, source=self.source, seq=seq,
                       observed_at=self.now_ms() if observed_at is None else observed_at)
+        key, value = ev.key(), ev.to_json()
         try:
-            self._producer.produce(self.topic, key=ev.key().encode(), value=ev.to_json(),
-                                   on_delivery=self._on_delivery)
+            if ev.type in c.LIVENESS_TYPES:
+                self._produce_live(key, ev.type, value)
+            else:
+                self._producer.produce(self.topic, key=key.encode(), value=value, on_delivery=self._on_delivery)
         except BufferError:
             self.dropped += 1
             self.poll(0)
@@ -129,6 +140,35 @@ class EventEmitter:
         self.poll(0)
         return failed
 
+    def _produce_live(self, key: str, etype: str, value: bytes) -> None:
+        """Produce a liveness event on its key, and the same event to one other partition: of
+        those that delivered most recently (within ``FRESH_S`` of the freshest), each in turn
+        (per type)."""
+        self._producer.produce(self.topic, key=key.encode(), value=value, on_delivery=self._on_live)
+        mine = self._live_partition
+        at = {p: t for p, t in self._delivered_at.items() if p != mine}
+        if not at:
+            return
+        freshest = max(at.values())
+        fresh = sorted(p for p, t in at.items() if t >= freshest - FRESH_S)
+        turn = self._turns[etype] = self._turns.get(etype, -1) + 1
+        with contextlib.suppress(BufferError, KafkaException):
+            # its delivery is not counted: the event is counted once, on its own partition
+            self._producer.produce(self.topic, key=key.encode(), value=value,
+                                   partition=fresh[turn % len(fresh)], on_delivery=self._on_copy)
+            self.copies += 1
+
+    def _on_live(self, err: Optional[KafkaError], msg: Any) -> None:
+        if err is None:
+            self._live_partition = msg.partition()
+        self._on_delivery(err, msg)
+
+    def _on_copy(self, err: Optional[KafkaError], msg: Any) -> None:
+        if err is None:
+            self._delivered_at[msg.partition()] = self._polled_at
+        else:
+            log.debug("copy of a liveness event not delivered: %s", err)
+
     def _produce(self, key: bytes, value: bytes, etype: str) -> bool:
         try:
             self._producer.produce(self.topic, key=key, value=value, on_delivery=self._on_delivery)
@@ -146,6 +186,7 @@ class EventEmitter:
     def _on_delivery(self, err: Optional[KafkaError], msg: Any) -> None:
         if err is None:
             self.sent += 1
+            self._delivered_at[msg.partition()] = self._polled_at
         else:
             self.dropped += 1
             if self.last_error != str(err):
@@ -153,6 +194,7 @@ class EventEmitter:
             self.last_error = str(err)
 
     def poll(self, timeout: float = 0) -> None:
+        self._polled_at = time.monotonic()
         try:
             self._producer.poll(timeout)
         except KafkaException as e:  # a fatal error is raised once, from poll()

@@ -87,15 +87,20 @@ def own(kafka_cluster, spark, tmp_path_factory):
         exporter = Exporter()
         port = exporter.serve(0)
         cleanup.callback(exporter.shutdown)
+        # the probe's interval is 1 s here, but a paused broker costs its cycle up to 2 s of
+        # observation (observe_wait_s) and up to the request timeout, 5 s, of metadata request:
+        # 10 intervals of silence, not 3, as the default 10 s interval leaves 30 s for 15 s
         cfg = JobConfig(bootstrap_servers=c.bootstrap_servers, checkpoint_dir=str(tmp / "ckpt"), events_topic=events,
-                        alerts_topic=alerts, trigger_s=1, buckets=2, metrics_port=port)
+                        alerts_topic=alerts, trigger_s=1, buckets=2, metrics_port=port,
+                        rules={"group": {"silent_factor": 10, "metadata_stale_factor": 10}})
         query = start(spark, cfg, exporter, query_name=unique("own-e2e"))
         cleanup.callback(stop_query, query)
         url = f"http://127.0.0.1:{port}/metrics"
         wait_for(lambda: f'kafka_monitor_partition_in_sync_replicas{{cluster="own-e2e",partition="1",topic="{rep}"}} 3.0'
                  in urllib.request.urlopen(url, timeout=5).read().decode(), timeout=180, interval=0.5,
                  what="the watched topic's ISR on /metrics")
-        yield {"cluster": c, "rep": rep, "events": events, "alerts": alerts, "url": url, "query": query}
+        yield {"cluster": c, "rep": rep, "events": events, "alerts": alerts, "url": url, "query": query,
+               "probe": probe}
 
 
 def leader_of(c, topic: str, partition: int = 0) -> int:
@@ -352,6 +357,71 @@ def test_partitions_added_to_the_events_topic_are_read(own):
                     return True
         return False
     wait_for(read_new, timeout=120, interval=1, what=f"the records of the partitions added to {events} read")
+
+
+def heartbeat_partition(own) -> int:
+    """The events partition the probe's latest heartbeat was written to, read from the topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c, events, source = own["cluster"], own["events"], own["probe"].cfg.source
+    con = Consumer({"bootstrap.servers": c.bootstrap_servers, "group.id": unique("hb-find"),
+                    "enable.auto.commit": False})
+    try:
+        parts = con.list_topics(events, timeout=10).topics[events].partitions
+        tps = []
+        for q in parts:
+            lo, hi = con.get_watermark_offsets(TopicPartition(events, q), timeout=10)
+            tps.append(TopicPartition(events, q, max(lo, hi - 200)))
+        con.assign(tps)
+        deadline, found = time.monotonic() + 30, {}
+        while time.monotonic() < deadline and not found:
+            for m in con.consume(500, timeout=1):
+                if m.error() is None and b'"type":"heartbeat"' in m.value() and source.encode() in m.value():
+                    found[m.partition()] = m.offset()
+        assert found, f"no heartbeat of {source} in {events}"
+        return max(found)
+    finally:
+        con.close()
+
+
+def test_a_paused_leader_of_the_heartbeats_partition_does_not_silence_the_probe(own):
+    """The probe's heartbeats (and metadata refreshes) share one key, hence one partition.  With
+    its leader paused they wait there until the broker is fenced (8 s here) and their requests
+    time out (SourceSilent and MetadataStale open after 10 intervals, 10 s here).  Each also goes
+    to another partition, one that delivers, so neither opens."""
+    c, probe = own["cluster"], own["probe"]
+    q = heartbeat_partition(own)
+    victim = leader_of(c, own["events"], q)
+
+    def opened(alert: str) -> float:
+        return metrics(own["url"]).get(("kafka_monitor_alert_transitions_total",
+                                        f'{{action="open",alert="{alert}"}}'), 0.0)
+    before = {a: opened(a) for a in ("SourceSilent", "MetadataStale")}
+    copies = getattr(probe._emitter, "copies", 0)
+    t_pause = int(time.time() * 1000)
+    c.pause_broker(victim)
+    try:
+        wait_for(lambda: registered(c, victim) is False, timeout=60, interval=0.5,
+                 what=f"the controller to fence the paused broker {victim}")
+        wait_for(lambda: leader_of(c, own["events"], q) != victim, timeout=60, interval=0.5,
+                 what=f"{own['events']}/{q} led by another broker")
+        batches = value(own["url"], "kafka_monitor_job_batches_total")
+        assert_alive(own, batches, f"broker {victim} was paused")
+    finally:
+        c.resume_broker(victim)
+        t_resume = int(time.time() * 1000)
+    assert_alive(own, value(own["url"], "kafka_monitor_job_batches_total"), f"broker {victim} was resumed")
+    after = {a: opened(a) for a in before}
+    copies = getattr(probe._emitter, "copies", 0) - copies
+    print(f"\npaused broker {victim} (led the heartbeats' partition {q}): "
+          f"{copies} liveness events also sent to another partition; openings "
+          f"before {before}, after {after}")
+    if after != before:  # what opened, for the failure report
+        for a in read_alerts(c.bootstrap_servers, own["alerts"]):
+            if a["alert"] in ("SourceSilent", "MetadataStale"):
+                print(json.dumps(a)[:900])
+        print(f"paused at {t_pause}, resumed at {t_resume}")
+    assert after == before
 
 
 def test_every_transition_the_job_decided_is_on_its_alerts_topic_once(own):

@@ -11,15 +11,23 @@ from monitor.emitter import EventEmitter
 from monitor.probe import Probe, ProbeConfig
 
 
+class _Delivered:
+    """What a delivery report's message tells the emitter: its partition."""
+
+    def partition(self) -> int:
+        return 0
+
+
 class CapturingProducer:
-    """The slice of confluent_kafka.Producer that EventEmitter calls; every record is delivered."""
+    """The slice of confluent_kafka.Producer that EventEmitter calls; every record is delivered
+    (to partition 0) at the next poll."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
         self._pending: list[Any] = []
         self._lock = threading.Lock()
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None, partition: int = -1) -> None:
         with self._lock:
             self.events.append(Event.from_json(value))
             if on_delivery is not None:
@@ -29,7 +37,7 @@ class CapturingProducer:
         with self._lock:
             pending, self._pending = self._pending, []
         for cb in pending:
-            cb(None, None)
+            cb(None, _Delivered())
         return len(pending)
 
     def flush(self, timeout: float = 0) -> int:
