@@ -5,6 +5,14 @@ queue is full the event is dropped and counted (the probe must never block or gr
 bound because the events topic is slow or unreachable).  Delivery failures are counted too;
 both counts travel in every heartbeat.
 
+Events come one at a time (:meth:`EventEmitter.emit`, a payload object) or in bulk
+(:meth:`EventEmitter.emit_rows`, rows of one payload type's field values): the probe sends one
+``partition_offsets`` per partition and one ``group_offsets`` per group partition every cycle,
+hundreds of thousands on a large cluster.  A bulk call makes no payload or :class:`Event`
+objects: each payload type that has only scalar and list-of-scalar fields gets a serializer
+generated from its dataclass, which writes exactly the bytes :meth:`Event.to_json` writes (a
+test holds it to that), with event ids drawn in one ``os.urandom`` call.
+
 The events that say the source is alive (``heartbeat``, ``metadata_refresh``: the job opens
 SourceSilent and MetadataStale when they stop) share one key, hence one partition, and a paused
 leader of that partition would hold them until it is fenced.  No client can tell a paused broker
