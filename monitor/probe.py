@@ -173,6 +173,10 @@ def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], in
     return out
 
 
+def _quiet(err: Any) -> None:
+    """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside: a cycle at 100,000 partitions allocates a few hundred
@@ -329,6 +333,9 @@ class Probe:
         ops_conf: dict[str, Any] = {**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
                                     "error_cb": self._on_client_error}
         self._ops = admin if admin is not None else AdminClient(ops_conf)
+        #: a metadata request that timed out is sent again through a new client (_list_topics)
+        self._retry_conf: Optional[dict[str, Any]] = None if admin is not None else {
+            **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000), "error_cb": _quiet}
         # committed offsets and group descriptions from a child process: librdkafka 2.16 can
         # crash the process asking a coordinator that goes away
         self._coordinator = CoordinatorClient(ops_conf, cfg.request_timeout_s, admin=admin)
@@ -391,6 +398,8 @@ class Probe:
         self._unanswered: set[int] = set()
         self._lo_leaders: list[int] = []
         self.cycles = 0
+        self.refresh_retries = 0  # metadata requests sent again through a new client
+        self.refresh_failures = 0  # metadata requests that failed, retried or not
         self.warnings: dict[str, int] = {}
         #: time spent in metadata refreshes since the last observation, s
         self._refresh_busy_s = 0.0
@@ -596,13 +605,40 @@ class Probe:
         finally:
             self._refresh_busy_s += time.monotonic() - started
 
+    def refresh_wait_s(self) -> float:
+        """How long a metadata request waits before it is sent again: a quarter of the interval,
+        at least 2 s and three times the usual answer's time, at most the request timeout."""
+        usual = 3 * self._list_s if self._list_s is not None else 0.0
+        return min(self.cfg.request_timeout_s, max(2.0, 0.25 * self.cfg.interval_s, usual))
+
+    def _list_topics(self) -> Any:
+        """The cluster's metadata.  librdkafka sends the request to the usable broker it last
+        sent to, which is often a paused one, and a second try through the same client (or the
+        offsets client) went there again.  So the first attempt waits ``refresh_wait_s()``, and a
+        timed-out one is sent again, for the rest of the request timeout, through a new client:
+        its connection to a paused broker never gets past ApiVersion, so it asks another."""
+        first = self.refresh_wait_s() if self._retry_conf is not None else self.cfg.request_timeout_s
+        try:
+            return self._admin.list_topics(timeout=first)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if self._retry_conf is None or not isinstance(err, KafkaError) or err.code() != KafkaError._TIMED_OUT:
+                raise
+        self.refresh_retries += 1
+        client = AdminClient(self._retry_conf)
+        try:
+            return client.list_topics(timeout=max(first, self.cfg.request_timeout_s - first))
+        finally:
+            del client  # nothing of it is in flight once list_topics returned
+
     def _refresh_metadata(self) -> bool:
         reason, cause = self.metadata.next_reason()
         t0 = time.monotonic()
         try:
-            md = self._admin.list_topics(timeout=self.cfg.request_timeout_s)
+            md = self._list_topics()
         except KafkaException as e:  # transport failure, timeout
             err = e.args[0] if e.args else e
+            self.refresh_failures += 1
             self.metadata.failed_update(error=str(err))
             self.invalidate(err, "metadata request")
             self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,

@@ -388,7 +388,7 @@ def test_a_paused_leader_of_the_heartbeats_partition_does_not_silence_the_probe(
     """The probe's heartbeats (and metadata refreshes) share one key, hence one partition.  With
     its leader paused they wait there until the broker is fenced (8 s here) and their requests
     time out (SourceSilent and MetadataStale open after 10 intervals, 10 s here).  Each also goes
-    to another partition, one that delivers, so neither opens."""
+    to another partition, one that delivers, so neither opens; and no metadata refresh fails."""
     c, probe = own["cluster"], own["probe"]
     q = heartbeat_partition(own)
     victim = leader_of(c, own["events"], q)
@@ -398,6 +398,7 @@ def test_a_paused_leader_of_the_heartbeats_partition_does_not_silence_the_probe(
                                         f'{{action="open",alert="{alert}"}}'), 0.0)
     before = {a: opened(a) for a in ("SourceSilent", "MetadataStale")}
     copies = getattr(probe._emitter, "copies", 0)
+    retries, failures = probe.refresh_retries, probe.refresh_failures
     t_pause = int(time.time() * 1000)
     c.pause_broker(victim)
     try:
@@ -414,7 +415,8 @@ def test_a_paused_leader_of_the_heartbeats_partition_does_not_silence_the_probe(
     after = {a: opened(a) for a in before}
     copies = getattr(probe._emitter, "copies", 0) - copies
     print(f"\npaused broker {victim} (led the heartbeats' partition {q}): "
-          f"{copies} liveness events also sent to another partition; openings "
+          f"{copies} liveness events also sent to another partition; metadata requests sent again "
+          f"{probe.refresh_retries - retries}, failed {probe.refresh_failures - failures}; openings "
           f"before {before}, after {after}")
     if after != before:  # what opened, for the failure report
         for a in read_alerts(c.bootstrap_servers, own["alerts"]):
@@ -422,6 +424,8 @@ def test_a_paused_leader_of_the_heartbeats_partition_does_not_silence_the_probe(
                 print(json.dumps(a)[:900])
         print(f"paused at {t_pause}, resumed at {t_resume}")
     assert after == before
+    # a metadata request the paused broker held was sent again through a new client, which does not ask it
+    assert probe.refresh_failures == failures
 
 
 def test_every_transition_the_job_decided_is_on_its_alerts_topic_once(own):
