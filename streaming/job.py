@@ -33,6 +33,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from streaming.ingest import parsing
 from streaming.rules import group as rules_group
 from streaming.rules import lag as rules_lag
+from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.read import spark_kafka
 from streaming.state import function as st
@@ -57,7 +58,9 @@ class JobConfigError(ValueError):
 
 #: [job.rules.<family>] -> the settings class of that family of rules
 RULE_FAMILIES = {"lag": rules_lag.LagConfig, "partition": rules_partition.PartitionRulesConfig,
-                 "group": rules_group.GroupRulesConfig}
+                 "group": rules_group.GroupRulesConfig, "notify": rules_notify.NotifyConfig}
+#: the families the state function takes (notify is the exporter's: when an open alert pages)
+STATE_FAMILIES = ("lag", "partition", "group")
 
 
 def _rule_value(path: str, typ: Any, value: Any) -> Any:
@@ -130,9 +133,10 @@ class JobConfig:
     #: no micro-batch completed for this long: job_up 0 and the job exits (status 3); 0: off
     stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
-    #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group]
-    #: (streaming.rules.lag.LagConfig, rules_partition.PartitionRulesConfig,
-    #: rules_group.GroupRulesConfig; README "Alert rule settings")
+    #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group],
+    #: and when alerts opened at once notify, [job.rules.notify] (streaming.rules.lag.LagConfig,
+    #: rules_partition.PartitionRulesConfig, rules_group.GroupRulesConfig,
+    #: rules_notify.NotifyConfig; README "Alert rule settings")
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def rule_configs(self) -> dict[str, Any]:
@@ -327,7 +331,8 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
         st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
-                                              **cfg.rule_configs())),
+                                              **{f: c for f, c in cfg.rule_configs().items()
+                                                 if f in STATE_FAMILIES})),
         outputStructType=st.OUTPUT_SCHEMA,
         stateStructType=st.STATE_SCHEMA,
         outputMode="update",
@@ -527,6 +532,7 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
         alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
         alerts.recover()  # fails now, with a clear message, if the topic is missing
     sink = ExporterSink(exporter, alerts, cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"))
+    exporter.set_notify_holds(cfg.rule_configs()["notify"].holds_s())
     listener = ProgressListener(exporter)
     spark.streams.addListener(listener)
     q = (out.writeStream.queryName(query_name)

@@ -26,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 
 from monitor.contract import CANARY_LATENCY_BOUNDS_MS
 from streaming.ingest import quality
+from streaming.rules.notify import NotifyConfig
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "canary_pending_messages": ("gauge", "Canary writes sent and not acknowledged yet, at the canary's last report.", CANARY),
     P + "canary_oldest_pending_seconds": ("gauge", "Age of the oldest of those at the canary's last report; 0 when none.", CANARY),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
+    P + "alert_opened_timestamp_seconds": ("gauge", "When the open alert opened: the event time of the observation that opened it (Unix time), kept across a job restart; removed when it resolves.", ALERT),
+    P + "alert_notify_after_seconds": ("gauge", "How long an alert the job opens at once is open before its Prometheus rule fires: the job's [job.rules.notify] setting for it.", ("alert",)),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
     P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied) or out_of_order (older than the last observation of its type from its source).", ("reason",)),
@@ -173,9 +176,10 @@ class PartitionGauges:
 
 
 class AlertSeries:
-    """``alert_active``: a series per open alert (``Exporter._alerts``), kept as dict keys: a
-    prometheus-client series per alert cost a ``labels()`` and a ``remove()`` per transition
-    (~9,000 transitions a batch in the job benchmark at 300,000 partitions)."""
+    """``alert_active`` and ``alert_opened_timestamp_seconds``: two series per open alert
+    (``Exporter._alerts``, labels -> opened at), kept in a dict: a prometheus-client series per
+    alert cost a ``labels()`` and a ``remove()`` per transition (~9,000 transitions a batch in
+    the job benchmark at 300,000 partitions)."""
 
     def __init__(self, exporter: "Exporter"):
         self.exporter = exporter
@@ -184,13 +188,16 @@ class AlertSeries:
         return []
 
     def collect(self) -> list:
-        name = P + "alert_active"
+        name, since = P + "alert_active", P + "alert_opened_timestamp_seconds"
         fam = GaugeMetricFamily(name, CATALOGUE[name][1], labels=list(ALERT))
+        opened = GaugeMetricFamily(since, CATALOGUE[since][1], labels=list(ALERT))
         with self.exporter._lock:
-            open_ = list(self.exporter._alerts)
-        for lab in open_:
+            open_ = list(self.exporter._alerts.items())
+        for lab, at in open_:
             fam.add_metric(lab, 1)
-        return [fam]
+            if at is not None:
+                opened.add_metric(lab, at)
+        return [fam, opened]
 
 
 class ReportMetrics:
@@ -371,7 +378,7 @@ class Exporter:
                 continue  # served from self._parts / self._gparts (PartitionGauges)
             if short.startswith(("canary_", "client_produce_")):
                 continue  # served from self._canary / self._produce (ReportMetrics)
-            if short == "alert_active":
+            if short in ("alert_active", "alert_opened_timestamp_seconds"):
                 continue  # served from self._alerts (AlertSeries)
             # prometheus_client appends _total to counters itself
             if typ == "counter":
@@ -389,8 +396,8 @@ class Exporter:
         for reason in DROP_REASONS:
             self.m("events_dropped_total").labels(reason)
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
-        #: the open alerts' labels (ALERT order): alert_active's series
-        self._alerts: dict[tuple, None] = {}
+        #: the open alerts' labels (ALERT order) -> when they opened (s; None: not known)
+        self._alerts: dict[tuple, Optional[float]] = {}
         self._group_state: dict[tuple, str] = {}
         self._fetch_state: dict[tuple, str] = {}
         #: (cluster, topic, partition) -> (leader, its latest canary report)
@@ -413,6 +420,8 @@ class Exporter:
         self._render_lock = threading.Lock()
         self._last_batch_id: Optional[int] = None
         self._server: Any = None
+        # the defaults until the job's settings replace them: a rule never waits on a missing hold
+        self.set_notify_holds(NotifyConfig().holds_s())
 
     def m(self, name: str) -> Any:
         return self._m[P + name]
@@ -421,7 +430,7 @@ class Exporter:
 
     def _full(self) -> bool:
         """The series cap is reached (prometheus-client series and the partitions' values)."""
-        return (len(self._series) + len(self._alerts) + (self._part_series if self.per_partition else 0)
+        return (len(self._series) + 2 * len(self._alerts) + (self._part_series if self.per_partition else 0)
                 >= self.max_series)
 
     def _series_for(self, name: str, labels: tuple) -> Any:
@@ -740,7 +749,8 @@ class Exporter:
                             if self._full():
                                 self._refused += 1
                             else:
-                                self._alerts[lab] = None
+                                # every transition and restated row carries its time; a hand-made row may not
+                                self._alerts[lab] = None if r.get("at") is None else r["at"] / 1000.0
                         if kind == "open_alert":  # not a transition
                             continue
                     else:
@@ -777,6 +787,13 @@ class Exporter:
     def set_up(self, up: bool) -> None:
         self._generation += 1
         self.m("job_up").set(1 if up else 0)
+
+    def set_notify_holds(self, holds_s: dict[str, float]) -> None:
+        """``alert_notify_after_seconds``: alert name -> seconds it is open before it notifies
+        (``streaming.rules.notify.NotifyConfig.holds_s``)."""
+        self._generation += 1
+        for alert, seconds in holds_s.items():
+            self.m("alert_notify_after_seconds").labels(alert).set(seconds)
 
     def serve(self, port: int, host: str = "127.0.0.1", certfile: Optional[str] = None, keyfile: Optional[str] = None,
               client_cafile: Optional[str] = None) -> int:

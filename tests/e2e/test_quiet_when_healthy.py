@@ -15,7 +15,8 @@ pending, let alone firing, except what the demo causes on purpose
 (kafka_monitor.demo.ON_PURPOSE), and that only for the demo's consumer group.  Pending is
 the test rather than firing so that `for:` periods of 5-15 minutes need not be waited out.
 The job's own transitions (the alerts topic, complete where Prometheus samples) must be
-those on-purpose ones too.
+those on-purpose ones too: that is where an alert the job opens at once shows first, as its
+rule neither pends nor fires before the job's notify hold ([job.rules.notify]) has passed.
 
 It also measures the pipeline's delay (a heartbeat's event time -> served by the exporter)
 from kafka_monitor_source_heartbeat_delay_seconds and prints p50/p95.

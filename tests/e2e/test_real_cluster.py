@@ -4,8 +4,10 @@
       -> probe (every second) -> events topic on Tansu (the monitor's own cluster, so no fault
          here takes the monitor's pipeline down with it)
       -> Spark job (trigger 1 s) -> /metrics and the alerts topic
-      -> Prometheus loading the shipped rules, `for:` shortened to 1s (the expressions are the
-         shipped ones; waiting out 1-5 minutes per alert is what the promtool tests cover)
+      -> Prometheus loading the shipped rules, `for:` and `keep_firing_for:` shortened to 1s, and
+         the job's notify holds ([job.rules.notify]) set to 1 s (the expressions are the
+         shipped ones, comparing each alert's age with the hold the exporter serves; waiting out
+         1-5 minutes per alert is what the promtool tests cover)
 
 In order, on one running job: a healthy start that raises nothing; a paused follower (ISR
 shrink, under-replicated, at min ISR; all resolved when it resumes); the leader of a
@@ -31,6 +33,7 @@ from ruamel.yaml import YAML
 
 from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
+from streaming.rules.notify import FIELDS as NOTIFY_FIELDS
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
@@ -48,9 +51,14 @@ def rules_with_short_for() -> dict:
     spec = YAML(typ="safe", pure=True).load(RULES.read_text(encoding="utf-8"))
     for group in spec["groups"]:
         for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = "1s"
+            for key in ("for", "keep_firing_for"):
+                if rule.get(key) not in (None, "0s"):
+                    rule[key] = "1s"
     return spec
+
+
+#: the job's notify holds, 1 s each: the shipped rules fire on them
+SHORT_HOLDS = {"notify": {f: 1000 for f in NOTIFY_FIELDS}}
 
 
 class Writer:
@@ -137,7 +145,7 @@ def real(kafka_cluster, tansu, spark, tmp_path_factory, alertmanager):  # noqa: 
         port = exporter.serve(0)
         cleanup.callback(exporter.shutdown)
         cfg = JobConfig(bootstrap_servers=tansu.bootstrap, checkpoint_dir=str(tmp / "ckpt"), events_topic=events,
-                        alerts_topic=alerts, trigger_s=1, buckets=4, metrics_port=port)
+                        alerts_topic=alerts, trigger_s=1, buckets=4, metrics_port=port, rules=SHORT_HOLDS)
         query = start(spark, cfg, exporter, query_name=unique("real-e2e"))
 
         def stop_the_query():

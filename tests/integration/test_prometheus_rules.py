@@ -179,10 +179,14 @@ def rules_named(name: str) -> list[dict]:
 
 def test_every_alert_the_job_decides_is_relayed_under_its_own_name():
     """One name everywhere: the job's alert X is the Prometheus alert X, read from
-    kafka_monitor_alert_active{alert="X"} at the job's severity; ConsumerLagStatus (whose
-    severity depends on the status) from the job's status gauges, one rule per status."""
+    kafka_monitor_alert_active{alert="X"} at the job's severity; an alert the job opens at once
+    from its age against the job's notify hold, with no `for:` of its own; ConsumerLagStatus
+    (whose severity depends on the status) from the job's status gauges, one rule per status."""
     from streaming.rules.base import SEVERITY, Alert
     from streaming.rules.lag import STATUS_SEVERITY
+    from streaming.rules.notify import FIELDS
+
+    NOTIFY_HELD = set(FIELDS.values())
 
     problems = []
     for a in Alert:
@@ -201,6 +205,15 @@ def test_every_alert_the_job_decides_is_relayed_under_its_own_name():
                 if sev and r["labels"]["severity"] != sev.name.lower():
                     problems.append(f"ConsumerLagStatus status={st}: severity {r['labels']['severity']}, "
                                     f"the job's is {sev.name.lower()}")
+        elif a in NOTIFY_HELD:
+            (r,) = rules
+            if (f'kafka_monitor_alert_opened_timestamp_seconds{{alert="{a.value}"}}' not in r["expr"]
+                    or "kafka_monitor_alert_notify_after_seconds" not in r["expr"]):
+                problems.append(f"{a.value} does not compare its age with the job's [job.rules.notify] hold")
+            if r.get("for") != "0s":
+                problems.append(f"{a.value}: for: {r.get('for')!r}, a hold beside the job's notify hold")
+            if r["labels"]["severity"] != SEVERITY[a].name.lower():
+                problems.append(f"{a.value}: severity {r['labels']['severity']}, the job's is {SEVERITY[a].name.lower()}")
         else:
             (r,) = rules
             if f'kafka_monitor_alert_active{{alert="{a.value}"}}' not in r["expr"]:

@@ -10,6 +10,7 @@ import re
 import time
 
 from streaming.sinks.exporter import CATALOGUE, ROW_COLUMNS, Exporter
+from streaming.rules.notify import NotifyConfig
 from streaming.state.function import OUTPUT_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -40,9 +41,10 @@ def test_partition_gauges_set_and_removed():
 
 
 def test_alert_series_count_against_the_cap_and_come_back_when_freed():
-    e = Exporter(max_series=2)
+    e = Exporter(max_series=4)  # two open alerts: alert_active and alert_opened_timestamp_seconds each
     def a(p):
-        return dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=p)
+        return dict(kind="alert", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=p,
+                    at=1_000_000 + p)
     def lab(p):
         return {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": str(p),
                 "group": "", "source": "", "broker": ""}
@@ -54,6 +56,17 @@ def test_alert_series_count_against_the_cap_and_come_back_when_freed():
     assert [v(e, "alert_active", **lab(p)) for p in range(3)] == [None, 1, 1]
     assert v(e, "alert_transitions_total", alert="IsrShrink", action="open") == 4
     assert 'kafka_monitor_alert_active{alert="IsrShrink",broker="",cluster="k",group="",partition="2",' in e.render().decode()
+    # when each opened (event time, s): a restated alert keeps the time it was opened at
+    assert [v(e, "alert_opened_timestamp_seconds", **lab(p)) for p in range(3)] == [None, 1000.001, 1000.002]
+
+
+def test_notify_holds_are_served_per_alert():
+    e = Exporter()
+    assert v(e, "alert_notify_after_seconds", alert="IsrShrink") == 300  # the defaults from the start
+    e.set_notify_holds(NotifyConfig(isr_shrink_after_ms=90_000).holds_s())
+    assert v(e, "alert_notify_after_seconds", alert="IsrShrink") == 90
+    assert v(e, "alert_notify_after_seconds", alert="OfflinePartition") == 0
+    assert v(e, "alert_notify_after_seconds", alert="ConsumerLagHigh") is None  # held by its own rule
 
 
 def test_lag_absent_when_unknown():

@@ -13,6 +13,7 @@ import pytest
 from kafka_monitor.config import ConfigError, build
 from streaming.rules import group as rules_group
 from streaming.rules import lag as rules_lag
+from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.job import RULE_FAMILIES, JobConfig, JobConfigError
 
@@ -25,21 +26,26 @@ def job(rules=None, env=None) -> JobConfig:
 
 
 def test_file_and_environment_settings_reach_each_family_over_its_defaults():
-    cfg = job({"lag": {"lag_high_offsets": 50_000, "lag_high_seconds": "none"}, "partition": {"hw_stall_ms": 120_000}},
+    cfg = job({"lag": {"lag_high_offsets": 50_000, "lag_high_seconds": "none"}, "partition": {"hw_stall_ms": 120_000},
+               "notify": {"isr_shrink_after_ms": 30_000}},
               env={"KAFKA_MONITOR_JOB_RULES_GROUP_SILENT_FACTOR": "5",
-                   "KAFKA_MONITOR_JOB_RULES_LAG_STALL_AFTER_MS": "120000"})
+                   "KAFKA_MONITOR_JOB_RULES_LAG_STALL_AFTER_MS": "120000",
+                   "KAFKA_MONITOR_JOB_RULES_NOTIFY_BROKER_DOWN_AFTER_MS": "60000"})
     r = cfg.rule_configs()
     assert r["lag"] == rules_lag.LagConfig(lag_high_offsets=50_000, lag_high_seconds=None, stall_after_ms=120_000)
     assert r["partition"] == rules_partition.PartitionRulesConfig(hw_stall_ms=120_000)
     assert r["group"] == rules_group.GroupRulesConfig(silent_factor=5.0)
+    assert r["notify"] == rules_notify.NotifyConfig(isr_shrink_after_ms=30_000, broker_down_after_ms=60_000)
+    assert r["notify"].holds_s()["IsrShrink"] == 30.0
     assert job().rule_configs() == {"lag": rules_lag.LagConfig(), "partition": rules_partition.PartitionRulesConfig(),
-                                    "group": rules_group.GroupRulesConfig()}
+                                    "group": rules_group.GroupRulesConfig(), "notify": rules_notify.NotifyConfig()}
 
 
 @pytest.mark.parametrize("rules, env, message", [
     ({"lag": {"window": 2}}, {}, "job.rules.lag.window: must be an integer within 3..64, got 2"),
     ({"lag": {"lag_high_ofsets": 1}}, {}, "job.rules.lag.lag_high_ofsets: unknown setting (settings: window, "),
-    ({"lagg": {"window": 5}}, {}, "job.rules.lagg: unknown rule family (families: lag, partition, group)"),
+    ({"lagg": {"window": 5}}, {}, "job.rules.lagg: unknown rule family (families: lag, partition, group, notify)"),
+    ({"notify": {"broker_down_after_ms": -1}}, {}, "job.rules.notify.broker_down_after_ms: must be an integer >= 0"),
     ({"partition": {"hw_stall_ms": 0}}, {}, "job.rules.partition.hw_stall_ms: must be >= 1, got 0"),
     ({"group": {"silent_factor": 0.5}}, {}, "job.rules.group.silent_factor: must be >= 1"),
     (None, {"KAFKA_MONITOR_JOB_RULES_LAG_WINDOW": "ten"}, "job.rules.lag.window: must be an integer, got 'ten'"),
