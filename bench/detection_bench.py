@@ -11,6 +11,23 @@ its defaults) serves ``/metrics`` and publishes to its alerts topic.  The bench 
 ``/metrics`` every second (``kafka_monitor_alert_active`` series appearing and disappearing)
 and reads the alerts topic at the end.
 
+And the path to a person, as deployed (``bench/notify_stack.py``): a real Prometheus scrapes the
+job's ``/metrics`` with the shipped ``deploy/prometheus/prometheus.yml``'s settings (its scrape
+and evaluation intervals, its ``kafka-monitor`` scrape job) and evaluates the shipped rules
+(``deploy/prometheus/rules/*.yml``, unmodified); it sends to a real Alertmanager running the
+shipped ``deploy/alertmanager/alertmanager.yml`` (route tree, group_wait, group_interval,
+repeat_interval, inhibit rules) with every receiver replaced by a webhook to a small HTTP server
+in the bench, which records each notification (receive time, status, each alert's labels, status
+and startsAt).  Both run on free loopback ports as child processes, stopped by PID at the end
+or on failure; their configs are written to the run's temp dir and kept in the raw record.  So
+besides the time from a condition's start to ``/metrics``, each alert type gets the time from the
+condition's start to Alertmanager's first firing notification about it, how many of its
+episodes notified, how many were shorter than the alert's notify hold (the job's
+``[job.rules.notify]`` hold plus the rule's ``for:``: expected not to notify, not a miss), and
+its false notifications.  Prometheus and Alertmanager are required: without the ``prometheus``
+binary (Debian package prometheus) or ``prometheus-alertmanager``/``alertmanager`` (Debian
+package prometheus-alertmanager) the bench stops at once, saying which is missing.
+
 The probe runs as a child process (``bench/detection_probe.py``), as a deployment runs it:
 librdkafka aborts or segfaults in coordinator-targeted admin requests when a broker stops
 (issues #3663, #4605, #5040), which kills the probe; a supervisor starts it again after
@@ -53,9 +70,12 @@ kafka_exporter exposes it, and the community rules as they ship with their ``for
     python bench/detection_bench.py --layout own    # the monitor's topics on the watched cluster
     python bench/detection_bench.py --rescore /tmp/raw.json   # score a recorded run again
 
-Prints a table and writes bench/results/detection.json (or detection-quick.json), and the raw
-record (metadata records, polls, episodes, workload log, the probe's events and stderr) to
-``--raw-out``.
+Prints a table (the notification columns beside the /metrics ones, and the Prometheus and
+Alertmanager settings under it) and writes bench/results/detection.json (or
+detection-quick.json), and the raw record (metadata records, polls, episodes, workload log, the
+probe's events and stderr, the notifications and the alerting setup) to ``--raw-out``.
+``--rescore`` of a record from before notifications were recorded scores as before, with empty
+notification columns.
 """
 
 from __future__ import annotations
@@ -84,6 +104,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import detection_score as score  # noqa: E402  (bench/detection_score.py)
+import notify_stack  # noqa: E402  (bench/notify_stack.py)
 import report  # noqa: E402  (bench/report.py)
 
 PREFIX = "db."
@@ -639,6 +660,7 @@ class Bench:
         self.producers: Optional[Producers] = None
         self.poller: Optional[AdminPoller] = None
         self.metrics: Optional[MetricsPoller] = None
+        self.notify: Optional[notify_stack.NotifyStack] = None
         self.consumers: list[AppConsumer] = []
         self.members_open: dict[str, set] = {}
         self.lane_errors: list[str] = []
@@ -1025,6 +1047,13 @@ class Bench:
                 self.sleep(0.5)
             self.facts["job_first_batch_s"] = (self.metrics.first_batch_at or time.time()) - t_job
             self.facts["job_partitions_on_metrics_s"] = self.metrics.partitions_seen_at - t_job
+            # the alerting path, as deployed: Prometheus (shipped rules) -> Alertmanager (shipped
+            # routes) -> a webhook in this process; stopped by PID on the way out, failure included
+            self.notify = notify_stack.NotifyStack(work / "alerting", job_cfg.metrics_port, log)
+            self.notify.start(stack)
+            self.facts["alerting_start_s"] = self.notify.setup.get("ready_s")
+            notify_cfg = job_cfg.rule_configs().get("notify")  # the holds the job serves
+            notify_holds = notify_cfg.holds_s() if notify_cfg is not None else score.NOTIFY_HOLDS_DEFAULT
             scope_start = time.time()
             self.journal.add("scope_start")
             self.sleep(p.warmup_s)
@@ -1033,6 +1062,8 @@ class Bench:
                 self.repeat(r)
                 if self.job_error:
                     raise RuntimeError(f"the job failed: {self.job_error}")
+                if self.notify.check():
+                    raise RuntimeError(f"the alerting path failed: {self.notify.check()}")
             self.sleep(p.tail_s)
             scope_end = time.time()
             self.journal.add("scope_end")
@@ -1052,6 +1083,12 @@ class Bench:
             records = self.cluster.dump_metadata_log()
             self.facts["metadata_dump_s"] = time.time() - t
             self.facts["metadata_records"] = len(records)
+            # notifications up to here (the job still serving): then Prometheus and Alertmanager stop
+            prom_log, am_log = self.notify.prom.log_tail(), self.notify.am.log_tail()
+            notifications, alerting = self.notify.finish()
+            alerting.update(holds_s=notify_holds, cluster=CLUSTER_LABEL, prometheus_log_tail=prom_log,
+                            alertmanager_log_tail=am_log)
+            self.facts["notifications"] = len(notifications)
             self.stop.set()  # pollers, producers
             for c in self.consumers:
                 c.set_mode("exit")
@@ -1076,6 +1113,8 @@ class Bench:
                 "polls": self.poller.samples,
                 "metrics_episodes": self.metrics.all_episodes(),
                 "alerts_topic": alerts,
+                "notifications": notifications,
+                "alerting": alerting,
                 "metadata_records": [r for r in records if r.get("type") != "NO_OP_RECORD"],
                 "probe_events": probe_events,
                 "probe_stderr": {"lines": len(probe_log),
@@ -1118,8 +1157,11 @@ def scenario_timings(raw: dict, scored: dict) -> list[dict]:
             if key not in out:
                 continue
             out[key]["conditions"].setdefault(kind, []).append(
-                {k: row.get(k) for k in ("entity", "start", "end", "duration_s", "eligible", "detected", "open_at",
-                                         "close_at", "open_latency_s", "resolve_latency_s", "episodes")})
+                {**{k: row.get(k) for k in ("entity", "start", "end", "duration_s", "eligible", "detected", "open_at",
+                                            "close_at", "open_latency_s", "resolve_latency_s", "episodes")},
+                 # Alertmanager's notification (a record with notifications only)
+                 **{k: row[k] for k in ("notify", "notify_hold_s", "notified_at", "notify_latency_s",
+                                        "notify_after_metrics_s", "notify_labels") if k in row}})
     return sorted(out.values(), key=lambda d: d.get("start", 0))
 
 
@@ -1167,6 +1209,7 @@ def write_results(raw: dict, scored: dict, out: str) -> None:
                            "stuck_gt_min_s": score.STUCK_GT_MIN_S},
                  rule_settings=score.RULES,
                  table=score.table(scored), per_alert=per_alert,
+                 per_alert_notify=scored.get("per_alert_notify") or None, alerting=scored.get("notify"),
                  per_alert_alerts_topic={k: {kk: vv for kk, vv in v.items() if kk not in ("rows", "false_list")}
                                          for k, v in scored["per_alert_alerts_topic"].items()},
                  incidents=scored["incidents"], baseline=scored["baseline"], other_alerts=scored["other_alerts"],
@@ -1221,6 +1264,9 @@ def main() -> int:
     ap.add_argument("--own-min-isr", type=int, default=1,
                     help="min.insync.replicas of the monitor's topics with --layout own (default 1, as the README "
                          "says; 2 shows what a cluster default of 2 costs)")
+    ap.add_argument("--tail", type=float, default=None,
+                    help="seconds after the last repeat before the run ends (default 60; --quick 30): a longer "
+                         "tail gives the last episodes' notifications time to arrive (group_wait, group_interval)")
     ap.add_argument("--out", default=None, help="results file (default bench/results/detection[-own][-quick].json)")
     ap.add_argument("--raw-out", default=None, help="the raw record of the run (default: a file in the temp dir)")
     ap.add_argument("--rescore", default=None, help="score a raw record again instead of running")
@@ -1246,7 +1292,14 @@ def main() -> int:
         plan = quick_plan() if args.quick else Plan()
         if args.repeats is not None:
             plan.repeats = args.repeats
+        if args.tail is not None:
+            plan.tail_s = args.tail
         plan.probe_interval_s = args.probe_interval
+        try:
+            notify_stack.check_prerequisites()
+        except notify_stack.PrerequisiteError as e:
+            print(f"[bench] {e}", file=sys.stderr)
+            return 2
 
         def on_term(signum, frame):
             raise KeyboardInterrupt()

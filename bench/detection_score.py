@@ -10,7 +10,13 @@ again (``python bench/detection_bench.py --rescore <raw.json>``):
 - ``log``: what the workload did and when (faults, consumers stopped/slowed/started, every
   member's ``on_assign``, scenario markers);
 - ``episodes``: the monitor's alerts as seen on its ``/metrics`` (a series present = open) and
-  as published on its alerts topic (the job's own ``at``, event time).
+  as published on its alerts topic (the job's own ``at``, event time);
+- ``notifications``: what Alertmanager sent (a real Prometheus with the shipped rules scraping the
+  job, a real Alertmanager with the shipped routes, timings and inhibit rules, every receiver a
+  webhook to the bench): each notification's receive time, status, and its alerts' labels,
+  status and startsAt; with ``alerting``: the settings, the holds, the rules' ``for:`` and
+  entity labels, and Alertmanager's own view of each alert (inhibited or not).  A raw record
+  without them (older runs) scores as before, with empty notification figures.
 
 Ground truth (GT) per alert type, from the cluster's record, never from the monitor's events:
 
@@ -45,6 +51,18 @@ intervals (the monitor samples); one shorter than that but at least the minimum 
 type on its entity is never a false alert.  Matching: a monitor episode of the same alert on the
 same entity that overlaps [condition start - 2 s, condition end + ``MATCH_AFTER_S``].
 
+Notifications (``score_notifications``): for each episode the /metrics scoring counts (eligible and
+detected), the time from the condition's start to the first *firing* notification listing an
+alert of the same alertname on the same entity (the labels the rule's ``by (...)`` keeps: cluster
+and topic+partition, group+topic, group, topic or broker) that started with the condition (its
+startsAt at or after the condition's start, before its end + ``MATCH_AFTER_S`` + a scrape + an
+evaluation).  An episode shorter than the job's rule minimum + the alert's notify hold (the
+job's [job.rules.notify] hold + the rule's ``for:``) is expected not to notify and counted as
+*shorter than the hold*, not as a miss; so are *borderline* ones (within a scrape, an evaluation and
+two probe intervals of it), *inhibited* ones (Alertmanager listed the alert suppressed by an inhibit
+rule) and ones that could still notify when the recording ended (*run ended*).  An alert that
+notified firing and belongs to no condition of its type is a false notification.
+
 The Prometheus-only baseline: the GT state sampled every 30 s (kafka_exporter scraped every 30 s;
 its metadata refresh is 30 s too), rules evaluated every 30 s, 15 s after the scrape, with their
 ``for:`` as shipped; every figure is pooled over six scrape phases (0, 5, ..., 25 s).
@@ -53,6 +71,7 @@ its metadata refresh is 30 s too), rules evaluated every 30 s, 15 s after the sc
 from __future__ import annotations
 
 import bisect
+import calendar
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -1018,7 +1037,7 @@ def summarize(result: dict, hours: float, healthy: set) -> dict:
 def _healthy_entity(ent: tuple, healthy: set) -> bool:
     if ent[0] in ("p", "t"):
         return ent[1] in healthy
-    if ent[0] in ("g", "gp"):
+    if ent[0] in ("g", "gp", "gt"):
         return ent[1] in healthy
     return False
 
@@ -1071,8 +1090,9 @@ def score_run(raw: dict) -> dict:
 
     mon = {src: [e for e in eps if in_scope(e)] for src, eps in
            (("metrics", metrics_episodes(raw["metrics_episodes"])), ("alerts_topic", topic_episodes(raw["alerts_topic"])))}
-    out: dict[str, Any] = {"per_alert": {}, "per_alert_alerts_topic": {}, "incidents": {}, "baseline": {},
-                           "other_alerts": {}, "conditions": {}}
+    out: dict[str, Any] = {"per_alert": {}, "per_alert_alerts_topic": {}, "per_alert_notify": {}, "incidents": {},
+                           "baseline": {}, "other_alerts": {}, "conditions": {}}
+    nctx = notify_context(raw, prefix, scope, interval)  # None: a record from before notifications
     for kind in MONITOR_KINDS:
         cs = [c for c in conds if c.kind == kind]
         for src, key in (("metrics", "per_alert"), ("alerts_topic", "per_alert_alerts_topic")):
@@ -1081,7 +1101,10 @@ def score_run(raw: dict) -> dict:
             s["rule_min_s"] = sorted({c.rule_min_s for c in cs})
             if src == "metrics":
                 s["rows"] = res["rows"]
+                if nctx is not None:
+                    out["per_alert_notify"][kind] = score_notifications(kind, cs, res["rows"], nctx, healthy)
             out[key][kind] = s
+    out["notify"] = None if nctx is None else {**notify_setup(raw), "other": notify_other(nctx)}
     known = set(MONITOR_KINDS)
     for src in ("metrics",):
         for e in mon[src]:
@@ -1164,6 +1187,354 @@ def _count_by(conds: list[Condition]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# Alertmanager's notifications
+# ------------------------------------------------------------------------------------------------
+
+def _notify_holds_default() -> dict:
+    """The job's [job.rules.notify] holds in seconds (``NotifyConfig`` defaults: the bench runs the
+    job with them), for a raw record that does not carry them; the values of this file's writing
+    as a fallback."""
+    try:
+        from streaming.rules.notify import NotifyConfig
+        return NotifyConfig().holds_s()
+    except Exception:  # noqa: BLE001  (scoring without the job's code)
+        return {"IsrShrink": 300.0, "UnderReplicated": 300.0, "UnderMinIsr": 0.0, "AtMinIsr": 300.0,
+                "OfflinePartition": 0.0, "BrokerDown": 0.0, "BrokerUnderReplicating": 300.0, "LeaderChanged": 60.0,
+                "PartitionCountChanged": 60.0, "MetadataRefreshStorm": 120.0}
+
+
+#: a ConsumerLagStatus condition (``detail["why"]``) -> the lag status (rule label) it raises
+LAG_STATUS_OF = {"slow": "WARN", "stuck": "STALL"}
+#: not-notified categories of an episode, in the order they are decided
+NOT_NOTIFIED = ("shorter_than_hold", "borderline", "inhibited", "run_ended", "missed")
+
+_RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)$")
+
+
+def rfc3339_s(text: Optional[str]) -> Optional[float]:
+    """Unix time of an RFC 3339 timestamp as Alertmanager writes them (nanoseconds in webhooks,
+    milliseconds in its API); None for an empty one or Go's zero time (an unset endsAt)."""
+    if not text:
+        return None
+    m = _RFC3339.match(text.strip())
+    if m is None:
+        return None
+    y, mo, d, h, mi, s, frac, tz = m.groups()
+    if int(y) <= 1:
+        return None
+    secs = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s), 0, 0, 0))
+    if tz not in ("Z", "z"):
+        secs -= (1 if tz[0] == "+" else -1) * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+    return secs + (int(frac[:9].ljust(9, "0")) / 1e9 if frac else 0.0)
+
+
+def _ms(t: Optional[float]) -> Optional[int]:
+    """A startsAt to the millisecond (Alertmanager's API truncates to it; webhooks do not)."""
+    return None if t is None else math.floor(t * 1000 + 1e-3)
+
+
+def notify_entity(labels: dict) -> tuple:
+    """The entity an alert of the shipped rules is about, from its labels: a rule keeps the
+    labels of its outermost ``by (...)`` (cluster and the entity: topic and partition; group and
+    topic; group; broker; source) and adds static ones (severity, status).  ``("gt", group,
+    topic)``: ConsumerLagHigh and ConsumerLagStatus, per group and topic.  A partition alert's
+    ``broker`` (the one broker the job blames, when there is exactly one) is not part of its
+    entity: the ground truth is per partition."""
+    group, topic, part = labels.get("group") or "", labels.get("topic") or "", labels.get("partition")
+    part = None if part in (None, "") else int(part)
+    if group and topic and part is not None:
+        return ("gp", group, topic, part)
+    if group and topic:
+        return ("gt", group, topic)
+    if group:
+        return ("g", group)
+    if topic and part is not None:
+        return ("p", topic, part)
+    if topic:
+        return ("t", topic)
+    if labels.get("broker") not in (None, ""):
+        return ("b", int(labels["broker"]))
+    return ("s", labels.get("source") or "")
+
+
+def _notify_entity_matches(ent: tuple, cond_entity: tuple) -> bool:
+    if _entity_matches(ent, cond_entity):
+        return True
+    if ent[0] == "gt":  # per (group, topic): the group's partitions of that topic, or the group
+        return ((cond_entity[0] == "gp" and cond_entity[1:3] == ent[1:3])
+                or (cond_entity[0] == "g" and cond_entity[1] == ent[1]))
+    return False
+
+
+def notification_instances(notifications: list[dict]) -> list[dict]:
+    """Every alert the notifications list, once per Prometheus alert (alertname, labels,
+    startsAt: an alert that fires again after it resolved has a new startsAt): when it was first
+    notified firing (the webhook's receive time), when it resolved (its endsAt in the first
+    notification that lists it resolved), in how many notifications and to which receivers."""
+    out: dict[tuple, dict] = {}
+    for n in sorted(notifications, key=lambda n: n["t"]):
+        for a in n.get("alerts") or []:
+            labels = a.get("labels") or {}
+            starts = rfc3339_s(a.get("startsAt"))
+            key = (tuple(sorted(labels.items())), _ms(starts))
+            d = out.get(key)
+            if d is None:
+                d = out[key] = {"alert": labels.get("alertname"), "labels": labels, "entity": notify_entity(labels),
+                                "starts_at": starts, "first_firing": None, "last_firing": None,
+                                "resolved_at": None, "notifications": 0, "receivers": []}
+            d["notifications"] += 1
+            if n.get("receiver") not in d["receivers"]:
+                d["receivers"].append(n.get("receiver"))
+            if a.get("status") == "firing":
+                if d["first_firing"] is None:
+                    d["first_firing"] = n["t"]
+                d["last_firing"] = n["t"]
+            elif a.get("status") == "resolved" and d["resolved_at"] is None:
+                d["resolved_at"] = rfc3339_s(a.get("endsAt")) or n["t"]
+    return list(out.values())
+
+
+def am_instances(am_alerts: list[dict], until: float, poll_s: float = 2.0) -> list[dict]:
+    """Alertmanager's own view of each alert (``AlertmanagerPoller``): when it was listed, and
+    whether an inhibit rule suppressed it.  Its close: the last poll that listed it (None when
+    that is the end of the recording)."""
+    out = []
+    for a in am_alerts:
+        labels = a.get("labels") or {}
+        last = a.get("last_seen")
+        out.append({"alert": labels.get("alertname"), "labels": labels, "entity": notify_entity(labels),
+                    "starts_at": rfc3339_s(a.get("startsAt")), "first_seen": a.get("first_seen"), "last_seen": last,
+                    "close": None if last is None or last >= until - 3 * poll_s else last,
+                    "inhibited_first": a.get("inhibited_first"), "inhibited_last": a.get("inhibited_last")})
+    return out
+
+
+def _close_instances(insts: list[dict], am: list[dict]) -> None:
+    """Each notified alert's close: its resolved endsAt, else the last time Alertmanager listed
+    it (None: still listed when the recording ended), else (Alertmanager's polls never saw it)
+    its last firing notification: nothing says it fired any longer."""
+    last = {(tuple(sorted(a["labels"].items())), _ms(a["starts_at"])): a["close"] for a in am}
+    for x in insts:
+        key = (tuple(sorted(x["labels"].items())), _ms(x["starts_at"]))
+        if x["resolved_at"] is not None:
+            x["close"] = x["resolved_at"]
+        elif key in last:
+            x["close"] = last[key]
+        else:
+            x["close"] = x["last_firing"]
+
+
+def _notify_end(c: Condition) -> Optional[float]:
+    """When the job's alert for a condition closes, as the rule sees it: the end, or for an
+    event (LeaderChanged, PartitionCountChanged) the end of the job's window (``resolve_at``);
+    None: still true at the end of the run."""
+    if c.instant and c.resolve_at is not None:
+        return c.resolve_at
+    return c.end
+
+
+def _assign_instances(conds: list[Condition], insts: list[dict], after_s: float) -> tuple[dict, dict, set]:
+    """Like ``match``, for alert instances (by their startsAt): per condition entity, an instance
+    goes to the latest condition that started (``MATCH_BEFORE_S`` slack) before it, if it started
+    before that condition's end (``_notify_end``) + ``after_s``; an instance that started before a
+    condition and had not closed when it started is *carried* into it (already firing)."""
+    by_entity: dict[tuple, list[int]] = {}
+    for i, c in enumerate(conds):
+        by_entity.setdefault(c.entity, []).append(i)
+    home: dict[int, list] = {i: [] for i in range(len(conds))}
+    carried: dict[int, list] = {i: [] for i in range(len(conds))}
+    used: set[int] = set()
+    for ent, idx in by_entity.items():
+        idx.sort(key=lambda i: conds[i].start)
+        for j, x in enumerate(insts):
+            if x["starts_at"] is None or not _notify_entity_matches(x["entity"], ent):
+                continue
+            h = None
+            for i in idx:
+                if conds[i].start - MATCH_BEFORE_S <= x["starts_at"]:
+                    h = i
+            if h is not None:
+                end = _notify_end(conds[h])
+                if end is None or x["starts_at"] <= end + after_s:
+                    home[h].append(x)
+                    used.add(j)
+            for i in idx:
+                c = conds[i]
+                if i != h and x["starts_at"] < c.start - MATCH_BEFORE_S and (x.get("close") is None
+                                                                            or x["close"] >= c.start):
+                    carried[i].append(x)
+                    used.add(j)
+    return home, carried, used
+
+
+def notify_hold_s(c: Condition, holds: dict, rules: dict) -> float:
+    """How long past what puts the alert on /metrics it must last to notify: the job's
+    [job.rules.notify] hold for its alert plus its rule's ``for:`` (for ConsumerLagStatus the
+    rule of the lag status the condition raises: WARN for a slow consumer, STALL for a stuck
+    one).  The job's own hold (``rule_min_s``) comes on top."""
+    rs = rules.get(c.kind) or []
+    status = LAG_STATUS_OF.get(c.detail.get("why")) if c.kind == "ConsumerLagStatus" else None
+    cand = [r for r in rs if status is not None and r.get("labels", {}).get("status") == status] or rs
+    return float(holds.get(c.kind, 0.0)) + min((float(r.get("for_s") or 0.0) for r in cand), default=0.0)
+
+
+def notify_hold_text(kind: str, holds: dict, rules: dict) -> str:
+    rs = rules.get(kind) or []
+    job = float(holds.get(kind, 0.0))
+    if len(rs) > 1 and any(r.get("labels", {}).get("status") for r in rs):
+        return ", ".join(f"{r['labels'].get('status')} {job + float(r.get('for_s') or 0):.0f} s" for r in rs)
+    rule_for = min((float(r.get("for_s") or 0.0) for r in rs), default=0.0)
+    return f"{job + rule_for:.0f} s"
+
+
+def notify_context(raw: dict, prefix: str, scope: tuple[float, float], interval_s: float) -> Optional[dict]:
+    """What scoring notifications needs from a raw record; None for a record without them."""
+    if raw.get("notifications") is None:
+        return None
+    setup = raw.get("alerting") or {}
+    prom, am = setup.get("prometheus") or {}, setup.get("alertmanager") or {}
+    until = setup.get("recorded_until") or scope[1]
+    cluster = setup.get("cluster")
+    amx = am_instances(setup.get("am_alerts") or [], until)
+    insts = notification_instances(raw["notifications"])
+    _close_instances(insts, amx)
+
+    def in_scope(x: dict) -> bool:
+        ent = x["entity"]
+        if cluster is not None and x["labels"].get("cluster") != cluster:
+            return False
+        return ent[0] == "b" or (ent[0] in ("p", "t", "g", "gp", "gt") and ent[1].startswith(prefix))
+
+    scrape = float(prom.get("scrape_interval_s") or 15.0)
+    evaluation = float(prom.get("evaluation_interval_s") or 15.0)
+    return {"instances": [x for x in insts if in_scope(x)], "other": [x for x in insts if not in_scope(x)],
+            "am": [x for x in amx if in_scope(x)], "until": until, "scope": scope, "interval_s": interval_s,
+            "scrape_s": scrape, "eval_s": evaluation,
+            "group_wait_s": float(am.get("group_wait_s") or 30.0),
+            "group_interval_s": float(am.get("group_interval_s") or 300.0),
+            "holds": setup.get("holds_s") or NOTIFY_HOLDS_DEFAULT, "rules": setup.get("rules") or {},
+            "notifications": len(raw["notifications"])}
+
+
+def score_notifications(kind: str, conds: list[Condition], rows: list[dict], ctx: dict, healthy: set) -> dict:
+    """One alert type: each of its conditions' first firing notification (``rows``: ``match``'s
+    rows for ``conds``, annotated in place), and the summary over the episodes the /metrics
+    scoring counts (eligible and detected: the same set as its open latency).
+
+    An episode that notified: ``notify_latency_s`` from the condition's start to the webhook's
+    receipt of the first firing notification listing an alert of its type on its entity that
+    started with it (or ``already_firing``: one that fired before and had not resolved).  One
+    that did not, in this order: ``shorter_than_hold`` (it lasted less than the job's hold plus
+    its notify hold, ``notify_hold_s``), ``borderline`` (less than that plus a scrape, an
+    evaluation and two probe intervals: whether a rule evaluation saw it held is luck),
+    ``inhibited`` (Alertmanager listed its alert suppressed by an inhibit rule), ``run_ended``
+    (it could still have notified after the recording ended: its /metrics open + notify hold + a
+    scrape + an evaluation + group_wait + group_interval), else ``missed``.  A false notification:
+    an alert of this type that notified firing and belongs to no condition of its type."""
+    insts = [x for x in ctx["instances"] if x["alert"] == kind]
+    am = [x for x in ctx["am"] if x["alert"] == kind]
+    after = MATCH_AFTER_S + ctx["scrape_s"] + ctx["eval_s"]
+    home, carried, used = _assign_instances(conds, insts, after)
+    am_home, am_carried, _ = _assign_instances(conds, am, after)
+    slack = ctx["scrape_s"] + ctx["eval_s"] + 2 * ctx["interval_s"]
+    for i, (c, row) in enumerate(zip(conds, rows)):
+        hold = notify_hold_s(c, ctx["holds"], ctx["rules"])
+        need = c.rule_min_s + hold
+        end = _notify_end(c)
+        span = None if end is None else end - c.start
+        fired = sorted((x for x in home[i] if x["first_firing"] is not None), key=lambda x: x["first_firing"])
+        already = [x for x in carried[i] if x["first_firing"] is not None]
+        row.update(notify_hold_s=hold, notify_span_s=span, shorter_than_hold=span is not None and span < need,
+                   notified_at=None, notify_latency_s=None, notify_after_metrics_s=None, notify_labels=None)
+        if fired:
+            at = fired[0]["first_firing"]
+            row.update(notify="notified", notified_at=at, notify_latency_s=at - c.start,
+                       notify_labels=fired[0]["labels"])
+            if row.get("open_at") is not None and not row.get("carried_over"):
+                row["notify_after_metrics_s"] = at - row["open_at"]
+            continue
+        if already:
+            row.update(notify="already_firing", notify_labels=already[0]["labels"])
+            continue
+        opened = row.get("open_at") if row.get("open_at") is not None and not row.get("carried_over") \
+            else c.start + c.rule_min_s
+        due = opened + hold + ctx["scrape_s"] + ctx["eval_s"] + ctx["group_wait_s"] + ctx["group_interval_s"]
+        if span is not None and span < need:
+            row["notify"] = "shorter_than_hold"
+        elif span is not None and span < need + slack:
+            row["notify"] = "borderline"
+        elif any(x["inhibited_first"] is not None for x in am_home[i] + am_carried[i]):
+            row["notify"] = "inhibited"
+        elif due > ctx["until"]:
+            row["notify"] = "run_ended"
+        else:
+            row["notify"] = "missed"
+        row["in_alertmanager"] = bool(am_home[i] or am_carried[i])
+    sel = [r for r in rows if r["eligible"] and r["detected"] and not r["pre_existing"]]
+    notified = [r for r in sel if r["notify"] in ("notified", "already_firing")]
+    lat = [r["notify_latency_s"] for r in sel if r["notify"] == "notified"]
+    after_metrics = [r["notify_after_metrics_s"] for r in sel if r.get("notify_after_metrics_s") is not None]
+    t0, t1 = ctx["scope"]
+    false = [x for j, x in enumerate(insts) if j not in used and x["first_firing"] is not None
+             and x["starts_at"] is not None and t0 <= x["starts_at"] <= ctx["until"]]
+    hours = max(1e-9, (min(ctx["until"], t1) - t0) / 3600.0)
+    healthy_false = [x for x in false if _healthy_entity(x["entity"], healthy)]
+    out = {"hold": notify_hold_text(kind, ctx["holds"], ctx["rules"]),
+           "episodes": len(sel), "notified": len(notified),
+           "already_firing": sum(1 for r in sel if r["notify"] == "already_firing"),
+           "notified_shorter_than_hold": sum(1 for r in notified if r["shorter_than_hold"]),
+           "notify_p50_s": pct(lat, 0.5), "notify_p95_s": pct(lat, 0.95),
+           "after_metrics_p50_s": pct(after_metrics, 0.5), "after_metrics_p95_s": pct(after_metrics, 0.95),
+           **{k: sum(1 for r in sel if r["notify"] == k) for k in NOT_NOTIFIED},
+           "false_notifications": len(false), "false_notifications_per_hour": len(false) / hours,
+           "false_notifications_healthy": len(healthy_false),
+           "not_notified_list": [{"entity": r["entity"], "scenario": r["scenario"], "repeat": r["repeat"],
+                                  "why": r["notify"], "span_s": r["notify_span_s"],
+                                  "in_alertmanager": r.get("in_alertmanager")}
+                                 for r in sel if r["notify"] not in ("notified", "already_firing")][:50],
+           "false_list": [{"labels": x["labels"], "starts_at": x["starts_at"], "first_firing": x["first_firing"],
+                           "close": x.get("close")} for x in false][:50]}
+    out["expected"] = out["episodes"] - sum(1 for r in sel if r["notify"] in ("shorter_than_hold", "borderline"))
+    return out
+
+
+def notify_other(ctx: dict) -> dict:
+    """Notified alerts outside the scored types or scope (the monitor's own health, another
+    cluster's, topics not the bench's): per alert name, how many and each one's labels."""
+    out: dict[str, list] = {}
+    for x in ctx["other"] + [x for x in ctx["instances"] if x["alert"] not in MONITOR_KINDS]:
+        if x["first_firing"] is None:
+            continue
+        out.setdefault(x["alert"] or "?", []).append({"labels": x["labels"], "starts_at": x["starts_at"],
+                                                     "first_firing": x["first_firing"], "close": x.get("close")})
+    return out
+
+
+def notify_setup(raw: dict) -> dict:
+    """The alerting path's settings, as the results and the table show them."""
+    setup = raw.get("alerting") or {}
+    prom, am = setup.get("prometheus") or {}, setup.get("alertmanager") or {}
+    return {"prometheus": {k: prom.get(k) for k in ("version", "source", "rule_files", "scrape_interval_s",
+                                                    "scrape_timeout_s", "evaluation_interval_s")},
+            "alertmanager": {"version": am.get("version"), "source": am.get("source"),
+                             "group_wait_s": am.get("group_wait_s"), "group_interval_s": am.get("group_interval_s"),
+                             "repeat_interval_s": am.get("repeat_interval_s"),
+                             "inhibit_rules": len(am.get("inhibit_rules") or []),
+                             "receivers": "each replaced by a webhook to the bench (send_resolved)"},
+            "holds_s": setup.get("holds_s") or NOTIFY_HOLDS_DEFAULT,
+            "rules": {a: [{k: r.get(k) for k in ("for_s", "keep_firing_for_s", "by", "labels")} for r in rs]
+                      for a, rs in (setup.get("rules") or {}).items()},
+            "notifications": len(raw.get("notifications") or []),
+            "recorded_from": setup.get("started_at"), "recorded_until": setup.get("recorded_until"),
+            "prometheus_health": setup.get("prometheus_health"), "exited": setup.get("exited"),
+            "am_polls": setup.get("am_polls"), "am_poll_failures": setup.get("am_poll_failures"),
+            "webhook_errors": setup.get("webhook_errors")}
+
+
+NOTIFY_HOLDS_DEFAULT = _notify_holds_default()
+
+
+# ------------------------------------------------------------------------------------------------
 # the table
 # ------------------------------------------------------------------------------------------------
 
@@ -1187,10 +1558,28 @@ def _recall(s: dict) -> str:
     return out
 
 
+def _notify_cells(n: Optional[dict]) -> str:
+    """The notification columns of a monitor row (``-`` without a notification record)."""
+    if not n:
+        return "- | - | - | - | - |"
+    notes = ([f"{n['already_firing']} already firing"] if n.get("already_firing") else []) + \
+        ([f"{n['notified_shorter_than_hold']} shorter than the hold"] if n.get("notified_shorter_than_hold") else [])
+    notified = f"{n['notified']}/{n['expected']}" + (f" ({'; '.join(notes)})" if notes else "")
+    why = " / ".join(str(n[k]) for k in NOT_NOTIFIED)
+    return (f"{n['hold']} | {notified} | {_lat(n, 'notify')} | {why} | "
+            f"{n['false_notifications']} ({n['false_notifications_healthy']}) |")
+
+
 def table(scored: dict) -> str:
-    """Markdown: per alert type the monitor's figures and the baseline rule's on the same GT."""
-    lines = ["| condition (GT) | approach | rule (for:) | recall | false alerts/h (healthy parts) | open p50 / p95 s | resolve p50 / p95 s |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    """Markdown: per alert type the monitor's figures and the baseline rule's on the same GT, and
+    the monitor's notifications through Prometheus and Alertmanager."""
+    notify = scored.get("per_alert_notify") or {}
+    lines = ["| condition (GT) | approach | rule (for:) | recall | false alerts/h (healthy parts) | "
+             "open on /metrics p50 / p95 s | resolve p50 / p95 s | notify hold | notified / expected | "
+             "to notification p50 / p95 s | not notified: shorter than hold / borderline / inhibited / run ended / "
+             "missed | false notifications (healthy parts) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    none = " |" * 5  # the notification columns: the monitor's only
     R = RULES
     rule_min = {"PreferredLeaderImbalance": f"{R['imbalance_after_s']:.0f} s",
                 "GroupEmptyWithLag": f"{R['empty_with_lag_s']:.0f} s",
@@ -1212,22 +1601,62 @@ def table(scored: dict) -> str:
     for kind in MONITOR_KINDS:
         s = scored["per_alert"][kind]
         if not s["conditions"] and not s["false_alerts"]:
-            lines.append(f"| {kind} | monitor | {rule_min.get(kind, '-')} | no condition occurred | 0 (0) | - | - |")
+            lines.append(f"| {kind} | monitor | {rule_min.get(kind, '-')} | no condition occurred | 0 (0) | - | - | "
+                         + _notify_cells(notify.get(kind)))
         else:
             lines.append(f"| {kind} | monitor | {rule_min.get(kind, '-')} | {_recall(s)} | {fa(s)} | {_lat(s, 'open')} | "
-                         f"{_lat(s, 'resolve')} |")
+                         f"{_lat(s, 'resolve')} | " + _notify_cells(notify.get(kind)))
         for rule, b in base_by_row.get(kind, []):
             spec = BASELINE_RULES[rule]
             lines.append(f"| | Prometheus-only | {rule} ({spec['for_s']:.0f} s) | {_recall(b)} | {fa(b)} | "
-                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |")
+                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |" + none)
         if kind not in base_by_row and kind not in ("ConsumerLagHigh", "ConsumerLagStatus", "GroupEmptyWithLag"):
-            lines.append("| | Prometheus-only | no rule | - | - | - | - |")
+            lines.append("| | Prometheus-only | no rule | - | - | - | - |" + none)
     for kind in ("ConsumerStopped", "ConsumerSlow"):
         s = scored["incidents"][kind]["monitor"]
         lines.append(f"| {kind} (incident) | monitor | any of {', '.join(MONITOR_LAG_ALERTS)} | {_recall(s)} | {fa(s)} | "
-                     f"{_lat(s, 'open')} | {_lat(s, 'resolve')} |")
+                     f"{_lat(s, 'open')} | {_lat(s, 'resolve')} |" + none)
         for rule, b in base_by_row.get(kind, []):
             spec = BASELINE_RULES[rule]
             lines.append(f"| | Prometheus-only | {rule} ({spec['for_s']:.0f} s) | {_recall(b)} | {fa(b)} | "
-                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |")
+                         f"{_lat(b, 'open')} | {_lat(b, 'resolve')} |" + none)
+    lines += notify_footer(scored.get("notify"))
     return "\n".join(lines)
+
+
+def notify_footer(n: Optional[dict]) -> list[str]:
+    """The alerting path's settings under the table (and what else notified)."""
+    if n is None:
+        return ["", "Notifications: not in this raw record (recorded before the bench ran Prometheus and "
+                "Alertmanager): the notification columns are empty."]
+    prom, am = n["prometheus"], n["alertmanager"]
+
+    def secs(v):
+        return "?" if v is None else f"{v:.0f} s"
+
+    out = ["", f"Notifications: {prom.get('version') or 'prometheus'} scraping the job every "
+               f"{secs(prom.get('scrape_interval_s'))}, evaluating every {secs(prom.get('evaluation_interval_s'))} "
+               f"({prom.get('source')}; rules {', '.join(prom.get('rule_files') or [])} unmodified) -> "
+               f"{am.get('version') or 'alertmanager'} ({am.get('source')}: group_wait {secs(am.get('group_wait_s'))}, "
+               f"group_interval {secs(am.get('group_interval_s'))}, repeat_interval {secs(am.get('repeat_interval_s'))}, "
+               f"{am.get('inhibit_rules')} inhibit rules; receivers replaced by a webhook); "
+               f"{n.get('notifications')} notifications recorded.",
+           "notify hold: the job's [job.rules.notify] hold + the rule's for: (on top of the job's own rule "
+           "minimum); notified / expected: of the eligible episodes detected on /metrics, those notified and "
+           "those that lasted the hold plus a scrape, an evaluation and two probe intervals; to notification: "
+           "condition start -> the webhook's receipt of the first firing notification with its alert."]
+    other = n.get("other") or {}
+    if other:
+        out.append("Other alerts notified (the monitor's own, or outside the bench's topics and groups): "
+                   + ", ".join(f"{a} x{len(v)}" for a, v in sorted(other.items())))
+    health = n.get("prometheus_health") or {}
+    if health.get("rules_not_ok"):
+        out.append("Prometheus rules not ok at the end: "
+                   + "; ".join(f"{r['rule']}: {r['health']} {r.get('error') or ''}" for r in health["rules_not_ok"]))
+    bad_targets = [t for t in health.get("targets") or [] if t.get("health") != "up"]
+    if bad_targets:
+        out.append("Prometheus targets not up at the end: "
+                   + "; ".join(f"{t['job']}: {t['health']} {t.get('error') or ''}" for t in bad_targets))
+    if n.get("exited"):
+        out.append(f"Exited during the run: {n['exited'][:300]}")
+    return out
