@@ -1240,21 +1240,10 @@ def notify_entity(labels: dict) -> tuple:
     topic)``: ConsumerLagHigh and ConsumerLagStatus, per group and topic.  A partition alert's
     ``broker`` (the one broker the job blames, when there is exactly one) is not part of its
     entity: the ground truth is per partition."""
-    group, topic, part = labels.get("group") or "", labels.get("topic") or "", labels.get("partition")
-    part = None if part in (None, "") else int(part)
-    if group and topic and part is not None:
-        return ("gp", group, topic, part)
-    if group and topic:
+    group, topic = labels.get("group") or "", labels.get("topic") or ""
+    if group and topic and labels.get("partition") in (None, ""):
         return ("gt", group, topic)
-    if group:
-        return ("g", group)
-    if topic and part is not None:
-        return ("p", topic, part)
-    if topic:
-        return ("t", topic)
-    if labels.get("broker") not in (None, ""):
-        return ("b", int(labels["broker"]))
-    return ("s", labels.get("source") or "")
+    return entity_of(labels.get("alertname", ""), labels)
 
 
 def _notify_entity_matches(ent: tuple, cond_entity: tuple) -> bool:
