@@ -588,13 +588,15 @@ def heartbeat_delay_quantiles(body: str) -> dict:
 
 
 def events_summary(bootstrap: str, topic: str, t0: float, timeout: float = 120.0) -> dict:
-    """What the probe actually sent: per event type, counts per 10-s bucket (from ``t0``), and
-    every heartbeat's observed_at, seq and started_at."""
+    """What the probe actually sent: per event type, counts per 10-s bucket (from ``t0``);
+    every heartbeat's observed_at, seq, started_at, source and its record's timestamp with the
+    timestamp's type (1 create time, 2 log append time); every metadata refresh's observed_at, ok, duration_ms, reason
+    and source (what MetadataStale measures)."""
     from confluent_kafka import Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-events-{os.getpid()}",
                   "enable.partition.eof": True, "enable.auto.commit": False, "log_level": 0, "logger": NullLogger()})
     buckets: dict[str, dict[int, int]] = {}
-    heartbeats = []
+    heartbeats, refreshes = [], []
     try:
         parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
         c.assign([TopicPartition(topic, p, 0) for p in parts])
@@ -613,14 +615,20 @@ def events_summary(bootstrap: str, topic: str, t0: float, timeout: float = 120.0
                 b = buckets.setdefault(typ, {})
                 k = int((at - t0) // 10)
                 b[k] = b.get(k, 0) + 1
+                d = e.get("data") or e.get("payload") or e
                 if typ == "heartbeat":
-                    d = e.get("data") or e.get("payload") or e
-                    heartbeats.append([round(at - t0, 3), e.get("seq"), d.get("started_at"), e.get("source")])
+                    ts_type, ts = m.timestamp()  # 1: the producer's create time, 2: log append time
+                    heartbeats.append([round(at - t0, 3), e.get("seq"), d.get("started_at"), e.get("source"),
+                                       round(ts / 1000.0 - t0, 3) if ts_type in (1, 2) else None, ts_type])
+                elif typ == "metadata_refresh":
+                    refreshes.append([round(at - t0, 3), d.get("ok"), d.get("duration_ms"), d.get("reason"),
+                                      e.get("source")])
     finally:
         c.close()
-    heartbeats.sort()
+    heartbeats.sort(key=lambda h: h[0])
+    refreshes.sort(key=lambda r: r[0])
     return {"t0": t0, "bucket_s": 10, "counts": {t: {str(k): v for k, v in sorted(b.items())} for t, b in buckets.items()},
-            "heartbeats": heartbeats}
+            "heartbeats": heartbeats, "metadata_refreshes": refreshes}
 
 
 def read_alerts(bootstrap: str, topic: str, timeout: float = 60.0) -> list[dict]:

@@ -329,7 +329,8 @@ def last_batch_age() -> dict:
 
 def silent_sources() -> dict:
     return stat("Silent sources", "Probes and instrumented clients the job calls silent (SourceSilent: no "
-                f"heartbeat for {RULES['group'].silent_factor:g} of the intervals each announced, judged without "
+                f"heartbeat for {RULES['group'].silent_factor:g} of the intervals each announced and the silence "
+                f"grace of {RULES['group'].silence_grace_ms / 1000:g} s, judged without "
                 "the pipeline's delay): the monitor is blind to their clusters meanwhile.",
                 [target(open_count("SourceSilent", "cluster, source", CLUSTER, f"{HEARTBEAT}{{{CLUSTER}}}"))],
                 decimals=0, th=GREEN_RED_AT_1)
@@ -698,12 +699,15 @@ def client_metadata() -> dict:
           (stat("Clients reporting", "Probes and instrumented clients that report metadata refreshes.",
                 [target(f"count({clients})")]), 4),
           (stat("Oldest metadata", "Seconds since the client with the oldest metadata last refreshed it "
-                f"successfully (MetadataStale opens after {grp.metadata_stale_factor:g} x its metadata.max.age.ms, "
-                f"{minutes(grp.metadata_stale_factor * grp.metadata_max_age_default_ms)} when it announces none; "
+                f"successfully (MetadataStale opens after {grp.metadata_stale_factor:g} x its metadata.max.age.ms "
+                f"and the silence grace of {grp.silence_grace_ms / 1000:g} s, "
+                f"{minutes(grp.metadata_stale_factor * grp.metadata_max_age_default_ms + grp.silence_grace_ms)} "
+                "when it announces none; "
                 "orange from one max age).",
                 [target(f"time() - min({clients})")], unit="s", decimals=0,
                 th=thresholds((None, "green"), (grp.metadata_max_age_default_ms / 1000, "orange"),
-                              (grp.metadata_stale_factor * grp.metadata_max_age_default_ms / 1000, "red"))), 4),
+                              ((grp.metadata_stale_factor * grp.metadata_max_age_default_ms + grp.silence_grace_ms)
+                               / 1000, "red"))), 4),
           (stat("MetadataStale open", f"The job's MetadataStale alert. {no_source}",
                 [target(open_count("MetadataStale", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
           (stat("MetadataRefreshStorm open", "The job's MetadataRefreshStorm alert: more than "
@@ -726,7 +730,8 @@ def client_metadata() -> dict:
                       "that keeps rising is a client that cannot refresh.",
                       [target(f"time() - {clients}", legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12),
           (timeseries("Heartbeat age per source", "Seconds since each probe or instrumented client last sent a "
-                      f"heartbeat (SourceSilent fires after {grp.silent_factor:g} of its intervals).",
+                      f"heartbeat (SourceSilent fires after {grp.silent_factor:g} of its intervals and the silence "
+                      f"grace of {grp.silence_grace_ms / 1000:g} s).",
                       [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
                               legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12))
     g.row(8,

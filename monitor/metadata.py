@@ -649,8 +649,14 @@ class MetadataCache:
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def update(self, cluster: ClusterView, now: Optional[int] = None) -> MetadataChange:
+    def update(self, cluster: ClusterView, now: Optional[int] = None, sent_at: Optional[int] = None) -> MetadataChange:
         """Java ``Metadata.update(cluster, now)``: a successful MetadataResponse.
+
+        ``sent_at``: when the request was sent.  The next periodic refresh is then due a max age
+        after it, not after the answer (Java counts from the answer): the view is at least that
+        fresh, and a slow answer (the request first went to a paused broker) would otherwise push
+        every later refresh back by its duration, successes drifting to a max age plus a request
+        apart, past the MetadataStale limit of two max ages when the request takes a max age.
 
         Clears the request, sets both refresh times to ``now``, bumps the version, drops topics
         unused for longer than ``topic_expiry_ms``, replaces the whole view (never a merge) and
@@ -673,7 +679,8 @@ class MetadataCache:
             no_leader = cluster.leaderless()
             self._need_update = False
             self._pending_reason = self._pending_cause = None
-            self._last_refresh_ms = self._last_successful_refresh_ms = now
+            self._last_refresh_ms = now
+            self._last_successful_refresh_ms = now if sent_at is None else min(now, sent_at)
             self._last_error = None
             self._version += 1
             expired = tuple(sorted(t for t, used in self._topics_used_at.items()

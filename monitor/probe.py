@@ -633,7 +633,7 @@ class Probe:
 
     def _refresh_metadata(self) -> bool:
         reason, cause = self.metadata.next_reason()
-        t0 = time.monotonic()
+        t0, sent_at = time.monotonic(), self._now_ms()
         try:
             md = self._list_topics()
         except KafkaException as e:  # transport failure, timeout
@@ -653,7 +653,7 @@ class Probe:
                                                    for p in md.topics[n].partitions.values()})
         previous_ok = self.metadata.last_successful_refresh_ms
         change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
-                                                                 previous=self.metadata.cluster))
+                                                                 previous=self.metadata.cluster), sent_at=sent_at)
         now = change.at_ms
         view = self.metadata.cluster
         if not change.ok or view is None:

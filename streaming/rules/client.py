@@ -46,18 +46,25 @@ def _stale_reference(state: dict) -> Optional[int]:
     return state["last_success_at"] if state["last_success_at"] is not None else state["first_refresh_at"]
 
 
+def _stale_limit(max_age: int, cfg: GroupRulesConfig) -> int:
+    """``metadata_stale_factor`` max ages, and the time the events topic may hold the refresh
+    events back (``silence_grace_ms``)."""
+    return int(cfg.metadata_stale_factor * max_age) + cfg.silence_grace_ms
+
+
 def _stale(state: dict, now: int, entity: str, cfg: GroupRulesConfig) -> list[Transition]:
     ref = _stale_reference(state)
     if ref is None or Alert.METADATA_STALE.value in state["open"]:
         return []
     max_age, origin = _max_age(state, cfg)
-    limit = int(cfg.metadata_stale_factor * max_age)
+    limit = _stale_limit(max_age, cfg)
     age = _age(now, ref)
     if age <= limit:
         return []
     return _open(state, Alert.METADATA_STALE, entity, client_labels(state), now, {
         "last_success_at": state["last_success_at"], "measured_from": ref, "age_ms": age,
-        "max_age_ms": max_age, "max_age_from": origin, "limit_ms": limit, "last_error": state["last_error"],
+        "max_age_ms": max_age, "max_age_from": origin, "limit_ms": limit, "grace_ms": cfg.silence_grace_ms,
+        "last_error": state["last_error"],
         "last_error_at": state["last_error_at"], "failures_since_success": state["failures_since_success"],
         "last_attempt_at": state["last_attempt_at"]})
 
@@ -141,7 +148,7 @@ def client_due_at(state: dict, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> Option
     due: list[int] = []
     ref = _stale_reference(state)
     if ref is not None and Alert.METADATA_STALE.value not in state["open"]:
-        due.append(ref + int(cfg.metadata_stale_factor * _max_age(state, cfg)[0]) + 1)
+        due.append(ref + _stale_limit(_max_age(state, cfg)[0], cfg) + 1)
     if Alert.METADATA_REFRESH_STORM.value in state["open"]:
         ts = sorted(e[0] for e in state["invalidations"])
         k = len(ts) - cfg.refresh_storm_clear - 1  # the count reaches clear when ts[k] ages out

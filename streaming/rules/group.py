@@ -58,6 +58,12 @@ class GroupRulesConfig:
     silent_factor: float = 3.0
     #: heartbeat interval assumed when a heartbeat announces none (the probe's default, 10 s)
     heartbeat_interval_default_ms: int = 10_000
+    #: added to SourceSilent's and MetadataStale's limits: how long the events topic may hold a
+    #: source's events back without the source being at fault.  A follower of its partitions
+    #: that stops fetching (paused, in a long GC) holds every acks=all write, and what consumers
+    #: may read, until the leader drops it from the ISR: the events cluster's
+    #: replica.lag.time.max.ms (Kafka's default, 30 s) and a fetch later
+    silence_grace_ms: int = 30_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -86,6 +92,8 @@ class GroupRulesConfig:
         if self.refresh_history_cap <= self.refresh_storm_max:
             raise ValueError(f"GroupRulesConfig.refresh_history_cap: must be > refresh_storm_max "
                              f"({self.refresh_storm_max}), got {self.refresh_history_cap}")
+        if self.silence_grace_ms < 0:
+            raise ValueError(f"GroupRulesConfig.silence_grace_ms: must be >= 0, got {self.silence_grace_ms!r}")
         for name in ("metadata_stale_factor", "silent_factor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GroupRulesConfig.{name}: must be >= 1 (less would fire between two "

@@ -89,18 +89,19 @@ def on_heartbeat(state: dict, obs: dict, now: int, entity: str,
 
 def tick_source(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Time-driven source check: SourceSilent opens after ``silent_factor`` x the announced
-    interval without a heartbeat."""
+    interval and ``silence_grace_ms`` without a heartbeat."""
     at = state["last_heartbeat_at"]
     if at is None or Alert.SOURCE_SILENT.value in state["open"]:
         return []
     now = int(now)
     interval = _interval(state, cfg)
-    limit = int(cfg.silent_factor * interval)
+    limit = _silent_limit(interval, cfg)
     silent = _age(now, at)
     if silent <= limit:
         return []
     return _open(state, Alert.SOURCE_SILENT, entity, source_labels(state), now, {
         "last_heartbeat_at": at, "silent_for_ms": silent, "interval_ms": interval, "limit_ms": limit,
+        "grace_ms": cfg.silence_grace_ms,
         "events_sent": state["events_sent"], "events_dropped": state["events_dropped"]})
 
 
@@ -109,4 +110,10 @@ def source_due_at(state: dict, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> Option
     at = state["last_heartbeat_at"]
     if at is None or Alert.SOURCE_SILENT.value in state["open"]:
         return None
-    return at + int(cfg.silent_factor * _interval(state, cfg)) + 1
+    return at + _silent_limit(_interval(state, cfg), cfg) + 1
+
+
+def _silent_limit(interval: int, cfg: GroupRulesConfig) -> int:
+    """``silent_factor`` intervals, and the time the events topic may hold heartbeats back
+    (``silence_grace_ms``)."""
+    return int(cfg.silent_factor * interval) + cfg.silence_grace_ms

@@ -15,6 +15,7 @@ from kafka_monitor.broker import create_topics
 from monitor.probe import Probe, ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state
+from streaming.rules.group import GroupRulesConfig
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
 from tests.support.events import read_events
@@ -111,7 +112,8 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
     rows = parsing.parse_values(pa.array([e.to_json() for e in evs], pa.binary()), gate=True).to_pandas()
     assert rows["reason"].isna().all(), rows["reason"].dropna().unique()
     entities: dict[str, dict] = {}
-    cfg = state.StateConfig()
+    # events captured in memory: nothing holds them back, no silence grace (docs/rules.md)
+    cfg = state.StateConfig(group=GroupRulesConfig(silence_grace_ms=0))
     opened, _ = state.fold(entities, rows, cfg)
     for s in entities.values():
         if s["kind"] in ("partition", "group_partition", "group"):

@@ -214,7 +214,7 @@ def valid_cycle(c: int, t_ms: int) -> list[tuple[str, bytes, bytes]]:
                                     via="fetch", metadata_at=t_ms))
         evs.append(GroupOffsets(group=VALID_GROUP, topic=VALID_TOPIC, partition=p, committed_offset=hw - 3,
                                 high_watermark=hw, hw_observed_at=t_ms))
-    # a heartbeat every cycle, announced as once a minute: SourceSilent only after 3 minutes of silence
+    # a heartbeat every cycle, announced as once a minute: SourceSilent only after 3 minutes and the silence grace
     evs.append(Heartbeat(interval_ms=60_000, events_sent=c * VALID_PER_CYCLE, events_dropped=0))
     out = []
     for i, d in enumerate(evs):

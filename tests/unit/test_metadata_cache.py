@@ -392,6 +392,18 @@ def test_refresh_times_and_expiry_times():
     assert cache.partition_count("nope") is None and cache.partition_count_changed_at("nope") is None
 
 
+def test_the_next_periodic_refresh_is_due_a_max_age_after_the_request():
+    """A slow answer (sent at T0, answered 4 s later) does not push the next refresh back."""
+    clock = Clock()
+    cache = MetadataCache(metadata_max_age_ms=MAX_AGE, refresh_backoff_ms=BACKOFF, clock=clock)
+    clock.now += 4_000
+    cache.update(V_ORDERS, sent_at=T0)
+    assert (cache.last_refresh_ms, cache.last_successful_refresh_ms) == (T0 + 4_000, T0)
+    assert cache.time_to_next_update() == MAX_AGE - 4_000
+    cache.update(V_ORDERS, sent_at=clock.now + 50)  # a sent time after the answer is not believed
+    assert cache.last_successful_refresh_ms == clock.now
+
+
 def test_request_update_rejects_unknown_causes():
     cache = MetadataCache(clock=Clock())
     for bad in ("gremlins", "error_response", "error_response:", "disconnected:node 1"):

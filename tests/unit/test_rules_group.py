@@ -20,7 +20,8 @@ from streaming.rules.base import Alert, Severity
 
 S = 1_000
 M = 60_000
-CFG = rg.GroupRulesConfig()
+#: the cases below count the factors' limits alone; the silence grace has its own tests
+CFG = rg.GroupRulesConfig(silence_grace_ms=0)
 GE, CE, SE = "k/g", "k/probe-1", "k/probe-1"
 
 STORM, STUCK, EMPTY = Alert.REBALANCE_STORM, Alert.REBALANCE_STUCK, Alert.GROUP_EMPTY_WITH_LAG
@@ -411,7 +412,8 @@ def test_stale_evidence_with_event_max_age():
     (opened,) = got
     assert opened.severity is Severity.WARNING and opened.labels == {"cluster": "k", "source": "probe-1"}
     assert opened.evidence == {"last_success_at": 0, "measured_from": 0, "age_ms": 121_000, "max_age_ms": 60_000,
-                               "max_age_from": "event", "limit_ms": 120_000, "last_error": "Broker: Not coordinator",
+                               "max_age_from": "event", "limit_ms": 120_000, "grace_ms": 0,
+                               "last_error": "Broker: Not coordinator",
                                "last_error_at": 121_000, "failures_since_success": 2, "last_attempt_at": 121_000}
 
 
@@ -522,7 +524,7 @@ def test_restart_is_recorded_and_resolve_says_so():
     opened, resolved = got
     assert opened.severity is Severity.CRITICAL and opened.labels == {"cluster": "k", "source": "probe-1"}
     assert opened.evidence == {"last_heartbeat_at": 0, "silent_for_ms": 30_001, "interval_ms": 10_000,
-                               "limit_ms": 30_000, "events_sent": 0, "events_dropped": 0}
+                               "limit_ms": 30_000, "grace_ms": 0, "events_sent": 0, "events_dropped": 0}
     assert resolved.alert_id == opened.alert_id
     assert resolved.evidence["restarted"] is True and resolved.evidence["silent_for_ms"] == 60_000
     assert (s["restarts"], s["last_restart_at"], s["started_at"]) == (1, 60_000, 55_000)
@@ -551,7 +553,7 @@ def test_ticks_are_no_ops_when_nothing_is_due():
     assert rg.tick_group(g, 10**12, GE, CFG, _Untouchable()) == [] and g == before
 
     _, c = run_client([mr(0, max_age=60_000)])
-    due = rc.client_due_at(c)
+    due = rc.client_due_at(c, CFG)
     assert due == 120_001
     before = copy.deepcopy(c)
     assert rc.tick_client(c, due - 1, CE, CFG) == [] and c == before
@@ -559,7 +561,7 @@ def test_ticks_are_no_ops_when_nothing_is_due():
     assert rc.client_due_at(c) is None
 
     _, src = run_source([hb(0)])
-    due = rsrc.source_due_at(src)
+    due = rsrc.source_due_at(src, CFG)
     assert due == 30_001
     before = copy.deepcopy(src)
     assert rsrc.tick_source(src, due - 1, SE, CFG) == [] and src == before
@@ -745,8 +747,30 @@ def test_a_late_heartbeat_resolves_source_silent_no_earlier_than_its_open():
     but the resolve is never stamped before the open (seen on the real cluster, issue 33)."""
     s = rsrc.new_source("c", "p")
     rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 1, "events_dropped": 0}, 10_000, "src")
-    opened = rsrc.tick_source(s, 13_001, "src")
+    opened = rsrc.tick_source(s, 13_001, "src", CFG)
     assert [t.action for t in opened] == ["open"]
     late = rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 2, "events_dropped": 0}, 12_500, "src")
     assert [(t.action, t.at) for t in late] == [("resolve", 13_001)]
     assert late[0].evidence["open_since"] == 13_001
+
+
+def test_the_silence_grace_adds_to_both_limits():
+    """Events held back by a stalled follower of the events topic: SourceSilent and
+    MetadataStale wait silence_grace_ms (30 s by default) beyond their factors' limits."""
+    cfg = rg.GroupRulesConfig()
+    assert cfg.silence_grace_ms == 30_000
+    src = rsrc.new_source("k", "probe-1")
+    rsrc.on_heartbeat(src, {"interval_ms": 5_000, "events_sent": 1, "events_dropped": 0}, 0, SE, cfg)
+    assert rsrc.source_due_at(src, cfg) == 15_000 + 30_000 + 1
+    assert rsrc.tick_source(src, 45_000, SE, cfg) == []
+    (opened,) = rsrc.tick_source(src, 45_001, SE, cfg)
+    assert (opened.alert, opened.evidence["limit_ms"], opened.evidence["grace_ms"]) == (SILENT, 45_000, 30_000)
+    got, s = run_client([mr(0, max_age=5_000), ctick(40_000), ctick(40_001)], cfg=cfg, full=True)
+    (stale,) = got
+    assert (stale.at, stale.evidence["limit_ms"], stale.evidence["grace_ms"]) == (40_001, 40_000, 30_000)
+    assert rc.client_due_at(s, cfg) is None
+
+
+def test_the_silence_grace_is_checked():
+    with pytest.raises(ValueError, match="silence_grace_ms"):
+        rg.GroupRulesConfig(silence_grace_ms=-1)

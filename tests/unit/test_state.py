@@ -7,6 +7,8 @@ import json
 import pandas as pd
 import pytest
 
+from streaming.rules.group import GroupRulesConfig
+
 from streaming.state import function as st
 from streaming.job import FLAT_COLUMNS
 
@@ -348,12 +350,14 @@ def test_timers_expire_at_their_moment_whatever_the_batches():
     events = [mr(i, t) for i, t in enumerate(times)] + [hb(100 + i, t) for i, t in enumerate([0, 1000, 5000, 6000])]
     events.sort(key=lambda e: e["observed_at"])
 
+    cfg = st.StateConfig(group=GroupRulesConfig(silence_grace_ms=0))  # the factors' limits alone
+
     def run(batches):
         ents, out = {}, []
         for b in batches:
-            got, _ = st.fold(ents, rows(*b), st.StateConfig())
+            got, _ = st.fold(ents, rows(*b), cfg)
             out += got
-            out += st.tick(ents, max(e["observed_at"] for e in b), st.StateConfig())
+            out += st.tick(ents, max(e["observed_at"] for e in b), cfg)
         return sorted((t.at, t.alert.value, t.action) for t in out)
 
     whole = run([events])
