@@ -79,6 +79,7 @@ import collections
 import concurrent.futures
 import contextlib
 import gc
+import heapq
 import json
 import logging
 import math
@@ -92,7 +93,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
                              TopicPartition)
-from confluent_kafka.admin import AdminClient, ConfigResource, ListOffsetsResultInfo, OffsetSpec, ResourceType
+from confluent_kafka.admin import (AdminClient, ConfigResource, ConfigSource, ListOffsetsResultInfo, OffsetSpec,
+                                  ResourceType)
 
 import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
@@ -103,7 +105,7 @@ from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.contract import NO_LEADER
-from monitor.access import FatalClientError, fatal_reason, missing_acl
+from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
 from monitor.metadata import ClusterView, MetadataCache, Reason, cause_for_error
 
 log = logging.getLogger(__name__)
@@ -213,6 +215,13 @@ def parse_share(text: Optional[str]) -> Optional[tuple[int, int]]:
     return int(m.group(1)), int(m.group(2))
 
 
+#: topics read again at one refresh, in one DescribeConfigs request (each answered with every
+#: entry of its config, 33 on Kafka 4.1): bounds a refresh's cost (see Probe._topic_min_isr)
+CONFIG_REREAD_MAX = 1000
+#: ConfigEntry.source of a topic's own value
+_TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+
+
 @dataclass
 class ProbeConfig:
     bootstrap_servers: str
@@ -234,8 +243,9 @@ class ProbeConfig:
     #: statistics interval of the probe's metadata client, where leader epochs come from; default
     #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
     stats_interval_s: Optional[float] = None
-    #: how often each topic's configuration (min.insync.replicas) is read again
-    config_refresh_s: float = 300.0
+    #: how often each topic's configuration (min.insync.replicas) is read again; default (0): at
+    #: every metadata refresh, answered by the next (see Probe._topic_min_isr)
+    config_refresh_s: float = 0.0
     #: a partition's metadata is sent when it changes, and at least this often when it does not
     #: (0: after every refresh)
     metadata_snapshot_s: float = 60.0
@@ -268,6 +278,9 @@ class ProbeConfig:
         if not self.metadata_snapshot_s >= 0:
             raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
                               f"refresh), got {self.metadata_snapshot_s}")
+        if not self.config_refresh_s >= 0:
+            raise ConfigError(f"probe.config_refresh_s: must be >= 0 (0 = at every metadata refresh), "
+                              f"got {self.config_refresh_s}")
         if not self.refresh_backoff_s >= 0:
             raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
         if self.offsets_via not in OFFSETS_VIA:
@@ -376,6 +389,20 @@ class Probe:
         self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
         self._min_isr: dict[str, Optional[int]] = {}
         self._min_isr_at: dict[str, float] = {}
+        #: topics whose min.insync.replicas is their own (not the brokers' default)
+        self._min_isr_own: set[str] = set()
+        #: the re-read of topic configurations in flight (ConfigResource -> future), sent when
+        self._min_isr_out: dict[Any, Any] = {}
+        self._min_isr_out_at = 0.0
+        #: the read of one broker's configuration in flight, the brokers' default it last gave,
+        #: and when that last changed
+        self._default_out: dict[Any, Any] = {}
+        self._default_min_isr: Optional[int] = None
+        self._default_changed_at = -1.0
+        self._default_denied = False  # no DESCRIBE_CONFIGS on the Cluster resource: not asked again
+        #: topic configurations read (first reads and re-reads), and changes of a known value seen
+        self.config_reads = 0
+        self.min_isr_changes = 0
         self._started_at = self._now_ms()
         self._topics_in = re.compile(cfg.topics_include)
         self._topics_out = re.compile(cfg.topics_exclude)
@@ -691,7 +718,7 @@ class Probe:
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
                             self.cfg.topics_include, self.cfg.topics_exclude)
-        min_isr = self._topic_min_isr(topics)
+        min_isr = self._topic_min_isr(topics, min(brokers) if brokers else None)
         # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
         # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
         # same object while nothing changed, so "unchanged" is mostly an identity test.
@@ -916,32 +943,121 @@ class Probe:
                 log.info("the brokers report no leader epochs; partition_metadata.leader_epoch stays null")
         return epochs
 
-    def _topic_min_isr(self, topics: list[str]) -> dict[str, Optional[int]]:
-        """Each topic's min.insync.replicas (DescribeConfigs), read for new topics and again every
-        ``config_refresh_s``; None where the broker does not report it (Tansu reports none)."""
+    def _topic_min_isr(self, topics: list[str], broker: Optional[int] = None) -> dict[str, Optional[int]]:
+        """Each topic's min.insync.replicas (DescribeConfigs); None where the broker does not
+        report it (Tansu reports none).
+
+        A topic seen for the first time is read at once, so that its first partition_metadata
+        carries the value.  Later reads do not wait: a request goes out at one refresh and its
+        answer is used at the first refresh after it arrived.
+
+        - The brokers' default (what a topic without a value of its own reports) is read at
+          every refresh from one broker, ``broker`` (one resource: cheap); when it changes,
+          every topic without its own value takes the new one at once.  So a change of the
+          default shows within two intervals on any cluster.
+        - Each topic is read again every ``config_refresh_s`` (default: at every refresh), at
+          most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread first: a topic's own
+          value changed at runtime shows within two intervals up to that many topics, within
+          n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's
+          config (confluent-kafka cannot name the one wanted), about 0.4 ms of this process's
+          CPU per topic (bench/config_cost_bench.py), so this bounds a refresh's share."""
         now = time.monotonic()
-        stale = [t for t in topics if now - self._min_isr_at.get(t, -1e18) > self.cfg.config_refresh_s]
         for t in set(self._min_isr) - set(topics):
             self._min_isr.pop(t, None)
             self._min_isr_at.pop(t, None)
-        if stale:
-            for t in stale:  # read or not, not asked again before config_refresh_s
+            self._min_isr_own.discard(t)
+        if self._default_out and all(f.done() for f in self._default_out.values()):
+            out, self._default_out = self._default_out, {}
+            self._read_default(out)
+        if self._min_isr_out and all(f.done() for f in self._min_isr_out.values()):
+            out, self._min_isr_out = self._min_isr_out, {}
+            self._read_min_isr(out, follows_default=self._min_isr_out_at > self._default_changed_at)
+        new = [t for t in topics if t not in self._min_isr_at]
+        if new:
+            for t in new:  # read or not, not asked again before config_refresh_s
                 self._min_isr_at[t] = now
                 self._min_isr.setdefault(t, None)
+            self._read_min_isr(self._describe(ResourceType.TOPIC, new), follows_default=True)
+        if not self._min_isr_out:
+            due = heapq.nsmallest(CONFIG_REREAD_MAX, (t for t in topics if t not in new and now - self._min_isr_at[t]
+                                                      >= self.cfg.config_refresh_s), key=self._min_isr_at.__getitem__)
+            for t in due:
+                self._min_isr_at[t] = now
+            self._min_isr_out, self._min_isr_out_at = self._describe(ResourceType.TOPIC, due), now
+        if not self._default_out and broker is not None and topics and not self._default_denied:
+            self._default_out = self._describe(ResourceType.BROKER, [str(broker)])
+        return {t: self._min_isr.get(t) for t in topics}
+
+    def _describe(self, kind: Any, names: list[str]) -> dict[Any, Any]:
+        """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request:
+        ConfigResource -> future."""
+        futs: dict[Any, Any] = {}
+        for i in range(0, len(names), CONFIG_REREAD_MAX):
             try:
-                futs = self._ops.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in stale],
-                                                    request_timeout=self.cfg.request_timeout_s)
-                for res, fut in futs.items():
-                    try:
-                        entry = fut.result().get("min.insync.replicas")
-                        self._min_isr[res.name] = int(entry.value) if entry is not None and entry.value else None
-                    except Exception as e:
-                        self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
-                                        "unavailable, reported as unknown: %s%s", e,
-                                        missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
+                futs.update(self._ops.describe_configs([ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
+                                                       request_timeout=self.cfg.request_timeout_s))
             except Exception as e:
                 self._warn_once("describe_configs", "describe_configs failed: %s", e)
-        return {t: self._min_isr.get(t) for t in topics}
+        return futs
+
+    def _read_min_isr(self, futs: dict[Any, Any], follows_default: bool) -> None:
+        """Take the topics' answers of :meth:`_describe` (waiting for them); a topic whose read
+        failed keeps the value it had.  ``follows_default`` False: the brokers' default changed
+        after these were sent, so a topic without its own value keeps the newer default."""
+        for res, fut in futs.items():
+            try:
+                entry = fut.result().get("min.insync.replicas")
+            except Exception as e:
+                self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
+                                "unavailable, reported as unknown: %s%s", e,
+                                missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
+                continue
+            t = res.name
+            if t not in self._min_isr_at:  # no longer watched
+                continue
+            self.config_reads += 1
+            own = entry is not None and getattr(entry.source, "value", entry.source) == _TOPIC_CONFIG
+            if own:
+                self._min_isr_own.add(t)
+            else:
+                self._min_isr_own.discard(t)
+                if not follows_default:
+                    continue
+            self._set_min_isr(t, int(entry.value) if entry is not None and entry.value else None)
+
+    def _read_default(self, futs: dict[Any, Any]) -> None:
+        """The brokers' min.insync.replicas from one broker's configuration: on a change, every
+        topic without its own value takes it."""
+        for _res, fut in futs.items():
+            try:
+                entry = fut.result().get("min.insync.replicas")
+            except Exception as e:
+                if authorization_resource(e) is not None:  # optional: the topics' re-reads see it too
+                    self._default_denied = True
+                    log.info("the brokers' configuration is not readable (%s): a change of their default "
+                             "min.insync.replicas shows through each topic's re-read instead (DESCRIBE_CONFIGS "
+                             "on the Cluster resource, optional, lets the probe see it within two intervals)", e)
+                else:
+                    self._warn_once("describe_broker_configs", "the brokers' configuration (their default "
+                                    "min.insync.replicas) unavailable: %s", e)
+                continue
+            value = int(entry.value) if entry is not None and entry.value else None
+            if value is None:
+                continue
+            if self._default_min_isr is not None and value != self._default_min_isr:
+                log.info("the brokers' min.insync.replicas changed from %s to %s", self._default_min_isr, value)
+                self._default_changed_at = time.monotonic()
+                for t in list(self._min_isr):
+                    if t not in self._min_isr_own and self._min_isr[t] is not None:
+                        self._set_min_isr(t, value)
+            self._default_min_isr = value
+
+    def _set_min_isr(self, topic: str, value: Optional[int]) -> None:
+        old = self._min_isr.get(topic)
+        if old is not None and value != old:
+            self.min_isr_changes += 1
+            log.info("min.insync.replicas of topic %s changed from %s to %s", topic, old, value)
+        self._min_isr[topic] = value
 
     def _warn_once(self, kind: str, msg: str, *args: Any) -> None:
         """Log a recurring problem once at WARNING, then at DEBUG (it is counted, not repeated)."""
@@ -1342,12 +1458,13 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        pending = [f for fs in self._lo_out.values() for f in fs]
+        pending = ([f for fs in self._lo_out.values() for f in fs] + list(self._min_isr_out.values())
+                   + list(self._default_out.values()))
         if self._listing is not None:
             pending.append(self._listing)
         if pending:  # each ends by its request timeout at the latest
             concurrent.futures.wait(pending, timeout=self.cfg.request_timeout_s + 1)
-            self._lo_out, self._listing = {}, None
+            self._lo_out, self._listing, self._min_isr_out, self._default_out = {}, None, {}, {}
         self._coordinator.close()
         self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again

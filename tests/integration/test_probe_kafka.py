@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -209,6 +209,59 @@ def test_min_insync_replicas_comes_from_the_topic_or_the_broker_default(kafka_cl
         probe.refresh_metadata()
         assert part(cap, plain).data.min_insync_replicas == 1     # the broker default
         assert part(cap, strict).data.min_insync_replicas == 3
+    finally:
+        probe.close(flush_timeout=1)
+
+
+def _alter_min_isr(c, topic: Optional[str], value: Optional[int]) -> None:
+    """Set (or with None delete) min.insync.replicas on ``topic``, or with topic None as the
+    brokers' cluster-wide default (librdkafka cannot name that resource: Kafka's ConfigCommand)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    if topic is None:
+        change = ["--delete-config", "min.insync.replicas"] if value is None else \
+            ["--add-config", f"min.insync.replicas={value}"]
+        c.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", c.bootstrap_servers, "--entity-type",
+                   "brokers", "--entity-default", "--alter", *change)
+        return
+    op = AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET
+    r = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("min.insync.replicas", None if value is None else str(value), incremental_operation=op)])
+    for fut in c.admin().incremental_alter_configs([r], request_timeout=30).values():
+        fut.result(30)
+
+
+def test_a_runtime_min_insync_replicas_change_is_seen_within_two_refreshes(kafka_cluster):
+    """Issue 33: min.insync.replicas raised at runtime (on the topic, and as the brokers'
+    default, which a topic without its own value reports) changes what acks=all writes
+    survive.  The probe re-reads every topic's value at every refresh and uses the answer at
+    the next one: a change made between two refreshes shows at the second after it at the
+    latest (a re-read already in flight when it was made answers the old value)."""
+    c = kafka_cluster
+    own, plain = unique("real.minisr-own"), unique("real.minisr-default")
+    c.create_topic(own, partitions=1, rf=3)
+    c.create_topic(plain, partitions=1, rf=3)
+    probe, cap = probe_for(c, f"^({own}|{plain})$")
+    try:
+        probe.refresh_metadata()
+        probe.refresh_metadata()
+        assert (part(cap, own).data.min_insync_replicas, part(cap, plain).data.min_insync_replicas) == (1, 1)
+        _alter_min_isr(c, own, 3)
+        _alter_min_isr(c, None, 2)  # the brokers' cluster-wide default
+        try:
+            refreshes = 0
+
+            def seen():
+                nonlocal refreshes
+                refreshes += 1
+                return part(cap, own).data.min_insync_replicas == 3 and part(cap, plain).data.min_insync_replicas == 2
+            # each refresh_until round refreshes, then looks; the answers come within ms on loopback
+            refresh_until(probe, cap, lambda: time.sleep(0.3) or seen(), "the new min.insync.replicas", timeout=30)
+            assert refreshes <= 3, refreshes
+            assert probe.min_isr_changes >= 2
+        finally:
+            # set back, not deleted: Kafka 4.1 refuses "Cluster-level min.insync.replicas cannot
+            # be removed while ELR is enabled"
+            _alter_min_isr(c, None, 1)
     finally:
         probe.close(flush_timeout=1)
 
