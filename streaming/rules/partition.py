@@ -356,14 +356,14 @@ def _min_isr(state: PartitionState, now: int, entity: str, labels: dict, isr: li
     n_isr, n_rep = len(set(isr)), len(set(replicas))
     if n_isr < min_isr:
         target: Optional[Alert] = _UNDER
-    elif n_isr == min_isr and n_isr < n_rep:
+    elif n_isr == min_isr and (n_isr < n_rep or min_isr >= 2):  # one loss from refusing acks=all writes
         target = _AT
     else:
         target = None
     if target is None and not state["open"]:
         return []  # healthy, nothing open to resolve
     evidence = {"isr": isr, "isr_size": n_isr, "min_insync_replicas": min_isr, "replicas": replicas,
-                "replication_factor": n_rep}
+                "replication_factor": n_rep, "configured_margin": n_rep - min_isr}
     out: list[Transition] = []
     now_is = {None: "healthy", _UNDER: "under_min_isr", _AT: "at_min_isr"}[target]
     for alert in (_UNDER, _AT):

@@ -97,8 +97,12 @@ MIN_ISR_CASES = [
          [(1000, "md", md([1])), (2000, "md", md([1, 2])), (3000, "md", md([]))], [], MIN_ISR),
     case("RF=1 / min=1 single-replica topic is healthy (at min by design)",
          [(t, "md", md([1], replicas=(1,), min_isr=1)) for t in (1000, 2000, 3000)], [], MIN_ISR),
-    case("RF=2 / min=2 sits at min by design: no alert",
-         [(t, "md", md([1, 2], replicas=(1, 2), min_isr=2)) for t in (1000, 2000)], [], MIN_ISR),
+    case("RF=2 / min=2 is AtMinIsr with every replica in sync: any loss refuses acks=all writes",
+         [(t, "md", md([1, 2], replicas=(1, 2), min_isr=2)) for t in (1000, 2000)], [(1000, AT, "open")], MIN_ISR),
+    case("min.insync.replicas raised to the replication factor at runtime (3 -> 3): AtMinIsr; lowered: resolved",
+         [(1000, "md", md([1, 2, 3], min_isr=2)), (2000, "md", md([1, 2, 3], min_isr=3)),
+          (3000, "md", md([1, 2, 3], min_isr=2))],
+         [(2000, AT, "open"), (3000, AT, "resolve")], MIN_ISR),
     case("healthy RF=3 / min=2: nothing",
          [(t, "md", md([1, 2, 3], min_isr=2)) for t in (1000, 2000)], [], MIN_ISR),
     case("ISR 3 -> 2 -> 1 with min 2: AtMinIsr, then UnderMinIsr resolving AtMinIsr first; back to 3 resolves",
@@ -123,10 +127,10 @@ MIN_ISR_CASES = [
     case("an open UnderMinIsr is not resolved by the partition going offline (it got worse)",
          [(1000, "md", md([1], min_isr=2)), (2000, "md", md([], leader=-1)), (3000, "md", md([1, 2, 3]))],
          [(1000, UNDER, "open"), (3000, UNDER, "resolve")], MIN_ISR),
-    case("reassignment adding a replica to an RF=3 / min=3 topic: at min with redundancy missing",
+    case("reassignment adding a replica to an RF=3 / min=3 topic: at min until the new one is in sync",
          [(1000, "md", md([1, 2, 3], min_isr=3)), (2000, "md", md([1, 2, 3], replicas=(1, 2, 3, 4))),
           (3000, "md", md([1, 2, 3, 4], replicas=(1, 2, 3, 4)))],
-         [(2000, AT, "open"), (3000, AT, "resolve")], MIN_ISR),
+         [(1000, AT, "open"), (3000, AT, "resolve")], MIN_ISR),
 ]
 
 
@@ -142,7 +146,7 @@ def test_min_isr_evidence_and_severity():
     assert at_open.labels == {"cluster": "k", "topic": "t", "partition": 0, "broker": 3}  # the one missing
     assert "broker" not in under_open.labels  # two missing: no single broker to name
     assert under_open.evidence == {"isr": [1], "isr_size": 1, "min_insync_replicas": 2, "replicas": [1, 2, 3],
-                                   "replication_factor": 3}
+                                   "replication_factor": 3, "configured_margin": 1}
     assert at_resolve.alert_id == at_open.alert_id
     assert at_resolve.evidence["now"] == "under_min_isr" and at_resolve.evidence["open_since"] == 1000
 
