@@ -346,6 +346,11 @@ class Probe:
         ops_conf: dict[str, Any] = {**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
                                     "error_cb": self._on_client_error}
         self._ops = admin if admin is not None else AdminClient(ops_conf)
+        # DescribeConfigs go through a third: the brokers' default is asked of one broker at every
+        # refresh, and librdkafka sends a client's next broker-less request (a metadata sync of the
+        # offsets client) to the broker it used last, so through _ops a paused broker 1 held those
+        # for their whole timeout
+        self._configs = admin if admin is not None else AdminClient(ops_conf)
         #: a metadata request that timed out is sent again through a new client (_list_topics)
         self._retry_conf: Optional[dict[str, Any]] = None if admin is not None else {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000), "error_cb": _quiet}
@@ -994,8 +999,9 @@ class Probe:
         futs: dict[Any, Any] = {}
         for i in range(0, len(names), CONFIG_REREAD_MAX):
             try:
-                futs.update(self._ops.describe_configs([ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
-                                                       request_timeout=self.cfg.request_timeout_s))
+                futs.update(self._configs.describe_configs(
+                    [ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
+                    request_timeout=self.cfg.request_timeout_s))
             except Exception as e:
                 self._warn_once("describe_configs", "describe_configs failed: %s", e)
         return futs
@@ -1466,7 +1472,7 @@ class Probe:
             concurrent.futures.wait(pending, timeout=self.cfg.request_timeout_s + 1)
             self._lo_out, self._listing, self._min_isr_out, self._default_out = {}, None, {}, {}
         self._coordinator.close()
-        self._admin = self._ops = None
+        self._admin = self._ops = self._configs = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
             gc.unfreeze()
             self._gc_cycles = 0
