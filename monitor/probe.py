@@ -243,9 +243,10 @@ class ProbeConfig:
     #: statistics interval of the probe's metadata client, where leader epochs come from; default
     #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
     stats_interval_s: Optional[float] = None
-    #: how often each topic's configuration (min.insync.replicas) is read again; default (0): at
-    #: every metadata refresh, answered by the next (see Probe._topic_min_isr)
-    config_refresh_s: float = 0.0
+    #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
+    #: refresh, answered by the next (see Probe._topic_min_isr); 10 s: at every refresh at the
+    #: default interval, and no faster at shorter ones (0: at every refresh)
+    config_refresh_s: float = 10.0
     #: a partition's metadata is sent when it changes, and at least this often when it does not
     #: (0: after every refresh)
     metadata_snapshot_s: float = 60.0
@@ -960,7 +961,8 @@ class Probe:
           every refresh from one broker, ``broker`` (one resource: cheap); when it changes,
           every topic without its own value takes the new one at once.  So a change of the
           default shows within two intervals on any cluster.
-        - Each topic is read again every ``config_refresh_s`` (default: at every refresh), at
+        - Each topic is read again every ``config_refresh_s`` (10 s: every refresh at the
+          default interval), at
           most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread first: a topic's own
           value changed at runtime shows within two intervals up to that many topics, within
           n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's

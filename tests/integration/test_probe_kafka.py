@@ -240,7 +240,7 @@ def test_a_runtime_min_insync_replicas_change_is_seen_within_two_refreshes(kafka
     own, plain = unique("real.minisr-own"), unique("real.minisr-default")
     c.create_topic(own, partitions=1, rf=3)
     c.create_topic(plain, partitions=1, rf=3)
-    probe, cap = probe_for(c, f"^({own}|{plain})$")
+    probe, cap = probe_for(c, f"^({own}|{plain})$", config_refresh_s=0)  # at every refresh (10 s by default)
     try:
         probe.refresh_metadata()
         probe.refresh_metadata()

@@ -61,6 +61,7 @@ class ConfigAdmin(FakeAdmin):
 
 
 def make(admin: ConfigAdmin, **kw) -> Probe:
+    kw.setdefault("config_refresh_s", 0.0)  # re-read at every call
     return Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, **kw), emitter=FakeEmitter(), admin=admin)
 
 
