@@ -222,6 +222,11 @@ CONFIG_REREAD_MAX = 1000
 _TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
 
 
+def _config_int(entry: Any) -> Optional[int]:
+    """A DescribeConfigs entry's integer value; None when absent or empty."""
+    return int(entry.value) if entry is not None and entry.value else None
+
+
 @dataclass
 class ProbeConfig:
     bootstrap_servers: str
@@ -962,10 +967,9 @@ class Probe:
           every topic without its own value takes the new one at once.  So a change of the
           default shows within two intervals on any cluster.
         - Each topic is read again every ``config_refresh_s`` (10 s: every refresh at the
-          default interval), at
-          most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread first: a topic's own
-          value changed at runtime shows within two intervals up to that many topics, within
-          n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's
+          default interval), at most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread
+          first: a topic's own value changed at runtime shows within two intervals up to that
+          many topics, within n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's
           config (confluent-kafka cannot name the one wanted), about 0.4 ms of this process's
           CPU per topic (bench/config_cost_bench.py), so this bounds a refresh's share."""
         now = time.monotonic()
@@ -1031,7 +1035,7 @@ class Probe:
                 self._min_isr_own.discard(t)
                 if not follows_default:
                     continue
-            self._set_min_isr(t, int(entry.value) if entry is not None and entry.value else None)
+            self._set_min_isr(t, _config_int(entry))
 
     def _read_default(self, futs: dict[Any, Any]) -> None:
         """The brokers' min.insync.replicas from one broker's configuration: on a change, every
@@ -1049,7 +1053,7 @@ class Probe:
                     self._warn_once("describe_broker_configs", "the brokers' configuration (their default "
                                     "min.insync.replicas) unavailable: %s", e)
                 continue
-            value = int(entry.value) if entry is not None and entry.value else None
+            value = _config_int(entry)
             if value is None:
                 continue
             if self._default_min_isr is not None and value != self._default_min_isr:
