@@ -351,15 +351,20 @@ def _resolve_leader_episode(state: PartitionState, now: int, entity: str, labels
                      "history": history, "history_truncated": ep["changes"] - len(history)})
 
 
+def min_isr_status(n_isr: int, n_replicas: int, min_isr: int) -> Optional[str]:
+    """"under" (acks=all writes refused), "at" (one more loss refuses them: replicas missing, or
+    min.insync.replicas >= 2 equal to the ISR) or None, for distinct ISR and replica counts."""
+    if n_isr < min_isr:
+        return "under"
+    if n_isr == min_isr and (n_isr < n_replicas or min_isr >= 2):
+        return "at"
+    return None
+
+
 def _min_isr(state: PartitionState, now: int, entity: str, labels: dict, isr: list[int], replicas: list[int],
              min_isr: int) -> list[Transition]:
     n_isr, n_rep = len(set(isr)), len(set(replicas))
-    if n_isr < min_isr:
-        target: Optional[Alert] = _UNDER
-    elif n_isr == min_isr and (n_isr < n_rep or min_isr >= 2):  # one loss from refusing acks=all writes
-        target = _AT
-    else:
-        target = None
+    target = {None: None, "under": _UNDER, "at": _AT}[min_isr_status(n_isr, n_rep, min_isr)]
     if target is None and not state["open"]:
         return []  # healthy, nothing open to resolve
     evidence = {"isr": isr, "isr_size": n_isr, "min_insync_replicas": min_isr, "replicas": replicas,

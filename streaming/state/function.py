@@ -513,7 +513,7 @@ _new_warned = False
 def _healthy(leader: int, replicas: Any, isr: Any, min_isr: int) -> Optional[tuple[list[int], list[int]]]:
     """(replicas, isr) as int lists when a first partition_metadata with these values opens
     nothing and starts no timer (a leader, the preferred one; every replica in the ISR, none
-    twice; the ISR at least min.insync.replicas), else None."""
+    twice; min.insync.replicas neither above nor at the ISR), else None."""
     if leader == NULL or leader < 0 or replicas is None or isr is None or len(replicas) == 0:
         return None
     try:
@@ -522,7 +522,7 @@ def _healthy(leader: int, replicas: Any, isr: Any, min_isr: int) -> Optional[tup
         return None
     if rep[0] != leader or sorted(rep) != sorted(inr) or len(set(rep)) != len(rep):
         return None
-    if min_isr != NULL and min_isr > len(inr):
+    if min_isr != NULL and rules_partition.min_isr_status(len(inr), len(rep), min_isr) is not None:
         return None
     return rep, inr
 
