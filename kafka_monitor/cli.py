@@ -201,6 +201,16 @@ def _parser() -> argparse.ArgumentParser:
                                    "with it) or as the Markdown reference (docs/events.md).")
     s.add_argument("--format", choices=["json", "markdown"], default="json",
                    help="json (JSON Schema 2020-12, default) or markdown")
+    k = sub.add_parser("spark-jars", help="print the jars of Spark's own Kafka source (fetched on first use)",
+                       description="Print, comma-separated, the jars job.source = \"spark-kafka\" needs on a "
+                                   "Spark that does not ship them: org.apache.spark:spark-sql-kafka-0-10_2.13 and "
+                                   "the dependencies pyspark lacks (its token provider, kafka-clients, "
+                                   "commons-pool2). The first run fetches them from Maven Central with mvn into "
+                                   "~/.cache/kafka-monitor (KAFKA_MONITOR_SPARK_KAFKA_HOME): the installed Spark's "
+                                   "version, else 4.2.0 when Maven Central has none for it. Use: spark-submit "
+                                   "--jars \"$(kafka-monitor spark-jars)\" ..., or for kafka-monitor job "
+                                   "PYSPARK_SUBMIT_ARGS=\"--jars $(kafka-monitor spark-jars) pyspark-shell\".")
+    k.add_argument("--version", help="connector version to fetch (default: the installed Spark's, else 4.2.0)")
     return ap
 
 
@@ -215,6 +225,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cmd == "schema":
         from monitor.contract_docs import json_schema, markdown
         sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n" if args.format == "json" else markdown())
+        return 0
+
+    if args.cmd == "spark-jars":
+        from kafka_monitor.cluster import KafkaSetupError
+        from kafka_monitor.spark_cluster import ensure_spark_kafka
+        try:
+            print(",".join(str(j) for j in ensure_spark_kafka(args.version)))
+        except KafkaSetupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         return 0
 
     if args.cmd == "snapshot":

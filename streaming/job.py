@@ -214,23 +214,32 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
     # the real error surfaces only as "Python worker failed to connect back".
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    submitted = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # spark-submit started the JVM, with its --master
+    if not submitted and (cfg.master or "local").startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # one machine: loopback only
     # pandas warns inside PySpark's worker when it concatenates frames with all-null columns
     os.environ.setdefault("PYTHONWARNINGS", "ignore:The behavior of DataFrame concatenation:FutureWarning")
     # py4j logs every command it sends at DEBUG, the Kafka options (SASL passwords) among them
     if logging.getLogger("py4j").getEffectiveLevel() < logging.INFO:
         logging.getLogger("py4j").setLevel(logging.INFO)
+    from pyspark import SparkConf, SparkContext
+
+    # what spark-submit (--conf, --master, spark-defaults.conf) set: the operator's word wins.
+    # SparkConf() reads them only from a running JVM (before, it is an empty Python dict).
+    SparkContext._ensure_initialized()
+    preset = SparkConf()
     b = SparkSession.builder.appName(app_name)
-    # Under spark-submit the JVM already runs with its --master (and it set PYSPARK_GATEWAY_PORT).
-    if cfg.master or not os.environ.get("PYSPARK_GATEWAY_PORT"):
+    if cfg.master or not submitted:
         b = b.master(cfg.master or "local[*]")
-    cores = os.cpu_count() or 2
-    b = (b.config("spark.sql.shuffle.partitions", str(cfg.shuffle_partitions or cores))
-         .config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.bindAddress", "127.0.0.1")
-         .config("spark.driver.host", "127.0.0.1")
-         .config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[cfg.state_store])
+    master = cfg.master or preset.get("spark.master", "local[*]")
+    defaults = {"spark.sql.shuffle.partitions": str(cfg.shuffle_partitions or os.cpu_count() or 2),
+                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    if master.startswith("local"):  # one machine: the driver on loopback; a cluster's executors must reach it
+        defaults.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
+    for key, value in defaults.items():
+        if not preset.contains(key) or (key == "spark.sql.shuffle.partitions" and cfg.shuffle_partitions):
+            b = b.config(key, value)
+    b = (b.config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[cfg.state_store])
          .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
          .config("spark.python.worker.reuse", "true")
          # workers are forked with the quality gate's GX objects already built (streaming.sparkworker)

@@ -32,8 +32,14 @@ def tansu():
 
 @pytest.fixture(scope="session")
 def spark():
+    """The one SparkSession of a test run (local[2]), with the jars of Spark's own Kafka source
+    (kafka_monitor.spark_cluster.ensure_spark_kafka: fetched with mvn on first use)."""
+    from kafka_monitor.spark_cluster import ensure_spark_kafka
     from streaming.job import JobConfig, spark_session, stop_spark
 
+    if "--jars" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        jars = ",".join(str(j) for j in ensure_spark_kafka())
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} pyspark-shell"
     tmp = tempfile.mkdtemp(prefix="km-spark-")
     session = spark_session(JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tmp, master="local[2]",
                                       shuffle_partitions=2), app_name="kafka-monitor-tests")

@@ -129,6 +129,7 @@ def is_missing_source(exc: BaseException) -> bool:
 def missing_source_message(spark_version: str, exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     return (f'job.source = "spark-kafka": Spark\'s kafka source is not on the classpath ({first}). '
-            f"Add {package(spark_version)} and its dependencies: spark-submit --packages {package(spark_version)} "
-            f"(or spark.jars.packages / spark.jars with the jars), or set job.source = \"python\" "
+            f"Add its jars: spark-submit --jars \"$(kafka-monitor spark-jars)\" (fetches them with mvn, the "
+            f"connector of this Spark or 4.2.0 where Maven Central has none), or --packages {package(spark_version)} "
+            f"(spark.jars.packages), or set job.source = \"python\" "
             f"(--source python, KAFKA_MONITOR_JOB_SOURCE=python) to read with the built-in confluent-kafka source.")

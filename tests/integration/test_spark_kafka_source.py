@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from pyspark.sql import Row
@@ -16,8 +19,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, St
 from kafka_monitor.broker import create_topics
 from monitor.contract import Event, Heartbeat, PartitionOffsets
 from streaming.read import spark_kafka
-from streaming.sinks.exporter import Exporter
-from streaming.job import JobConfig, JobConfigError, parse, read_events, report_progress, start
+from streaming.job import JobConfig, parse, read_events, report_progress
 from streaming.read.source import SCHEMA
 from tests.conftest import unique
 
@@ -31,50 +33,50 @@ SPARK_KAFKA_SCHEMA = StructType([
 ])
 
 
-def kafka_source_missing(spark):
-    """None when Spark's kafka source loads in this session, else Spark's error."""
-    try:
-        spark.readStream.format("kafka").option("subscribe", "t").option("kafka.bootstrap.servers", "x:1").load()
-    except Exception as e:
-        if spark_kafka.is_missing_source(e):
-            return e
-        raise
-    return None
+_NO_JARS = """
+import json, sys
+from streaming.job import JobConfig, JobConfigError, read_events, spark_session, start, stop_spark
+from streaming.sinks.exporter import Exporter
+tmp = sys.argv[1]
+cfg = JobConfig(bootstrap_servers="127.0.0.1:9", checkpoint_dir=tmp + "/a", alerts_topic="", source="spark-kafka",
+                master="local[1]")
+spark = spark_session(cfg)
+out = {"version": spark.version}
+try:
+    read_events(spark, cfg)
+except JobConfigError as e:
+    out.update(msg=str(e), cause=e.__cause__ is None and e.__suppress_context__)
+before = len(spark.streams.active)
+try:
+    start(spark, cfg, Exporter())
+except JobConfigError as e:
+    out["start"] = str(e)
+out["queries"] = len(spark.streams.active) - before
+ok = JobConfig(bootstrap_servers="127.0.0.1:9", checkpoint_dir=tmp + "/b", alerts_topic="")
+out["python_source"] = read_events(spark, ok).isStreaming
+stop_spark(spark)
+print("RESULT " + json.dumps(out))
+"""
 
 
-def skip_without_jars(spark):
-    if kafka_source_missing(spark) is not None:
-        pkg = spark_kafka.package(spark.version)
-        pytest.skip(f"Spark's kafka source is not on this session's classpath: {pkg} and its dependencies "
-                    f"(kafka-clients, commons-pool2, spark-token-provider-kafka) are not installed here. To run "
-                    f"this test, start pytest with PYSPARK_SUBMIT_ARGS='--packages {pkg} pyspark-shell' (needs "
-                    f"a reachable Maven repository) or with those jars in pyspark's jars directory")
-
-
-def job_cfg(tmp_path, **kw) -> JobConfig:
-    return JobConfig(bootstrap_servers="127.0.0.1:9", checkpoint_dir=str(tmp_path / "ckpt"), alerts_topic="",
-                     **kw)
-
-
-def test_missing_kafka_jars_fail_at_start_with_what_to_do(spark, tmp_path):
-    if kafka_source_missing(spark) is None:
-        pytest.skip("Spark's kafka source is on this session's classpath: the missing-jar error cannot happen")
-    cfg = job_cfg(tmp_path, source="spark-kafka")
-    with pytest.raises(JobConfigError) as e:
-        read_events(spark, cfg)
-    msg = str(e.value)
+def test_missing_kafka_jars_fail_at_start_with_what_to_do(tmp_path):
+    """In a session without the connector's jars (a process of its own: the tests' shared session
+    has them, tests/conftest.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "PYSPARK_GATEWAY_PORT")}
+    proc = subprocess.run([sys.executable, "-c", _NO_JARS, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=180)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    msg = out["msg"]
     assert msg.startswith('job.source = "spark-kafka": Spark\'s kafka source is not on the classpath '
                           "([KAFKA_DATA_SOURCE_NOT_ENABLED]"), msg
-    assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}" in msg
-    assert "spark.jars.packages" in msg and 'job.source = "python"' in msg
-    assert e.value.__cause__ is None and e.value.__suppress_context__  # no Java stack trace chained
+    assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{out['version']}" in msg
+    assert "spark.jars.packages" in msg and 'job.source = "python"' in msg and "kafka-monitor spark-jars" in msg
+    assert out["cause"]  # no Java stack trace chained
     # start() fails the same way, before the query (or the alerts producer) exists
-    before = len(spark.streams.active)
-    with pytest.raises(JobConfigError, match='job.source = "spark-kafka"'):
-        start(spark, cfg, Exporter())
-    assert len(spark.streams.active) == before
-    # the python source still loads in the same session
-    assert read_events(spark, job_cfg(tmp_path)).isStreaming
+    assert out["start"].startswith('job.source = "spark-kafka"') and out["queries"] == 0
+    assert out["python_source"]  # the python source still loads in the same session
 
 
 def test_spark_kafka_records_become_our_columns_and_parse_the_same(spark):
@@ -140,7 +142,6 @@ def run(spark, cfg):
 
 
 def test_both_sources_read_the_same_records(spark, request, tmp_path):
-    skip_without_jars(spark)
     tansu = request.getfixturevalue("tansu")  # only once the test can run
     topic = unique("spark-kafka")
     create_topics(tansu.bootstrap, {topic: 2})

@@ -1,0 +1,183 @@
+"""The job on a Spark standalone cluster (issue 30), next to the local job on the same input.
+
+    real Kafka cluster (writes, a group falling behind, broker 3 stopped and started)
+      -> probe (every second) -> events topic
+      -> job A: local[*], the python source, the HDFS-backed state store -> alerts A, /metrics A
+      -> job B: on a master and 2 workers (tests/support/spark_cluster.py), Spark's own kafka
+                source, the RocksDB state store; submitted with spark-submit as the README says,
+                one executor SIGKILLed mid-stream, then the driver SIGKILLed and the job started
+                again on its checkpoint in client mode (kafka-monitor job --master spark://...)
+                -> alerts B, /metrics B
+
+When both have read every event, B must have published every transition A published, none
+twice, and serve the same open alerts and partition and lag gauges.  What Spark did about the
+lost executor is printed (and kept in the test's directory) from the driver's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+import kafka_monitor.cli
+from kafka_monitor.broker import free_port
+from kafka_monitor.spark_cluster import SparkCluster, ensure_spark_kafka, spark_home
+from monitor.probe import Probe, ProbeConfig
+from tests.conftest import unique, wait_for
+from tests.e2e.test_job_killed import Committer, Job, end_offsets, outcome
+from tests.e2e.test_real_cluster import Writer
+from tests.e2e.test_recovery import read_alerts
+from tests.support.spark_cluster import spark_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
+
+#: what the driver's log says Spark did about a lost executor
+_SPARK_SAID = re.compile(r"(Lost executor|Removing executor|Executor lost|Lost task|Resubmitting|"
+                         r"Executor added|Granted executor|is now (?:EXITED|LOST|FAILED))")
+
+
+def busy_executor(ui_port: int) -> str | None:
+    """The id of an executor running a task now, from the driver's REST API."""
+    try:
+        base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+        app = json.loads(urllib.request.urlopen(base, timeout=2).read())[0]["id"]
+        for e in json.loads(urllib.request.urlopen(f"{base}/{app}/executors", timeout=2).read()):
+            if e["id"] != "driver" and e.get("activeTasks", 0) > 0:
+                return e["id"]
+    except (OSError, ValueError, IndexError, KeyError):
+        pass
+    return None
+
+
+class ClusterJob(Job):
+    """Job B: submitted to ``cluster`` with spark-submit on its first start, then in client mode."""
+
+    def __init__(self, *a, cluster: SparkCluster, jars: str, **kw):
+        super().__init__(*a, **kw)
+        self.cluster, self.jars = cluster, jars
+
+    def start(self) -> None:
+        self.port = free_port()
+        self.starts += 1
+        self.log.write(f"\n===== start {self.starts} =====\n".encode())
+        self.log.flush()
+        job = ["job", "--bootstrap-servers", self.bootstrap, "--checkpoint", str(self.ckpt),
+               "--events-topic", self.events, "--alerts-topic", self.alerts, "--trigger", "1",
+               "--max-offsets-per-trigger", "300", "--buckets", "4", "--metrics-port", str(self.port),
+               "--source", "spark-kafka", "--state-store", "rocksdb"]
+        env = self.cluster.env()
+        if self.starts == 1:  # the README's recipe; the UI's REST API says which executor runs a task
+            env.pop("PYSPARK_SUBMIT_ARGS", None)
+            self.ui_port = free_port()
+            cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", self.cluster.master_url,
+                   "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=true",
+                   "--conf", f"spark.ui.port={self.ui_port}", "--jars", self.jars, kafka_monitor.cli.__file__, *job]
+        else:  # client mode from our CLI: PySpark starts the JVM with these arguments
+            env["PYSPARK_SUBMIT_ARGS"] = f"--jars {self.jars} --conf spark.sql.shuffle.partitions=2 pyspark-shell"
+            cmd = [sys.executable, "-m", "kafka_monitor.cli", *job, "--master", self.cluster.master_url]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_the_job_on_a_spark_cluster_ends_as_the_local_one(kafka_cluster, spark_cluster, tmp_path):  # noqa: F811
+    c = kafka_cluster
+    if not c.managed:
+        pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
+    for broker in c.broker_ids:
+        if not c.brokers[broker].running():
+            c.start_broker(broker)
+    c.wait_ready(timeout=120)
+    jars = ",".join(str(j) for j in ensure_spark_kafka())
+    prefix = unique("sc")
+    watched, group, cluster = f"{prefix}.w", f"{prefix}-app", unique("on-spark")
+    c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
+    events = f"{prefix}.events"
+    c.create_topic(events, replica_assignment=[[1], [2], [1]])
+    c.create_topic(f"{prefix}.alerts-a", replica_assignment=[[1]])
+    c.create_topic(f"{prefix}.alerts-b", replica_assignment=[[2]])
+    boot = c.bootstrap_servers
+    said: list[str] = []
+    with ExitStack() as cleanup:
+        writer = Writer(boot, [watched]).start()
+        cleanup.callback(writer.stop)
+        committer = Committer(boot, group, watched, 2).start()
+        cleanup.callback(committer.stop)
+        stop_probe = threading.Event()
+        probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=events, interval_s=1,
+                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                  topics_include=f"^{re.escape(watched)}$", groups_include=f"^{re.escape(group)}$",
+                                  cluster=cluster, source=unique("probe-spark")))
+        probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name="sc-probe", daemon=True)
+        probe_thread.start()
+
+        def stop_the_probe():
+            if not stop_probe.is_set():
+                stop_probe.set()
+                probe_thread.join(20)
+                probe.close(flush_timeout=10)
+        cleanup.callback(stop_the_probe)
+        cleanup.callback(lambda: c.brokers[3].running() or c.start_broker(3))
+
+        a = Job("a", boot, events, f"{prefix}.alerts-a", tmp_path)
+        b = ClusterJob("b", boot, events, f"{prefix}.alerts-b", tmp_path, cluster=spark_cluster, jars=jars)
+        cleanup.callback(a.close)
+        cleanup.callback(b.close)
+        a.start()
+        b.start()
+
+        def b_runs(more: int, what: str) -> None:
+            done = b.committed_batches()
+            wait_for(lambda: b.committed_batches() >= done + more or not b.alive(), timeout=300, interval=0.5,
+                     what=f"job B {what}")
+            assert b.alive(), f"job B exited (status {b.proc.returncode}): see {b.log.name}"
+
+        b_runs(2, "committing its first batches on the cluster")
+        busy = wait_for(lambda: busy_executor(b.ui_port), timeout=120, interval=0.02, what="an executor with a task")
+        lost = spark_cluster.kill_executor(busy)  # mid-task
+        c.stop_broker(3)
+        b_runs(4, f"going on after executor {lost} was killed")
+        b.kill()  # the driver: spark-submit, its JVM and Python; the master removes its executors
+        b.start()
+        c.start_broker(3)
+        b_runs(4, "running again in client mode on its checkpoint")
+        assert a.alive(), f"job A exited (status {a.proc.returncode}): see {a.log.name}"
+        stop_the_probe()
+        writer.stop()
+        committer.stop()
+
+        end = end_offsets(boot, events)
+        for j in (a, b):
+            wait_for(lambda j=j: j.alive() and j.committed_offsets() == end, timeout=240, interval=0.5,
+                     what=f"job {j.name} to commit every event ({end}; at {j.committed_offsets()})")
+        ta = [r for r in read_alerts(boot, a.alerts) if r["labels"].get("cluster") == cluster]
+        tb = [r for r in read_alerts(boot, b.alerts) if r["labels"].get("cluster") == cluster]
+        ma, mb = outcome(a.metrics(), cluster), outcome(b.metrics(), cluster)
+        b.log.flush()
+        said = [x for x in Path(b.log.name).read_text(errors="replace").splitlines() if _SPARK_SAID.search(x)]
+        said += [x for x in (spark_cluster.dir / "master.log").read_text(errors="replace").splitlines()
+                 if "executor" in x and "Start scheduling" not in x]
+
+    (tmp_path / "outcome.json").write_text(json.dumps(
+        {"a": ta, "b": tb, "metrics_a": sorted(map(list, ma.items())), "metrics_b": sorted(map(list, mb.items())),
+         "spark_said": said}, indent=1, default=str))
+    print(f"\n{len(ta)} transitions from A, {len(tb)} from B; {len(ma)} series; executor {lost} killed; "
+          f"Spark said:\n  " + "\n  ".join(x[:200] for x in said[:40]))
+    key = lambda r: (r["alert_id"], r["action"], r["at"])  # noqa: E731
+    kb = [key(r) for r in tb]
+    assert len(kb) == len(set(kb)), "job B published a transition twice"
+    assert {"IsrShrink", "UnderReplicated"} <= {r["alert"] for r in ta}, \
+        "the stream raised less than the scenario should: the comparison proves little"
+    assert sorted(kb) == sorted(key(r) for r in ta)
+    assert any(n.startswith("kafka_monitor_group_partition_lag_seconds") for n, _ in ma)
+    assert mb == ma
+    assert any("Lost task" in x and "ExecutorLostFailure" in x for x in said), \
+        "the driver's log shows no task lost with the executor: the kill did not land mid-task"
+    assert os.path.isdir(b.ckpt / "state")

@@ -1,0 +1,44 @@
+"""Fixture ``spark_cluster``: a Spark standalone master and two workers (1 core, 1 GiB each) on
+loopback (kafka_monitor.spark_cluster), for the tests that need executors on other JVMs;
+stopped at the end of the module even when tests fail.
+
+With ``KAFKA_MONITOR_TEST_SPARK_MASTER=spark://host:port`` the tests use that master instead;
+process faults (an executor or worker killed) then skip.  ``KAFKA_MONITOR_KEEP_SPARK=1`` keeps
+the cluster's directory (master, worker and executor logs) after the run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kafka_monitor.spark_cluster import SparkCluster
+
+
+class ExternalSpark(SparkCluster):
+    """Handle on a master this test run did not start."""
+
+    def __init__(self, url: str):
+        super().__init__(workers=0)
+        self.url = url
+
+    @property
+    def master_url(self) -> str:
+        return self.url
+
+    def start(self, timeout: float = 0) -> "ExternalSpark":
+        return self
+
+    def kill_executor(self, executor_id: str) -> int:
+        pytest.skip(f"killing an executor needs the cluster the tests start; KAFKA_MONITOR_TEST_SPARK_MASTER "
+                    f"points at {self.url}")
+
+
+@pytest.fixture(scope="module")
+def spark_cluster():
+    external = os.environ.get("KAFKA_MONITOR_TEST_SPARK_MASTER")
+    cluster = ExternalSpark(external) if external else SparkCluster(workers=2, cores=1, memory="1g")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
