@@ -5,8 +5,9 @@
       -> job A: local[*], the python source, the HDFS-backed state store -> alerts A, /metrics A
       -> job B: on a master and 2 workers (tests/support/spark_cluster.py), Spark's own kafka
                 source, the RocksDB state store; submitted with spark-submit as the README says,
-                one executor SIGKILLed mid-stream, then the driver SIGKILLed and the job started
-                again on its checkpoint in client mode (kafka-monitor job --master spark://...)
+                one executor SIGKILLed mid-task, a whole worker lost and replaced, then the driver
+                SIGKILLed and the job started again on its checkpoint in client mode
+                (kafka-monitor job --master spark://...)
                 -> alerts B, /metrics B
 
 When both have read every event, B must have published every transition A published, none
@@ -143,7 +144,12 @@ def test_the_job_on_a_spark_cluster_ends_as_the_local_one(kafka_cluster, spark_c
         busy = wait_for(lambda: busy_executor(b.ui_port), timeout=120, interval=0.02, what="an executor with a task")
         lost = spark_cluster.kill_executor(busy)  # mid-task
         c.stop_broker(3)
-        b_runs(4, f"going on after executor {lost} was killed")
+        b_runs(3, f"going on after executor {busy} (pid {lost}) was killed")
+        spark_cluster.kill_worker(1)  # a machine lost: the worker and its executors at once
+        b_runs(2, "going on with one worker")
+        spark_cluster.start_worker(1)  # and replaced
+        wait_for(lambda: len(spark_cluster.executors()) == 2, timeout=120, what="an executor on the new worker")
+        b_runs(2, "with the replacement worker's executor")
         b.kill()  # the driver: spark-submit, its JVM and Python; the master removes its executors
         b.start()
         c.start_broker(3)

@@ -29,9 +29,19 @@ class ExternalSpark(SparkCluster):
     def start(self, timeout: float = 0) -> "ExternalSpark":
         return self
 
-    def kill_executor(self, executor_id: str) -> int:
-        pytest.skip(f"killing an executor needs the cluster the tests start; KAFKA_MONITOR_TEST_SPARK_MASTER "
+    def _require_managed(self, what: str) -> None:
+        pytest.skip(f"{what} needs the Spark cluster the tests start; KAFKA_MONITOR_TEST_SPARK_MASTER "
                     f"points at {self.url}")
+
+    def kill_executor(self, executor_id: str) -> int:
+        self._require_managed("killing an executor")
+        return 0
+
+    def kill_worker(self, i: int) -> None:
+        self._require_managed("killing a worker")
+
+    def start_worker(self, i: int, wait: bool = True, timeout: float = 120.0) -> None:
+        self._require_managed("starting a worker")
 
 
 @pytest.fixture(scope="module")
