@@ -542,6 +542,39 @@ def test_the_job_runs_in_spark_over_sasl_ssl(secure, spark, tmp_path, caplog):
     assert any(canary in r.getMessage() for r in caplog.records)
 
 
+def test_spark_kafka_source_reads_over_sasl_ssl_with_the_jobs_acls(secure, spark, tmp_path):
+    """job.source = "spark-kafka" on the secured events topic: the librdkafka settings the job
+    takes (-X sasl.username/password, ssl.ca.location...) translated for Spark's Java client read
+    the topic with the job's documented ACLs (no group ACL beyond them: the source assigns
+    partitions and commits nothing); the transition is published."""
+    from streaming import job
+
+    alerts = ALERTS_SPARK + ".sk"
+    secure.create_topic(alerts, partitions=1)
+    secure.add_acls("job", [Acl("topic", alerts, "read"), Acl("topic", alerts, "write")])
+    admin = {"bootstrap.servers": secure.bootstrap_servers, **secure.client_conf("admin")}
+    em = EventEmitter(admin, EVENTS, cluster="sec-spark-kafka", source="forger-sk")
+    em.emit(PartitionMetadata(topic=ORDERS, partition=2, leader=1, replicas=[1, 2, 3], isr=[1, 2], metadata_version=1,
+                              min_insync_replicas=2), observed_at=int(time.time() * 1000))
+    assert em.flush(30) == 0
+    cfg = _job_cfg(secure, tmp_path, trigger_s=1, buckets=2, alerts_topic=alerts, source="spark-kafka",
+                   quarantine_dir=str(tmp_path / "quarantine"))
+    _effective(lambda: AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, alerts).recover(),
+               "the job's ACLs on the spark-kafka run's alerts topic")
+    q = job.start(spark, cfg, Exporter(), query_name="secure-spark-kafka")
+    try:
+        def published():
+            assert q.exception() is None, q.exception()
+            return [r for r in (json.loads(m.value()) for m in read_topic(secure, alerts))
+                    if r.get("alert") == "AtMinIsr" and r.get("labels", {}).get("cluster") == "sec-spark-kafka"]
+        wait_for(published, timeout=120, interval=1, what="AtMinIsr read through Spark's kafka source and published")
+        progress = q.recentProgress
+        assert progress and progress[-1]["sources"][0]["description"].startswith("KafkaV2"), progress[-1:]
+        SCANNED["Spark progress (spark-kafka)"] = json.dumps(progress, default=str)
+    finally:
+        job.stop_query(q)
+
+
 def _scrape(url: str, context: Optional[ssl.SSLContext] = None) -> str:
     return urllib.request.urlopen(url, timeout=5, context=context).read().decode()
 
