@@ -164,6 +164,8 @@ class SparkCluster:
     ``master_url`` is what ``spark-submit --master`` takes; ``env()`` the environment a driver
     on this machine needs (loopback, this interpreter for the Python workers)."""
 
+    managed = True  # its processes are ours: executors and workers may be killed
+
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "1g",
                  work_dir: Optional[Path] = None, python: str = sys.executable):
         self.n_workers, self.cores, self.memory, self.python = workers, cores, memory, python

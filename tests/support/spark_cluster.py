@@ -2,8 +2,8 @@
 loopback (kafka_monitor.spark_cluster), for the tests that need executors on other JVMs;
 stopped at the end of the module even when tests fail.
 
-With ``KAFKA_MONITOR_TEST_SPARK_MASTER=spark://host:port`` the tests use that master instead;
-process faults (an executor or worker killed) then skip.  ``KAFKA_MONITOR_KEEP_SPARK=1`` keeps
+With ``KAFKA_MONITOR_TEST_SPARK_MASTER=spark://host:port`` the tests use that master instead
+(``managed`` is False: tests leave out the process faults, and the fault methods skip).  ``KAFKA_MONITOR_KEEP_SPARK=1`` keeps
 the cluster's directory (master, worker and executor logs) after the run."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from kafka_monitor.spark_cluster import SparkCluster
 
 class ExternalSpark(SparkCluster):
     """Handle on a master this test run did not start."""
+
+    managed = False
 
     def __init__(self, url: str):
         super().__init__(workers=0)
