@@ -60,6 +60,7 @@ from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
 from monitor.contract import Event, GroupOffsets, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
 
 EVENTS_PARTITIONS = 6
+EVENTS_TOPIC = "kafka-monitor.events"
 PARTS_PER_TOPIC = 100
 
 
@@ -138,6 +139,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
 def wait_processed(q, target: dict[str, int], timeout_s: float = 1800) -> None:
     """Until the last batch's end offsets reach ``target``.  (processAllAvailable never returns
     here: with processing-time timeouts Spark keeps running no-data batches.)"""
+    from streaming.job import source_offsets
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if q.exception() is not None:
@@ -145,8 +147,8 @@ def wait_processed(q, target: dict[str, int], timeout_s: float = 1800) -> None:
         p = q.lastProgress
         if p:
             end = p["sources"][0]["endOffset"]
-            end = json.loads(end) if isinstance(end, str) else end
-            if end and all(end["offsets"].get(k, -1) >= v for k, v in target.items()):
+            end = source_offsets(json.loads(end) if isinstance(end, str) else end)  # either source's form
+            if end and all(end.get((EVENTS_TOPIC, k), -1) >= v for k, v in target.items()):
                 return
         time.sleep(0.1)
     raise TimeoutError(f"the job did not reach {target} in {timeout_s}s")
@@ -311,7 +313,8 @@ class Scraper:
 
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
-            trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0) -> dict:
+            trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
+            source: str = "python", cluster=None) -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -328,7 +331,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
-                        max_offsets_per_trigger=250_000, metrics_port=0)
+                        max_offsets_per_trigger=250_000, metrics_port=0, source=source)
         exporter = Exporter(max_series=10_000_000)
         scraper = Scraper(f"http://127.0.0.1:{exporter.serve(0)}/metrics", scrape_rate) if scrape_rate else None
         scraped_batches: set = set()
@@ -408,7 +411,8 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
             gc.callbacks.remove(on_gc)
         from pyspark import SparkContext
         jvm = SparkContext._gateway.proc.pid
-        py_workers = [p for p in descendants(jvm) if "python" in cmdline(p)]
+        executors = cluster.executor_pids() if cluster is not None else []
+        py_workers = [p for j in [jvm, *executors] for p in descendants(j) if "python" in cmdline(p)]
     shutil.rmtree(work, ignore_errors=True)
     durations = sorted(p["durationMs"]["triggerExecution"] / 1000.0 for p in steady)
     p95 = durations[min(len(durations) - 1, int(round(0.95 * (len(durations) - 1))))] if durations else None
@@ -467,6 +471,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         "batch_p50_s": statistics.median(durations) if durations else None, "batch_p95_s": p95,
         "phase_median_s": phases,
         "jvm_peak_rss_mb": vm_hwm_kb(jvm) / 1024,
+        "executors_peak_rss_mb": sum(vm_hwm_kb(p) for p in executors) / 1024,
         "python_workers_peak_rss_mb": sum(vm_hwm_kb(p) for p in py_workers) / 1024,
         "python_workers": len(py_workers),
     }
@@ -496,6 +501,13 @@ def main() -> int:
     ap.add_argument("--profile-state", default=None, metavar="DIR",
                     help="a diagnosis: write a cProfile of every state function call into DIR (read them "
                          "together with pstats; the profiler slows the job, so its figures are not comparable)")
+    ap.add_argument("--master", choices=["local", "cluster"], default="local",
+                    help="local: local[2] in this process (default); cluster: a standalone master and 2 workers of "
+                         "1 core and 1 GiB each started here (kafka_monitor/spark_cluster.py), this process the "
+                         "driver in client mode")
+    ap.add_argument("--source", choices=["python", "spark-kafka"], default="python",
+                    help="the job's Kafka reader (spark-kafka: Spark's own, jars from kafka-monitor spark-jars)")
+    ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
                                                  "job-<state>-state.json with another --state)")
     args = ap.parse_args()
@@ -519,8 +531,17 @@ def main() -> int:
                        else max(1, round(ProbeConfig(bootstrap_servers="-").metadata_snapshot_s / args.cycle_s)))
 
     from streaming.job import JobConfig, spark_session, stop_spark
-    spark = spark_session(JobConfig(bootstrap_servers="-", checkpoint_dir="-", master="local[2]", shuffle_partitions=2),
-                          app_name="kafka-monitor-bench")
+    cluster = None
+    if args.source == "spark-kafka":
+        from kafka_monitor.spark_cluster import ensure_spark_kafka
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(map(str, ensure_spark_kafka()))} pyspark-shell"
+    if args.master == "cluster":  # started after the environment above is set: executors inherit it
+        from kafka_monitor.spark_cluster import SparkCluster
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+        cluster = SparkCluster(workers=2, cores=1, memory="1g").start()
+    master = cluster.master_url if cluster is not None else "local[2]"
+    spark = spark_session(JobConfig(bootstrap_servers="-", checkpoint_dir="-", master=master, shuffle_partitions=2,
+                                    state_store=args.state_store), app_name="kafka-monitor-bench")
     results = []
     try:
         for size in args.sizes:
@@ -530,7 +551,8 @@ def main() -> int:
                 print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
                       file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
-                                   args.trigger_s, args.active, snapshot_cycles, args.scrape_rate))
+                                   args.trigger_s, args.active, snapshot_cycles, args.scrape_rate,
+                                   source=args.source, cluster=cluster))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)
@@ -543,6 +565,8 @@ def main() -> int:
             results.append(med)
     finally:
         stop_spark(spark)
+        if cluster is not None:
+            cluster.stop()
     print(f"{'partitions':>10} {'grp/parts':>9} {'drain ev/s':>10} {'(running)':>10} {'rows/bat':>8} {'p50 s':>6} "
           f"{'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
     for m in results:
