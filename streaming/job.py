@@ -233,13 +233,16 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
         b = b.master(cfg.master or "local[*]")
     master = cfg.master or preset.get("spark.master", "local[*]")
     defaults = {"spark.sql.shuffle.partitions": str(cfg.shuffle_partitions or os.cpu_count() or 2),
-                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+                "spark.ui.enabled": "false"}
     if master.startswith("local"):  # one machine: the driver on loopback; a cluster's executors must reach it
         defaults.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
     for key, value in defaults.items():
         if not preset.contains(key) or (key == "spark.sql.shuffle.partitions" and cfg.shuffle_partitions):
             b = b.config(key, value)
-    b = (b.config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[cfg.state_store])
+    # spark-submit turns progress bars on for "pyspark-shell" (how PySpark starts its JVM): not
+    # the operator's word, and bars in a long-running job's log are noise
+    b = (b.config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[cfg.state_store])
          .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
          .config("spark.python.worker.reuse", "true")
          # workers are forked with the quality gate's GX objects already built (streaming.sparkworker)

@@ -59,6 +59,28 @@ def busy_executor(ui_port: int) -> str | None:
     return None
 
 
+def kill_mid_task(cluster: SparkCluster, job: "ClusterJob", attempts: int = 4) -> int:
+    """SIGKILL an executor the driver's REST API says runs a task, until the driver's log shows a
+    task lost with it (the API lags the tasks: a short task may end before the kill lands; then
+    the next try waits for the replacement executor).  The killed executor's PID."""
+    log = Path(job.log.name)
+
+    def said(what: str) -> int:
+        return log.read_text(errors="replace").count(what)
+    for _ in range(attempts):
+        lost_before, failed_before = said("Lost executor"), said("ExecutorLostFailure")
+        busy = wait_for(lambda: busy_executor(job.ui_port), timeout=120, interval=0.02, what="an executor with a task")
+        pid = cluster.kill_executor(busy)
+        wait_for(lambda n=lost_before: said("Lost executor") > n, timeout=60, what=f"the driver to lose executor {busy}")
+        try:  # logged right after the loss, by the task set that ran on it
+            wait_for(lambda n=failed_before: said("ExecutorLostFailure") > n, timeout=5, what="a task lost")
+            return pid
+        except AssertionError:
+            pass
+        wait_for(lambda: len(cluster.executors()) == cluster.n_workers, timeout=120, what="the replacement executor")
+    raise AssertionError(f"no executor kill landed mid-task in {attempts} attempts; see {log}")
+
+
 class ClusterJob(Job):
     """Job B: submitted to ``cluster`` with spark-submit on its first start, then in client mode."""
 
@@ -143,9 +165,7 @@ def test_the_job_on_a_spark_cluster_ends_as_the_local_one(kafka_cluster, spark_c
         b_runs(2, "committing its first batches on the cluster")
         lost = None
         if spark_cluster.managed:  # an external master's processes are not ours to kill
-            busy = wait_for(lambda: busy_executor(b.ui_port), timeout=120, interval=0.02,
-                            what="an executor with a task")
-            lost = spark_cluster.kill_executor(busy)  # mid-task
+            lost = kill_mid_task(spark_cluster, b)
         c.stop_broker(3)
         b_runs(3, f"going on after executor pid {lost} was killed")
         if spark_cluster.managed:

@@ -551,7 +551,7 @@ def test_spark_kafka_source_reads_over_sasl_ssl_with_the_jobs_acls(secure, spark
 
     alerts = ALERTS_SPARK + ".sk"
     secure.create_topic(alerts, partitions=1)
-    secure.add_acls("job", [Acl("topic", alerts, "read"), Acl("topic", alerts, "write")])
+    secure.add_acls("job", job_acls(EVENTS, alerts))
     admin = {"bootstrap.servers": secure.bootstrap_servers, **secure.client_conf("admin")}
     em = EventEmitter(admin, EVENTS, cluster="sec-spark-kafka", source="forger-sk")
     em.emit(PartitionMetadata(topic=ORDERS, partition=2, leader=1, replicas=[1, 2, 3], isr=[1, 2], metadata_version=1,
@@ -568,8 +568,9 @@ def test_spark_kafka_source_reads_over_sasl_ssl_with_the_jobs_acls(secure, spark
             return [r for r in (json.loads(m.value()) for m in read_topic(secure, alerts))
                     if r.get("alert") == "AtMinIsr" and r.get("labels", {}).get("cluster") == "sec-spark-kafka"]
         wait_for(published, timeout=120, interval=1, what="AtMinIsr read through Spark's kafka source and published")
-        progress = q.recentProgress
-        assert progress and progress[-1]["sources"][0]["description"].startswith("KafkaV2"), progress[-1:]
+        # progress reaches recentProgress through the listener bus, after the batch's sink ran
+        progress = wait_for(lambda: q.recentProgress, timeout=60, what="the query's first progress report")
+        assert progress[-1]["sources"][0]["description"].startswith("KafkaV2"), progress[-1:]
         SCANNED["Spark progress (spark-kafka)"] = json.dumps(progress, default=str)
     finally:
         job.stop_query(q)
