@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Optional
 
-from kafka_monitor.broker import free_port, popen_dying_with_parent
+from kafka_monitor.broker import free_port, popen_dying_with_parent, stop_process
 from kafka_monitor.cluster import _DEPENDENCY_PLUGIN, KafkaSetupError, java_bin
 
 SCALA_VERSION = "2.13"
@@ -291,11 +291,11 @@ class SparkCluster:
         for i, w in enumerate(self.workers):
             if w is not None:
                 execs = self.executor_pids(i)
-                _stop(w)
+                stop_process(w, timeout=15)
                 for pid in execs:
                     _kill(pid, signal.SIGKILL)
                 self.workers[i] = None
-        _stop(self.master)
+        stop_process(self.master, timeout=15)
         self.master = None
         for log in self._logs:
             log.close()
@@ -315,14 +315,3 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _stop(proc: Optional[subprocess.Popen], timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)

@@ -150,49 +150,66 @@ def outcome(text: str, cluster: str) -> dict:
     return out
 
 
+class Stream:
+    """The scenario of the A/B comparisons (this test, tests/e2e/test_spark_cluster.py): the whole
+    cluster; a watched topic whose partitions broker 3 follows and leads none (stopping it shrinks
+    both ISRs only); writes, a group committing half of the HW, the probe every second into an
+    events topic; an alerts topic for job A and one for job B.  ``stop()`` ends the probe, the
+    writes and the commits; everything stops, and broker 3 is started again, with ``cleanup``."""
+
+    def __init__(self, c, cleanup: ExitStack, name: str):
+        if not c.managed:
+            pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
+        for broker in c.broker_ids:  # whole, whatever an earlier test left (brokers die with their thread)
+            if not c.brokers[broker].running():
+                c.start_broker(broker)
+        c.wait_ready(timeout=120)
+        prefix = unique(name)
+        watched, group, self.cluster = f"{prefix}.w", f"{prefix}-app", unique(f"{name}-cluster")
+        c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
+        self.events, self.alerts_a, self.alerts_b = f"{prefix}.events", f"{prefix}.alerts-a", f"{prefix}.alerts-b"
+        c.create_topic(self.events, replica_assignment=[[1], [2], [1]])
+        c.create_topic(self.alerts_a, replica_assignment=[[1]])
+        c.create_topic(self.alerts_b, replica_assignment=[[2]])
+        self.boot = boot = c.bootstrap_servers
+        self._writer = Writer(boot, [watched]).start()
+        cleanup.callback(self._writer.stop)
+        self._committer = Committer(boot, group, watched, 2).start()
+        cleanup.callback(self._committer.stop)
+        self._stop_probe = threading.Event()
+        self._probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=self.events, interval_s=1,
+                                        refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                        topics_include=f"^{re.escape(watched)}$",
+                                        groups_include=f"^{re.escape(group)}$",
+                                        cluster=self.cluster, source=unique(f"probe-{name}")))
+        self._probe_thread = threading.Thread(target=self._probe.run, args=(self._stop_probe,),
+                                              name=f"{name}-probe", daemon=True)
+        self._probe_thread.start()
+        cleanup.callback(self._stop_the_probe)
+        cleanup.callback(lambda: c.brokers[3].running() or c.start_broker(3))
+
+    def _stop_the_probe(self) -> None:  # once: closing its clients twice would crash the process
+        if not self._stop_probe.is_set():
+            self._stop_probe.set()
+            self._probe_thread.join(20)
+            self._probe.close(flush_timeout=10)
+
+    def stop(self) -> None:
+        self._stop_the_probe()
+        self._writer.stop()
+        self._committer.stop()
+
+
 def test_the_job_killed_at_random_moments_ends_as_an_uninterrupted_one(kafka_cluster, tmp_path):
     c = kafka_cluster
-    if not c.managed:
-        pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
-    for broker in c.broker_ids:  # whole, whatever an earlier test left (brokers die with their thread)
-        if not c.brokers[broker].running():
-            c.start_broker(broker)
-    c.wait_ready(timeout=120)
     seed = int(os.environ.get("KAFKA_MONITOR_KILL_SEED") or random.randrange(10**6))
     rnd = random.Random(seed)
     print(f"\nKAFKA_MONITOR_KILL_SEED={seed}, {KILLS} kills")
-    prefix = unique("kill")
-    watched, group, cluster = f"{prefix}.w", f"{prefix}-app", unique("killed")
-    # broker 3 follows both partitions and leads none: stopping it shrinks both ISRs only
-    c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
-    events = f"{prefix}.events"
-    c.create_topic(events, replica_assignment=[[1], [2], [1]])
-    c.create_topic(f"{prefix}.alerts-a", replica_assignment=[[1]])
-    c.create_topic(f"{prefix}.alerts-b", replica_assignment=[[2]])
-    boot = c.bootstrap_servers
     with ExitStack() as cleanup:
-        writer = Writer(boot, [watched]).start()
-        cleanup.callback(writer.stop)
-        committer = Committer(boot, group, watched, 2).start()
-        cleanup.callback(committer.stop)
-        stop_probe = threading.Event()
-        probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=events, interval_s=1,
-                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
-                                  topics_include=f"^{re.escape(watched)}$", groups_include=f"^{re.escape(group)}$",
-                                  cluster=cluster, source=unique("probe-killed")))
-        probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name="kill-probe", daemon=True)
-        probe_thread.start()
-
-        def stop_the_probe():  # once: closing its clients twice would crash the process
-            if not stop_probe.is_set():
-                stop_probe.set()
-                probe_thread.join(20)
-                probe.close(flush_timeout=10)
-        cleanup.callback(stop_the_probe)
-        cleanup.callback(lambda: c.brokers[3].running() or c.start_broker(3))
-
-        a = Job("a", boot, events, f"{prefix}.alerts-a", tmp_path)
-        b = Job("b", boot, events, f"{prefix}.alerts-b", tmp_path)
+        stream = Stream(c, cleanup, "kill")
+        boot, events, cluster = stream.boot, stream.events, stream.cluster
+        a = Job("a", boot, events, stream.alerts_a, tmp_path)
+        b = Job("b", boot, events, stream.alerts_b, tmp_path)
         cleanup.callback(a.close)
         cleanup.callback(b.close)
         a.start()
@@ -214,9 +231,7 @@ def test_the_job_killed_at_random_moments_ends_as_an_uninterrupted_one(kafka_clu
         assert a.alive(), f"job A exited (status {a.proc.returncode}): see {a.log.name}"
         done = b.committed_batches()
         wait_for(lambda: b.committed_batches() > done + 3, timeout=180, interval=0.5, what="job B running again")
-        stop_the_probe()
-        writer.stop()
-        committer.stop()
+        stream.stop()
 
         end = end_offsets(boot, events)
         produced = sum(end.values())

@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,10 +31,8 @@ import pytest
 import kafka_monitor.cli
 from kafka_monitor.broker import free_port
 from kafka_monitor.spark_cluster import SparkCluster, ensure_spark_kafka, spark_home
-from monitor.probe import Probe, ProbeConfig
-from tests.conftest import unique, wait_for
-from tests.e2e.test_job_killed import Committer, Job, end_offsets, outcome
-from tests.e2e.test_real_cluster import Writer
+from tests.conftest import wait_for
+from tests.e2e.test_job_killed import Job, Stream, end_offsets, outcome
 from tests.e2e.test_recovery import read_alerts
 from tests.support.spark_cluster import spark_cluster  # noqa: F401
 
@@ -112,45 +109,13 @@ class ClusterJob(Job):
 
 def test_the_job_on_a_spark_cluster_ends_as_the_local_one(kafka_cluster, spark_cluster, tmp_path):  # noqa: F811
     c = kafka_cluster
-    if not c.managed:
-        pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
-    for broker in c.broker_ids:
-        if not c.brokers[broker].running():
-            c.start_broker(broker)
-    c.wait_ready(timeout=120)
     jars = ",".join(str(j) for j in ensure_spark_kafka())
-    prefix = unique("sc")
-    watched, group, cluster = f"{prefix}.w", f"{prefix}-app", unique("on-spark")
-    c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
-    events = f"{prefix}.events"
-    c.create_topic(events, replica_assignment=[[1], [2], [1]])
-    c.create_topic(f"{prefix}.alerts-a", replica_assignment=[[1]])
-    c.create_topic(f"{prefix}.alerts-b", replica_assignment=[[2]])
-    boot = c.bootstrap_servers
     said: list[str] = []
     with ExitStack() as cleanup:
-        writer = Writer(boot, [watched]).start()
-        cleanup.callback(writer.stop)
-        committer = Committer(boot, group, watched, 2).start()
-        cleanup.callback(committer.stop)
-        stop_probe = threading.Event()
-        probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=events, interval_s=1,
-                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
-                                  topics_include=f"^{re.escape(watched)}$", groups_include=f"^{re.escape(group)}$",
-                                  cluster=cluster, source=unique("probe-spark")))
-        probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name="sc-probe", daemon=True)
-        probe_thread.start()
-
-        def stop_the_probe():
-            if not stop_probe.is_set():
-                stop_probe.set()
-                probe_thread.join(20)
-                probe.close(flush_timeout=10)
-        cleanup.callback(stop_the_probe)
-        cleanup.callback(lambda: c.brokers[3].running() or c.start_broker(3))
-
-        a = Job("a", boot, events, f"{prefix}.alerts-a", tmp_path)
-        b = ClusterJob("b", boot, events, f"{prefix}.alerts-b", tmp_path, cluster=spark_cluster, jars=jars)
+        stream = Stream(c, cleanup, "sc")
+        boot, events, cluster = stream.boot, stream.events, stream.cluster
+        a = Job("a", boot, events, stream.alerts_a, tmp_path)
+        b = ClusterJob("b", boot, events, stream.alerts_b, tmp_path, cluster=spark_cluster, jars=jars)
         cleanup.callback(a.close)
         cleanup.callback(b.close)
         a.start()
@@ -179,9 +144,7 @@ def test_the_job_on_a_spark_cluster_ends_as_the_local_one(kafka_cluster, spark_c
         c.start_broker(3)
         b_runs(4, "running again in client mode on its checkpoint")
         assert a.alive(), f"job A exited (status {a.proc.returncode}): see {a.log.name}"
-        stop_the_probe()
-        writer.stop()
-        committer.stop()
+        stream.stop()
 
         end = end_offsets(boot, events)
         for j in (a, b):
