@@ -308,6 +308,8 @@ class Canary:
         self._rxidle: dict[int, tuple[float, int]] = {}
         #: the broker the writes wait for, at the last report (writes_held_by)
         self.held: Optional[tuple[int, int, int]] = None
+        #: False after the topic was created or grown: its leaders are not known yet
+        self._leaders_known = False
 
     # -- the topic ---------------------------------------------------------------------------
 
@@ -327,6 +329,7 @@ class Canary:
             nt = NewTopic(self.cfg.topic, num_partitions=len(plan), replication_factor=-1, replica_assignment=plan,
                           config={"retention.ms": str(self.cfg.retention_ms), "cleanup.policy": "delete"})
             self._wait(self._admin.create_topics([nt], request_timeout=timeout), "create", timeout)
+            self._leaders_known = False
             log.info("canary: created topic %s: %d partitions, replicas %s", self.cfg.topic, len(plan), plan)
             return list(range(len(plan)))
         replicas = {p.id: list(p.replicas) for p in t.partitions.values()}
@@ -335,6 +338,7 @@ class Canary:
             total = len(replicas) + len(plan)
             self._wait(self._admin.create_partitions([NewPartitions(self.cfg.topic, total, plan)],
                                                      request_timeout=timeout), "grow", timeout)
+            self._leaders_known = False
             log.info("canary: topic %s grown to %d partitions (brokers %s lead none): %s", self.cfg.topic,
                      total, sorted(r[0] for r in plan), plan)
             return list(range(total))
@@ -343,6 +347,7 @@ class Canary:
             for p in t.partitions.values():
                 self.stats.part(p.id).leader = p.leader
         self.layout = {p.id: (p.leader, list(p.isrs)) for p in t.partitions.values()}
+        self._leaders_known = all(p.leader >= 0 for p in t.partitions.values())
         return sorted(replicas)
 
     def _elect_preferred(self, t: Any, timeout: float) -> None:
@@ -498,8 +503,14 @@ class Canary:
             layout.join(20)
 
     def _layout_loop(self, stop: threading.Event, checked: list) -> None:
-        while not stop.wait(self.cfg.layout_check_s if not checked or checked[-1] is not None else
-                            min(5.0, self.cfg.layout_check_s)):
+        # soon after a creation (the reports name no leader until a check has), after a failure
+        def pause() -> float:
+            if not self._leaders_known:
+                return min(1.0, self.cfg.layout_check_s)
+            if checked and checked[-1] is None:
+                return min(5.0, self.cfg.layout_check_s)
+            return self.cfg.layout_check_s
+        while not stop.wait(pause()):
             try:
                 checked.append(self.ensure_layout(timeout=10.0))
             except CanarySetupError as e:

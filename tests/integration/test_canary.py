@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 @contextmanager
 def running_canary(kafka_cluster, **kw):
     reports: list = []
-    cfg = CanaryConfig(topic=unique("canary"), interval_s=0.1, report_interval_s=0.5, layout_check_s=2.0,
-                       lost_after_s=20.0, **kw)
+    cfg = CanaryConfig(**{"topic": unique("canary"), "interval_s": 0.1, "report_interval_s": 0.5,
+                          "layout_check_s": 2.0, "lost_after_s": 20.0, **kw})
     canary = Canary(cfg, {"bootstrap.servers": kafka_cluster.bootstrap_servers}, emit=reports.append)
     stop = threading.Event()
     t = threading.Thread(target=canary.run, args=(stop,), daemon=True)
@@ -74,9 +74,12 @@ def describe(canary) -> dict:
 
 
 def test_one_partition_led_by_each_broker_and_every_write_read_back_once(cluster):  # noqa: F811
-    with running_canary(cluster) as (canary, reports):
+    # the layout checked once a minute: the new topic's leaders must come from the check right after creation
+    with running_canary(cluster, layout_check_s=60.0) as (canary, reports):
         wait_for(lambda: len(canary.partitions) == 3 and sum(st.received for st in canary.stats.parts.values()) > 60,
                  60, what="canary writes read back on 3 partitions")
+        wait_for(lambda: len(last := latest(reports)) == 3 and None not in {r.leader for r in last.values()},
+                 15, what="reports naming each partition's leader")
     parts = cluster.partitions(canary.cfg.topic)
     assert sorted(p[1][0] for p in parts.values()) == sorted(cluster.broker_ids)
     assert all(len(p[1]) == 3 for p in parts.values())
