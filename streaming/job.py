@@ -614,30 +614,62 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
         log.error("%s", msg)
 
     watchdog = Watchdog(cfg.stall_timeout_s, stalled, hard_exit=hard_exit)
-    _QUERIES[str(q.id)][2].on_batch = watchdog.batch_done
+    qid = str(q.id)  # asked of the JVM: not possible once it is gone
+    _QUERIES[qid][2].on_batch = watchdog.batch_done
     watchdog.start()
     if on_started:
         on_started(port)
     stuck = False
+    stopping = lambda: stop_event is not None and stop_event.is_set()  # noqa: E731
     try:
-        while not (stop_event is not None and stop_event.is_set()):
+        while not stopping():
             if watchdog.fired.wait(1.0):  # Python only: fires even if the JVM does not answer
                 stuck = True
                 raise JobStalled(watchdog.message)
-            if not q.isActive:
+            try:
+                active = q.isActive
+            except Exception as e:  # the JVM is gone: with us (a stop), or alone (a crash, the OOM killer)
+                if stopping():
+                    break
+                exporter.set_up(False)
+                raise JobFailed(f"Spark's JVM stopped answering: {e}") from None
+            if not active:
                 break
-        if q.exception() is not None:
+        failed: Any
+        if stopping() and _spark_gone(spark):
+            failed = None
+        elif _spark_gone(spark):
+            failed = "Spark stopped (its JVM exited or the SparkContext was stopped)"
+        else:
+            failed = q.exception()
+        if failed is not None:
             exporter.set_up(False)
-            raise JobFailed(f"streaming query failed: {q.exception()}")
+            raise JobFailed(f"streaming query failed: {failed}")
     finally:
         if stuck:
             _stop_within(q, 30.0)  # the watchdog stays armed: its hard exit if this hangs
         else:
             watchdog.stop()  # a stop waits for the running batch: not a stall
-            if q.isActive:
+            if stopping() and _spark_gone(spark):
+                # SIGTERM to the whole process group (systemd's default KillMode): the JVM ran its
+                # shutdown hook and stopped Spark before we could; the checkpoint holds the last
+                # committed batch, the next start goes on from there
+                log.info("stopped: Spark's JVM stopped with this process (the signal reached its process group)")
+                registered = _QUERIES.pop(qid, None)
+                if registered is not None and registered[2].alerts is not None:
+                    registered[2].alerts.close()
+            elif q.isActive:
                 stop_query(q)
         watchdog.stop()
         exporter.shutdown()
+
+
+def _spark_gone(spark: SparkSession) -> bool:
+    """True when the session's SparkContext was stopped, or its JVM no longer answers."""
+    try:
+        return bool(spark.sparkContext._jsc is None or spark.sparkContext._jsc.sc().isStopped())
+    except Exception:
+        return True
 
 
 def _stop_within(q: StreamingQuery, timeout_s: float) -> None:
