@@ -16,7 +16,8 @@ exporter apply + alerts publish).  Everything else (the tasks: read, parse, gate
 state) runs on the executors' cores.  Projection for N executors of one core:
 T(N) = serial + (T(2) - serial) * 2 / N, rate(N) = rows / T(N), stated as a projection.
 
-Prints a table and writes bench/results/scaleout.json.
+Prints a table and writes bench/results/scaleout.json, keeping the results of the sizes and
+configurations this sitting did not run (each result says its sitting).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -82,6 +84,23 @@ def run_config(name: str, master: str, source: str, store: str, size: str, args)
     return m
 
 
+def kept(path: str, results: list[dict]) -> list[dict]:
+    """This sitting's results plus those of the file's other sizes and configurations (one
+    sitting per size: 300,000 partitions take about two hours), each stamped with its sitting."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for m in results:
+        m.setdefault("sitting", when)
+    try:
+        old = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return results
+    done = {(m.get("config"), m.get("size")) for m in results}
+    before = [m for m in old.get("results", []) if (m.get("config"), m.get("size")) not in done]
+    for m in before:
+        m.setdefault("sitting", old.get("when"))
+    return before + results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["100000:10000", "300000:10000"])
@@ -103,7 +122,7 @@ def main() -> int:
               f"{f(m.get('projected_rows_per_s_4'), '>8.0f')} {f(m.get('projected_rows_per_s_16'), '>8.0f')} "
               f"{f(m['jvm_peak_rss_mb'], '>9.0f')} {f(m.get('executors_peak_rss_mb'), '>8.0f')} "
               f"{f(m['python_workers_peak_rss_mb'], '>7.0f')}")
-    report.write(args.out, "scaleout", args=vars(args), results=results)
+    report.write(args.out, "scaleout", args=vars(args), results=kept(args.out, results))
     return 0
 
 
