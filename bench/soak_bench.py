@@ -319,24 +319,19 @@ def main() -> int:
         job.start()
         t0 = time.monotonic()
         total = args.hours * 3600
-        job_restarts = [0.25, 0.5, 0.75]
-        probe_restarts = [0.35, 0.7]
+        restarts = [(job, [0.25, 0.5, 0.75]), (probe, [0.35, 0.7])]  # fractions of the run
         broker_every = args.broker_restart_h * 3600 / args.speed
         next_broker, broker_i = broker_every, 0
         next_sample = 0.0
         while (now := time.monotonic() - t0) < total:
-            if job_restarts and now >= job_restarts[0] * total:
-                job_restarts.pop(0)
-                events.append((now, "job"))
-                print(f"[soak] {now / 60:.0f} min: job SIGTERM and start", file=sys.stderr, flush=True)
-                job.stop()
-                job.start()
-            if probe_restarts and now >= probe_restarts[0] * total:
-                probe_restarts.pop(0)
-                events.append((now, "probe"))
-                print(f"[soak] {now / 60:.0f} min: probe restarted", file=sys.stderr, flush=True)
-                probe.stop()
-                probe.start()
+            for proc, at in restarts:
+                if at and now >= at[0] * total:
+                    at.pop(0)
+                    events.append((now, proc.name))
+                    print(f"[soak] {now / 60:.0f} min: {proc.name} stopped (SIGTERM) and started", file=sys.stderr,
+                          flush=True)
+                    proc.stop()
+                    proc.start()
             if now >= next_broker:
                 next_broker += broker_every
                 b = cluster.broker_ids[broker_i % len(cluster.broker_ids)]

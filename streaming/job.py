@@ -635,13 +635,8 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
                 raise JobFailed(f"Spark's JVM stopped answering: {e}") from None
             if not active:
                 break
-        failed: Any
-        if stopping() and _spark_gone(spark):
-            failed = None
-        elif _spark_gone(spark):
-            failed = "Spark stopped (its JVM exited or the SparkContext was stopped)"
-        else:
-            failed = q.exception()
+        failed: Any = q.exception() if not _spark_gone(spark) else \
+            None if stopping() else "Spark stopped (its JVM exited or the SparkContext was stopped)"
         if failed is not None:
             exporter.set_up(False)
             raise JobFailed(f"streaming query failed: {failed}")

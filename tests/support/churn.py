@@ -125,7 +125,7 @@ class Churn:
             try:
                 self.step(now - last)
             except Exception as e:  # never the end of the churn: counted and logged
-                self.counts.errors["step"] = self.counts.errors.get("step", 0) + 1
+                self._count("step")
                 log.warning("churn: step failed: %r", e)
             last = now
 
@@ -168,7 +168,7 @@ class Churn:
             fn()
             return True
         except Exception as e:  # a broker restarting: counted, the churn goes on
-            self.counts.errors[what] = self.counts.errors.get(what, 0) + 1
+            self._count(what)
             log.debug("churn: %s failed: %s", what, e)
             return False
 
@@ -213,7 +213,7 @@ class Churn:
                 except BufferError:
                     break
                 except KafkaException:  # a partition the producer's metadata does not know yet
-                    self.counts.errors["produce"] = self.counts.errors.get("produce", 0) + 1
+                    self._count("produce")
                     break
             t.written += n
         self._producer.poll(0)
