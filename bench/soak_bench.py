@@ -60,7 +60,8 @@ SERIES = [
     ("jvm_rss_mb", "MB", 50), ("jvm_heap_used_mb", "MB", 50), ("jvm_fds", "", 20), ("jvm_threads", "", 10),
     ("workers_rss_mb", "MB", 50), ("workers", "", 1), ("workers_fds", "", 10),
     ("prometheus_rss_mb", "MB", 30), ("prometheus_head_series", "", 200),
-    ("state_keys", "", 10), ("metrics_series", "", 50), ("open_alerts", "", 5),
+    ("state_keys", "", 10), ("state_entities", "", 50), ("state_mb", "MB", 1),
+    ("metrics_series", "", 50), ("open_alerts", "", 5),
     ("batch_p50_s", "s", 0.5), ("batch_p95_s", "s", 1.0),
     ("checkpoint_mb", "MB", 2), ("checkpoint_files", "", 50), ("state_store_mb", "MB", 2), ("quarantine_mb", "MB", 1),
     ("live_topics", "", 5), ("live_groups", "", 5),
@@ -163,12 +164,14 @@ def dir_size(path: pathlib.Path) -> tuple[float, int]:
 
 
 def scrape(port: int) -> dict[str, Any]:
-    """Series count, state keys, open alerts from the job's /metrics."""
+    """Series count, state keys, entities and bytes (a job that serves them), open alerts, and the
+    entities dropped so far by reason (counters: recorded, not judged) from the job's /metrics."""
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     except OSError:
         return {}
     series = keys = alerts = 0
+    out: dict[str, Any] = {}
     for line in body.splitlines():
         if not line or line.startswith("#"):
             continue
@@ -178,7 +181,14 @@ def scrape(port: int) -> dict[str, Any]:
             keys += float(value)
         elif name.startswith("kafka_monitor_alert_active{") and float(value) == 1:
             alerts += 1
-    return {"metrics_series": series, "state_keys": keys, "open_alerts": alerts}
+        elif name.startswith("kafka_monitor_job_state_entities{"):
+            out["state_entities"] = out.get("state_entities", 0) + float(value)
+        elif name == "kafka_monitor_job_state_bytes":
+            out["state_mb"] = float(value) / 2**20
+        elif name.startswith("kafka_monitor_entities_removed_total{"):
+            why = name.split('reason="', 1)[1].split('"', 1)[0]
+            out[f"removed_{why}"] = out.get(f"removed_{why}", 0) + float(value)
+    return {"metrics_series": series, "state_keys": keys, "open_alerts": alerts, **out}
 
 
 def prom_value(prom: PrometheusServer, expr: str) -> Optional[float]:
@@ -208,8 +218,8 @@ def sample(t0: float, churn: Churn, probe: Proc, job: Proc, prom: PrometheusServ
     s["prometheus_head_series"] = prom_value(prom, "prometheus_tsdb_head_series")
     s.update(scrape(metrics_port))
     w = f"{max(int(window_s), 30)}s"
-    s["batch_p50_s"] = prom_value(prom, f"quantile_over_time(0.5, kafka_monitor_job_last_batch_duration_seconds[{w}])")
-    s["batch_p95_s"] = prom_value(prom, f"quantile_over_time(0.95, kafka_monitor_job_last_batch_duration_seconds[{w}])")
+    s["batch_p50_s"] = prom_value(prom, f"quantile_over_time(0.5, kafka_monitor_job_last_trigger_duration_seconds[{w}])")
+    s["batch_p95_s"] = prom_value(prom, f"quantile_over_time(0.95, kafka_monitor_job_last_trigger_duration_seconds[{w}])")
     s["checkpoint_mb"], s["checkpoint_files"] = dir_size(ckpt)
     s["state_store_mb"], _ = dir_size(ckpt / "state")
     s["quarantine_mb"], _ = dir_size(ckpt / "quarantine")
