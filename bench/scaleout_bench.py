@@ -73,8 +73,14 @@ def run_config(name: str, master: str, source: str, store: str, size: str, args)
     print(f"[scaleout] {name} {size}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
-        print(f"[scaleout] {name} {size} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
+        # the whole output (the JVM's cause is far above the Python traceback), for the operator
+        log = out.with_suffix(".log")
+        log.write_text(proc.stdout + proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        cause = [x for x in lines if "Caused by" in x or "Error" in x][:5]
+        tail = "\n".join(cause + lines[-20:])
+        print(f"[scaleout] {name} {size} failed (exit {proc.returncode}; whole output in {log}):\n{tail}",
+              file=sys.stderr, flush=True)
         return {"config": name, "size": size, "error": tail}
     m = json.loads(out.read_text())["results"][0]
     out.unlink()
