@@ -179,6 +179,10 @@ def _parser() -> argparse.ArgumentParser:
                                           "(default kafka-monitor.alerts; '' to not publish)")
     j.add_argument("--quarantine-dir", help="where refused events are written, one JSON-lines file per batch "
                                             "(default <checkpoint>/quarantine)")
+    j.add_argument("--quarantine-max-mb", type=int,
+                   help="MiB the quarantine files are kept to (default 256; > 0): past it the oldest batches' files "
+                        "are deleted, never the newest one (kept even when larger); on /metrics as "
+                        "kafka_monitor_quarantine_bytes and kafka_monitor_quarantine_files_removed_total")
     j.add_argument("--max-event-bytes", type=int, help="a record value longer than this is quarantined as oversized "
                                                         "without being decoded (default 65536)")
     j.add_argument("--max-clock-skew", dest="max_clock_skew_s", type=float,

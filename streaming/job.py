@@ -125,6 +125,9 @@ class JobConfig:
     #: quarantined events (with their reason) are written here as JSON lines, one file per
     #: micro-batch; default: <checkpoint_dir>/quarantine
     quarantine_dir: Optional[str] = None
+    #: the quarantine files are kept to this many MiB in all: past it the oldest batches' files
+    #: are deleted (never the newest); see QuarantineFiles
+    quarantine_max_mb: int = 256
     #: a record value longer than this is quarantined (oversized) without being decoded
     max_event_bytes: int = 65_536
     #: observed_at may be this far after / before the record's Kafka timestamp (else
@@ -196,6 +199,9 @@ class JobConfig:
                                  "job.metrics_tls_client_ca needs them")
         if not 1024 <= self.max_event_bytes <= (64 << 20):
             raise JobConfigError(f"job.max_event_bytes: must be in 1024..67108864, got {self.max_event_bytes}")
+        if not self.quarantine_max_mb > 0:
+            raise JobConfigError(f"job.quarantine_max_mb: must be > 0 (MiB of quarantine files kept; past it the "
+                                 f"oldest are deleted), got {self.quarantine_max_mb}")
         if not self.max_clock_skew_s >= 0:
             raise JobConfigError(f"job.max_clock_skew_s: must be >= 0 (0 = not checked), "
                                  f"got {self.max_clock_skew_s}")
@@ -395,11 +401,21 @@ class ExporterSink:
     replayed batch id is harmless to all three."""
 
     def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,
-                 quarantine_dir: Optional[str] = None):
+                 quarantine: Optional[QuarantineFiles] = None):
         self.exporter = exporter
         self.alerts = alerts
-        self.quarantine_dir = quarantine_dir
+        self.quarantine = quarantine
         self.on_batch: Optional[Any] = None  # called after each batch (the watchdog)
+        self._removed_reported = 0  # of quarantine.removed
+        self._report_quarantine()  # what a restarted job found (and what the bound removed at its start)
+
+    def _report_quarantine(self) -> None:
+        """kafka_monitor_quarantine_bytes (bytes kept now) and kafka_monitor_quarantine_files_removed_total
+        (files the bound deleted since the last report)."""
+        if self.quarantine is None:
+            return
+        self.exporter.set_quarantine(self.quarantine.bytes, self.quarantine.removed - self._removed_reported)
+        self._removed_reported = self.quarantine.removed
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with gc_paused():  # a batch's rows (up to ~10^5 dicts) against ~10^5-10^6 live series
@@ -416,8 +432,9 @@ class ExporterSink:
         # fails after this is replayed by a new process, whose exporter starts empty.
         n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
-        if bad and self.quarantine_dir:
-            write_quarantine(self.quarantine_dir, batch_id, bad)
+        if bad and self.quarantine is not None:
+            self.quarantine.write(batch_id, bad)
+            self._report_quarantine()
         if self.alerts is not None:
             self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
@@ -473,6 +490,116 @@ def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
                                 "raw": r["evidence"], "raw_bytes": r.get("count")}, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+#: a quarantine file's name (write_quarantine): batch-<batch id, at least 12 digits>.jsonl
+QUARANTINE_FILE = re.compile(r"batch-(\d+)\.jsonl")
+
+
+class QuarantineFiles:
+    """The quarantine directory, bounded: ``write`` writes a batch's refused events
+    (``write_quarantine``), then deletes the oldest files until the quarantine files total at
+    most ``max_bytes``.  Never the newest: the file just written is kept even when it alone is
+    larger than the bound (``bytes`` says so, and a warning).
+
+    Oldest: written earliest.  The files already there (a restarted job's) are listed once, at
+    construction, oldest by modification time (then batch id: a new checkpoint starts its batch
+    ids again at 0), and the bound is applied to them at once; from then on a running total is
+    kept, no listing per batch.  A replayed batch rewrites its file: its new size replaces its
+    old in the total, and it becomes the newest.  Only ``batch-<id>.jsonl`` files are counted
+    and deleted (and, at construction, the ``.tmp`` files of writes a crash cut short); anything
+    else in the directory is left alone.  A file deleted by someone else leaves the total when
+    the bound comes to it."""
+
+    def __init__(self, directory: str, max_bytes: int):
+        if not max_bytes > 0:
+            raise ValueError(f"the quarantine's bound must be > 0 bytes, got {max_bytes}")
+        self.directory = directory
+        self.max_bytes = max_bytes
+        #: batch id -> bytes of its file, oldest first (a dict keeps its insertion order)
+        self._files: dict[int, int] = {}
+        #: bytes of the quarantine files kept now
+        self.bytes = 0
+        #: files the bound deleted since construction (at construction included)
+        self.removed = 0
+        self._scan()
+        self._enforce()
+
+    def path(self, batch_id: int) -> str:
+        return os.path.join(self.directory, f"batch-{batch_id:012d}.jsonl")
+
+    @property
+    def files(self) -> list[int]:
+        """The batch ids whose files are kept, oldest first."""
+        return list(self._files)
+
+    def _scan(self) -> None:
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return  # created by the first write
+        found = []
+        for e in entries:
+            m = QUARANTINE_FILE.fullmatch(e.name)
+            try:
+                if m and e.is_file():
+                    st = e.stat()
+                    found.append((st.st_mtime_ns, int(m.group(1)), st.st_size))
+                elif e.name.endswith(".tmp") and QUARANTINE_FILE.fullmatch(e.name[:-4]) and e.is_file():
+                    os.remove(e.path)  # a write cut short: its batch is replayed and written again
+                    log.info("quarantine: removed %s, left by a write that did not complete", e.path)
+            except FileNotFoundError:
+                continue
+        for _, batch_id, size in sorted(found):
+            self._files[batch_id] = size
+            self.bytes += size
+        if found:
+            log.info("quarantine: %d files of %d bytes in %s", len(found), self.bytes, self.directory)
+
+    def write(self, batch_id: int, rows: list[dict]) -> str:
+        """Write the batch's file (again, for a replayed batch), then keep to the bound; returns
+        the file's path."""
+        path = write_quarantine(self.directory, batch_id, rows)
+        size = os.path.getsize(path)
+        self.bytes += size - self._files.pop(batch_id, 0)
+        self._files[batch_id] = size  # the newest
+        self._enforce()
+        return path
+
+    def _enforce(self) -> int:
+        """Delete the oldest files (never the newest) until the total is within the bound;
+        returns how many were deleted (also added to ``removed``)."""
+        if self.bytes <= self.max_bytes or not self._files:
+            return 0
+        newest = next(reversed(self._files))
+        excess = self.bytes - self.max_bytes
+        gone: list[int] = []
+        removed = 0
+        for batch_id, size in self._files.items():
+            if excess <= 0 or batch_id == newest:
+                break
+            path = self.path(batch_id)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass  # deleted by someone else: not kept either way
+            except OSError as e:
+                log.warning("quarantine: cannot delete %s (to keep %s within %d bytes): %s",
+                            path, self.directory, self.max_bytes, e)
+                continue  # counted still; tried again at the next batch
+            else:
+                removed += 1
+            gone.append(batch_id)
+            excess -= size
+        for batch_id in gone:
+            self.bytes -= self._files.pop(batch_id)
+        self.removed += removed
+        if removed:
+            log.debug("quarantine: deleted the %d oldest files of %s; %d bytes kept", removed, self.directory, self.bytes)
+        if self.bytes > self.max_bytes and len(self._files) == 1:
+            log.warning("quarantine: the file of batch %d alone is %d bytes, more than the bound (%d bytes, "
+                        "job.quarantine_max_mb): kept, as the newest", newest, self.bytes, self.max_bytes)
+        return removed
 
 
 def source_offsets(o: Any) -> dict[tuple[str, str], int]:
@@ -543,7 +670,9 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
     if cfg.alerts_topic:
         alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
         alerts.recover()  # fails now, with a clear message, if the topic is missing
-    sink = ExporterSink(exporter, alerts, cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"))
+    quarantine = QuarantineFiles(cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"),
+                                 cfg.quarantine_max_mb << 20)
+    sink = ExporterSink(exporter, alerts, quarantine)
     exporter.set_notify_holds(cfg.rule_configs()["notify"].holds_s())
     listener = ProgressListener(exporter)
     spark.streams.addListener(listener)

@@ -131,6 +131,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
     P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied) or out_of_order (older than the last observation of its type from its source).", ("reason",)),
+    P + "quarantine_bytes": ("gauge", "Bytes of the quarantine files (one JSON-lines file per batch of refused events) kept now; at most job.quarantine_max_mb MiB, unless the newest file alone is larger.", ()),
+    P + "quarantine_files_removed_total": ("counter", "Quarantine files deleted, oldest first, to keep them within job.quarantine_max_mb.", ()),
     P + "exporter_series_refused_total": ("counter", "Entity series not created because the exporter's series cap was reached.", ()),
     P + "job_up": ("gauge", "1 while the job runs (its streaming query starting or running), 0 after the query failed.", ()),
     P + "job_start_timestamp_seconds": ("gauge", "When the job process started serving metrics (Unix time); start-up allowances of the alert rules count from it.", ()),
@@ -783,6 +785,14 @@ class Exporter:
         self.m("job_source_unreadable_seconds").set(unreadable_s)
         self.m("job_state_keys").set(state_keys)
         self.m("job_last_trigger_duration_seconds").set(duration_s)
+
+    def set_quarantine(self, bytes_kept: int, files_removed: int = 0) -> None:
+        """The quarantine directory (``streaming.job.QuarantineFiles``): bytes of its files kept
+        now, and files its bound deleted since the last call."""
+        self._generation += 1
+        self.m("quarantine_bytes").set(bytes_kept)
+        if files_removed > 0:
+            self.m("quarantine_files_removed_total").inc(files_removed)
 
     def set_up(self, up: bool) -> None:
         self._generation += 1
