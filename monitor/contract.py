@@ -366,6 +366,37 @@ class Heartbeat:
         "null for sources without cycles.", default=None)
 
 
+@dataclass(frozen=True)
+class PartitionGone:
+    """A partition the probe no longer finds: its topic deleted (or shrunk, which Kafka does not do)."""
+
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition id.")
+    reason: str = _doc("Why it is gone: \"topic deleted\" (absent from 2 successive complete metadata "
+                       "responses after it was seen).", default="topic deleted")
+
+
+@dataclass(frozen=True)
+class GroupGone:
+    """A consumer group the probe no longer finds in the cluster's group listing."""
+
+    group: str = _doc("Consumer group id.")
+    reason: str = _doc("Why it is gone: \"group deleted\" (absent from 2 successive complete group "
+                       "listings after it was seen).", default="group deleted")
+
+
+@dataclass(frozen=True)
+class GroupPartitionGone:
+    """A group's committed offset on a partition that the coordinator no longer returns."""
+
+    group: str = _doc("Consumer group id.")
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition id.")
+    reason: str = _doc("Why it is gone: \"committed offset deleted\" (absent from 2 successive answers of "
+                       "the group's coordinator after it was seen; the group itself still exists).",
+                       default="committed offset deleted")
+
+
 #: type name -> (payload class, fields that make up the entity key after the cluster)
 PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "metadata_refresh": (MetadataRefresh, ("@source",)),
@@ -379,13 +410,16 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "broker_state": (BrokerState, ("node_id",)),
     "client_produce": (ClientProduce, ("@source", "topic", "partition")),
     "heartbeat": (Heartbeat, ("@source",)),
+    "partition_gone": (PartitionGone, ("topic", "partition")),
+    "group_gone": (GroupGone, ("group",)),
+    "group_partition_gone": (GroupPartitionGone, ("group", "topic", "partition")),
 }
 EVENT_TYPES = tuple(PAYLOADS)
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
-    ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat,
+    ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat, PartitionGone, GroupGone, GroupPartitionGone,
 ]
 
 ENVELOPE_DOCS = {

@@ -61,8 +61,10 @@ class Cause:
     UNKNOWN_LEADER = "unknown_leader"    # a partition has no known leader
     ERROR_RESPONSE = "error_response"    # a response carried an invalid-metadata error
     NEW_TOPIC = "new_topic"              # a new topic is in use
+    TOPIC_MISSING = "topic_missing"      # a topic seen before is absent from a response (deleted?)
 
-    ALL = frozenset({CONNECT_FAILED, DISCONNECTED, REQUEST_TIMEOUT, UNKNOWN_LEADER, ERROR_RESPONSE, NEW_TOPIC})
+    ALL = frozenset({CONNECT_FAILED, DISCONNECTED, REQUEST_TIMEOUT, UNKNOWN_LEADER, ERROR_RESPONSE, NEW_TOPIC,
+                     TOPIC_MISSING})
 
     @staticmethod
     def error_response(error_name: str) -> str:

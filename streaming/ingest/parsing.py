@@ -74,6 +74,9 @@ REQUIRED_BY_TYPE = {
     "rebalance": ("group", "phase"),
     "metadata_refresh": ("version", "reason", "ok"),
     "heartbeat": ("interval_ms",),
+    "partition_gone": ("topic", "partition"),
+    "group_gone": ("group",),
+    "group_partition_gone": ("group", "topic", "partition"),
 }
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
@@ -332,13 +335,13 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     tp = _join(cl, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     grp = _join(cl, "/", d["group"])
     src = _join(cl, "/", src_name)
-    part_types = _is(etype, ("partition_metadata", "partition_offsets"))
+    part_types = _is(etype, ("partition_metadata", "partition_offsets", "partition_gone"))
     canary_type = is_type["canary"]
     produce_type = is_type["client_produce"]
     broker_type = is_type["broker_state"]
     brk = _join(cl, "/broker/", pc.cast(d["node_id"], pa.string()))
-    gp_type = is_type["group_offsets"]
-    group_types = _is(etype, ("group_state", "rebalance"))
+    gp_type = _is(etype, ("group_offsets", "group_partition_gone"))
+    group_types = _is(etype, ("group_state", "rebalance", "group_gone"))
     client_type = is_type["metadata_refresh"]
     fetch_type = is_type["client_fetch"]
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))

@@ -136,6 +136,15 @@ def evict(state: Any, now: int, ttl_ms: int, entity: str, labels: dict) -> Optio
     return out
 
 
+def gone(state: Any, now: int, entity: str, labels: dict, reason: str) -> list[Transition]:
+    """The transitions that resolve every open alert of an entity the cluster no longer has
+    (``reason``: "topic deleted", "group deleted", "committed offset deleted")."""
+    out: list[Transition] = []
+    for name in list(state["open"]):
+        out += _resolve(state, Alert(name), entity, labels, now, {"reason": reason})
+    return out
+
+
 def report_int(ev: dict[str, Any], name: str) -> Optional[int]:
     """An integer field of a row's ``report`` (the JSON of a canary, client_produce or broker_state event,
     streaming/ingest/parsing.py ``REPORT_FIELDS``); None when absent or not an integer."""

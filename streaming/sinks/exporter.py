@@ -39,6 +39,10 @@ QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_
                       *quality.RULES)  # parsing.REASONS, then the gate's rules
 #: why the state drops a valid event (streaming.state.function.admit)
 DROP_REASONS = ("duplicate", "out_of_order")
+#: the (kind, reason) pairs of entities_removed_total served from the start
+REMOVED_SEEDS = (("partition", "topic_deleted"), ("group", "group_deleted"), ("group_partition", "group_deleted"),
+                 ("group_partition", "offset_deleted"), ("partition", "not_observed"),
+                 ("group", "not_observed"), ("group_partition", "not_observed"))
 PART = ("cluster", "topic", "partition")
 #: buckets of the delay histogram (seconds): a healthy pipeline is a trigger or two
 DELAY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
@@ -140,6 +144,9 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "job_source_unreadable_partitions": ("gauge", "Partitions of the events topic whose offsets the job could not read at its last batch (no leader, leader down or not answering); they wait, nothing is skipped.", ()),
     P + "job_source_unreadable_seconds": ("gauge", "How long the longest-unreadable partition of the events topic has been so, at the last batch; 0 when every partition is readable.", ()),
     P + "job_state_keys": ("gauge", "Grouping keys with state in the job's state store: its buckets (job.buckets), not its entities.", ()),
+    P + "job_state_entities": ("gauge", "Entities the job's state holds, by kind (partition, group, group_partition, ...), summed over its buckets as each last reported; what deleted topics and groups leave behind shows here until they are dropped.", ("kind",)),
+    P + "job_state_bytes": ("gauge", "Bytes of the job's stored state (every bucket's value as last written, compressed).", ()),
+    P + "entities_removed_total": ("counter", "Entities dropped from the job's state, by kind and reason: topic_deleted, group_deleted, offset_deleted (the probe found them gone) or not_observed (no observation for job.entity_ttl_s); their series go with them and their open alerts resolve.", ("kind", "reason")),
     P + "job_last_trigger_duration_seconds": ("gauge", "Wall time of the last micro-batch, read to write.", ()),
     P + "job_batches_total": ("counter", "Micro-batches the job has completed.", ()),
     P + "job_sink_rows_total": ("counter", "State-output rows the sink has applied.", ()),
@@ -397,6 +404,11 @@ class Exporter:
             self.m("events_quarantined_total").labels(reason)
         for reason in DROP_REASONS:
             self.m("events_dropped_total").labels(reason)
+        for kind, reason in REMOVED_SEEDS:  # at 0 from the start, so increase() sees the first one
+            self.m("entities_removed_total").labels(kind, reason)
+        #: bucket -> (its entities by kind, its stored bytes), from the buckets' ``state`` rows
+        self._state: dict[int, tuple[dict[str, int], int]] = {}
+        self._state_kinds: set[str] = set()
         self._series: dict[tuple[str, tuple], Any] = {}  # (metric, labels) -> its series
         #: the open alerts' labels (ALERT order) -> when they opened (s; None: not known)
         self._alerts: dict[tuple, Optional[float]] = {}
@@ -686,6 +698,7 @@ class Exporter:
             self._refused = 0  # series the cap refused in this batch: counted once at its end
             n = 0
             moved: dict[tuple[str, str], int] = {}  # alert transitions by (alert, action)
+            states = False
             lab: tuple[Any, ...]
             vals: tuple[Any, ...]
             for r in rows:
@@ -762,12 +775,32 @@ class Exporter:
                     self.m("events_quarantined_total").labels(r["alert"]).inc(r["count"] or 0)
                 elif kind == "dropped":
                     self.m("events_dropped_total").labels(r["alert"]).inc(r["count"] or 0)
+                elif kind == "removed":
+                    self.m("entities_removed_total").labels(r["alert"], r["evidence"]).inc(r["count"] or 0)
+                elif kind == "state":
+                    rep = json.loads(r["report"])
+                    self._state[int(rep["bucket"])] = (rep["entities"], int(r["count"] or 0))
+                    states = True
+            if states:
+                self._state_gauges()
             for (alert, action), k in moved.items():  # one labels() per alert and action, not per row
                 self.m("alert_transitions_total").labels(alert, action).inc(k)
             if self._refused:
                 self.m("exporter_series_refused_total").inc(self._refused)
             self._last_batch_id = batch_id
             return n
+
+    def _state_gauges(self) -> None:
+        """``job_state_entities`` and ``job_state_bytes``: the sums of the buckets' last reports
+        (a kind no bucket holds any more shows 0)."""
+        total: dict[str, int] = {}
+        for kinds, _ in self._state.values():
+            for k, n in kinds.items():
+                total[k] = total.get(k, 0) + n
+        self._state_kinds |= set(total)
+        for k in self._state_kinds:
+            self.m("job_state_entities").labels(k).set(total.get(k, 0))
+        self.m("job_state_bytes").set(sum(b for _, b in self._state.values()))
 
     def batch_done(self, rows: int, duration_s: float, finished_at: float) -> None:
         self._generation += 1

@@ -664,13 +664,71 @@ def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, raw: 
     return cols, coded, cold
 
 
+#: the contract's types that say an entity is gone -> the reason its alerts resolve with
+GONE = {"partition_gone": "topic deleted", "group_gone": "group deleted",
+        "group_partition_gone": "committed offset deleted"}
+#: why an entity left the state -> the ``reason`` label of kafka_monitor_entities_removed_total
+REMOVED_REASONS = {"topic deleted": "topic_deleted", "group deleted": "group_deleted",
+                   "committed offset deleted": "offset_deleted", "not observed": "not_observed"}
+
+
+def _gone_with(entities: dict[str, Any], key: str, etype: str, r: dict) -> list[str]:
+    """The keys a gone event takes away with its entity (in this bucket, which holds them): a
+    deleted partition's producer entities; a deleted group's partitions and consumers."""
+    cl = r["cluster"]
+    if etype == "partition_gone":
+        topic, part = r["topic"], r["partition"]
+        return [k for k, v in entities.items() if k != key and v["kind"] == "client_produce"
+                and v["cluster"] == cl and v["topic"] == topic and v["partition"] == part]
+    if etype == "group_gone":
+        group = r["group"]
+        return [k for k, v in entities.items() if v["kind"] in ("group_partition", "client_fetch")
+                and v["cluster"] == cl and v["group"] == group]
+    return []
+
+
+def forget(entities: dict[str, Any], key: str, etype: str, r: dict,
+           t: int) -> tuple[list[rules.Transition], list[tuple[str, dict]], set[str]]:
+    """A gone event (``GONE``) at ``t``: the entity ``key`` and what goes with it (``_gone_with``)
+    resolve their open alerts with the reason, and leave ``entities``.  One observed after ``t``
+    (the topic or group re-created since) stays.  Returns (transitions, their remove rows,
+    the keys dropped)."""
+    reason = GONE[etype]
+    out: list[rules.Transition] = []
+    rows: list[tuple[str, dict]] = []
+    keys: set[str] = set()
+    for k in [key] + _gone_with(entities, key, etype, r):
+        v = entities.get(k)
+        if v is None or (v.get("last_seen") is not None and v["last_seen"] > t):
+            continue
+        out += rules.gone(v, t, k, _labels(v), reason)
+        rows.append((k, _entity_row(v, action="remove") | {"evidence": REMOVED_REASONS[reason]}))
+        del entities[k]
+        keys.add(k)
+    return out, rows, keys
+
+
+def removed_rows(rows: list[dict], at: Optional[int]) -> list[dict]:
+    """The count rows of a bucket's remove rows, by entity kind and reason (their ``evidence``,
+    a ``REMOVED_REASONS`` value)."""
+    n: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r["action"] == "remove":
+            k = (r["kind"], r["evidence"] or "not_observed")
+            n[k] = n.get(k, 0) + 1
+    return [_row(kind="removed", action="count", alert=kind, evidence=why, count=c, at=at)
+            for (kind, why), c in sorted(n.items())]
+
+
 def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
          dropped: Optional[dict[str, int]] = None,
-         take: Optional[Callable[[str], Any]] = None) -> tuple[list[rules.Transition], set[str]]:
+         take: Optional[Callable[[str], Any]] = None,
+         removed: Optional[list[tuple[str, dict]]] = None) -> tuple[list[rules.Transition], set[str]]:
     """Apply the batch's rows (a frame, or a list of frames; in event order) to the entities;
     return (transitions, touched keys).  Rows ``admit`` refuses are counted in ``dropped`` by
     reason.  ``take(key)``: an entity kept outside ``entities`` (``PartitionTable.take``), or
-    None."""
+    None.  A gone event's entities (``forget``) leave ``entities``; their remove rows go to
+    ``removed`` with their keys."""
     out: list[rules.Transition] = []
     touched: set[str] = set()
     frames = [rows] if isinstance(rows, pd.DataFrame) else [f for f in rows if len(f)]
@@ -698,6 +756,16 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]
         s: Any = entities.get(key)
+        if etype in GONE:  # not admitted: a repeat finds nothing left to forget
+            if s is None and take is not None and (s := take(key)) is not None:
+                entities[key] = s
+            if t is not None:
+                gone, rows, keys = forget(entities, key, etype, r, int(t))
+                out += gone
+                touched -= keys
+                if removed is not None:
+                    removed += rows
+            continue
         if s is None:
             s = take(key) if take is not None else None
             if s is None:
@@ -853,7 +921,7 @@ def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[r
         gone = rules.evict(s, now, ttl_ms, key, _labels(s))
         if gone is not None:
             resolved += gone
-            out.append(_entity_row(s, action="remove"))
+            out.append(_entity_row(s, action="remove") | {"evidence": REMOVED_REASONS["not observed"]})
             del entities[key]
     return resolved, out
 
@@ -1027,16 +1095,27 @@ def _load(state: Any, run_id: str) -> tuple[dict[str, Any], PartitionTable, Opti
     return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id), run_id)
 
 
-def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True) -> None:
-    """Write the bucket back; ``compact``: quiet dict partitions go into the table."""
+def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True,
+           bucket: int = 0) -> dict:
+    """Write the bucket back; ``compact``: quiet dict partitions go into the table.  Returns the
+    bucket's ``state`` row: its entities by kind (``report``, JSON) and stored bytes (``count``)."""
     partitions = table.state(entities if compact else {}, cfg.partition)
+    kinds: dict[str, int] = {}
+    for v in entities.values():
+        kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
+    size = 0
     if entities or len(partitions["keys"]):
-        v = {"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
-             "fields": FIELDS}
-        state.update((encode_state(v),))
+        value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
+                              "fields": FIELDS})
+        size = len(value)
+        state.update((value,))
         state.setTimeoutDuration(cfg.tick_ms)
+        if len(partitions["keys"]):
+            kinds["partition"] = kinds.get("partition", 0) + len(partitions["keys"])
     else:
         state.remove()
+    return _row(kind="state", action="count", count=size,
+                report=json.dumps({"bucket": bucket, "entities": kinds}, sort_keys=True))
 
 
 def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:
@@ -1066,11 +1145,11 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
             remember_shown(entities, transitions)
             gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
             transitions += gone
+            out += removed_rows(out, now)
             if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
                 out += active_rows(entities)
-            _store(state, entities, table, cfg, compact_partitions)
-            if transitions or out:
-                yield _frame(_transition_columns(transitions), out)
+            out.append(_store(state, entities, table, cfg, compact_partitions, bucket))
+            yield _frame(_transition_columns(transitions), out)
             return
         if bucket == QUARANTINE_BUCKET:
             yield _frame(quarantine_rows(pdfs))
@@ -1086,19 +1165,22 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
         if compact_partitions:
             frames, born = fold_new(table, entities, frames, cfg)
         quiet = np.concatenate([born, quiet])
-        transitions, touched = fold(entities, frames, cfg, dropped, take=table.take)
+        forgotten: list[tuple[str, dict]] = []
+        transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
         entities.update(table.take_due(now, cfg.entity_ttl_ms))
         transitions += tick(entities, now, cfg)
         remember_shown(entities, transitions)
         out = changed_entity_rows(entities, touched, cfg.run_id)
         if len(quiet):
             out.append(pack_block(table.gauge_columns(quiet)))
-        gone, removed = evict_stale(entities, now, cfg.entity_ttl_ms)
+        gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
         transitions += gone
-        after = dropped_rows(dropped, now) + removed
+        # an entity forgotten and then seen again in this batch (re-created) keeps its series
+        removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
+        after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
         if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
             after += active_rows(entities)
-        _store(state, entities, table, cfg, compact_partitions)
+        after.append(_store(state, entities, table, cfg, compact_partitions, bucket))
         yield _frame(_transition_columns(transitions), out, after)
 
     return update_bucket

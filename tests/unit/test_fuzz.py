@@ -141,6 +141,12 @@ def payload(draw, etype: str) -> dict:
                 "e2e_latency_counts": draw(buckets), "e2e_latency_sum_ms": draw(st.floats(0, 1e6)),
                 "errors": [{"code": draw(st.sampled_from(["NOT_ENOUGH_REPLICAS", "_MSG_TIMED_OUT"])),
                             "count": draw(st.integers(1, 5))} for _ in range(draw(st.integers(0, 2)))]}
+    if etype == "partition_gone":
+        return {"topic": topic, "partition": part}
+    if etype == "group_gone":
+        return {"group": "g0"}
+    if etype == "group_partition_gone":
+        return {"group": "g0", "topic": topic, "partition": part}
     return {"interval_ms": draw(st.sampled_from([1000, 10_000])), "events_sent": draw(st.integers(0, 10 ** 6)),
             "events_dropped": draw(st.integers(0, 10)), "started_at": draw(st.one_of(st.none(), st.just(BASE - 10 ** 6)))}
 

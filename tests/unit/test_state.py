@@ -398,7 +398,7 @@ def test_a_consumers_fetch_reports_become_client_fetch_rows_and_go_with_the_ttl(
     # not reported for the TTL: removed
     s.hasTimedOut, s.processing_time_ms = True, 70_000
     out = call(fn, 0, rows(), s)
-    assert list(zip(out.kind, out.action)) == [("client_fetch", "remove")]
+    assert list(zip(out.kind, out.action)) == [("client_fetch", "remove"), ("removed", "count"), ("state", "count")]
 
 
 def canary(seq, t, pending, sent=10, part=0, oldest=None):
