@@ -8,7 +8,7 @@
 
 The JSON files are committed (Grafana's file provisioning reads them as they are); this
 script is their source.  Thresholds drawn on panels are the job's rule settings
-([job.rules.*], README "Alert rule settings"): the committed files use their defaults,
+([job.rules.*], docs/settings.md "Alert rule settings"): the committed files use their defaults,
 ``--config`` the values of your config file (and KAFKA_MONITOR_JOB_RULES_* variables).  tests/integration/test_dashboards.py fails when a committed file
 differs from what this script writes, and tests/e2e/test_prometheus_stack.py runs every panel
 query against a real Prometheus scraping a real run of the product.

@@ -5,7 +5,7 @@ ACL: TOPIC_AUTHORIZATION_FAILED does not say whether DESCRIBE, DESCRIBE_CONFIGS 
 missing.  The caller knows what it asked for, so it says which ACL to grant:
 ``missing_acl(err, topic=("DESCRIBE_CONFIGS", "orders"))`` is
 ``" -- permission missing: DESCRIBE_CONFIGS on Topic:orders"`` for an authorization error and
-``""`` for anything else (README "Security": the ACLs a monitor needs).
+``""`` for anything else (docs/security.md: the ACLs a monitor needs).
 
 ``fatal_reason(err)``: the errors that retrying cannot fix -- the brokers refused the credentials
 (SASL authentication failed), or a client reached a fatal state (an idempotent producer refused

@@ -4,8 +4,8 @@ group descriptions (DescribeConsumerGroups) -- asked through an admin client in 
 librdkafka 2.16 kills the process whose admin client meets a coordinator going away: a NULL read
 (SIGSEGV) when ListConsumerGroupOffsets is answered NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE,
 an assertion (SIGABRT, ``eonce->refcnt > 0``) when a coordinator request's connection drops.  A
-coordinator's broker stopping does both (README, "The coordinator's requests and librdkafka's
-crashes").  In a child, a crash costs the child: it is started again and the groups asked once
+coordinator's broker stopping does both (docs/settings.md, "The coordinator's requests and
+librdkafka's crashes").  In a child, a crash costs the child: it is started again and the groups asked once
 more."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Watermarks come from one of two places (``offsets_via``):
   partition whose last batch holds several records looks shorter than it is.  The embedded
   default uses ``fetch`` for that reason.
 
-What a cycle costs (``bench/probe_bench.py``, README "Benchmarks"): at 100,000 partitions about
+What a cycle costs (``bench/probe_bench.py``, ``bench/README.md``): at 100,000 partitions about
 4 s of work and 0.045 CPU-s per 1,000 partitions per interval, where it took minutes before.
 What it takes: two admin clients — one for the metadata refresh, holding a handle per watched
 topic for their leader epochs in its statistics, and one for everything else, whose broker

@@ -139,7 +139,7 @@ class JobConfig:
     #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group],
     #: and when alerts opened at once notify, [job.rules.notify] (streaming.rules.lag.LagConfig,
     #: rules_partition.PartitionRulesConfig, rules_group.GroupRulesConfig,
-    #: rules_notify.NotifyConfig; README "Alert rule settings")
+    #: rules_notify.NotifyConfig; docs/settings.md, "Alert rule settings")
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def rule_configs(self) -> dict[str, Any]:

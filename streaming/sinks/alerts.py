@@ -34,7 +34,7 @@ from monitor.access import authorization_resource, fatal_reason, missing_acl, pe
 log = logging.getLogger(__name__)
 
 #: the read-back consumer's group id prefix (never joins nor commits; FindCoordinator still needs
-#: DESCRIBE on it: README "Security")
+#: DESCRIBE on it: docs/security.md)
 READER_GROUP_PREFIX = "kafka-monitor-alerts-reader-"
 SEQUENCE_STRIDE = 1_000_000  # transitions per batch at most (a batch with more fails loudly)
 TAIL_RECORDS = 5_000         # per partition, read back at start-up

@@ -53,7 +53,7 @@ PROM_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 LAG_ALERT = "ConsumerLagHigh"
 LAG_THRESHOLD = 50          # offsets: the job's lag_high_offsets, instead of its default 10,000
 LAG_KEEP_FIRING = "2s"      # instead of the shipped 2m (a restart's bridge): the test waits for the resolve
-#: the job's lag rule settings for this run (README "Alert rule settings")
+#: the job's lag rule settings for this run (docs/settings.md, "Alert rule settings")
 LAG_RULES = {"lag_high_offsets": LAG_THRESHOLD, "lag_high_seconds": None, "lag_high_for_ms": 2000}
 PRODUCE_PER_S = 40          # over two partitions: a stopped group passes 50 per partition in ~3 s
 #: $__rate_interval: Grafana puts at least 4 scrape intervals; longer here, so that a rate window

@@ -4,7 +4,7 @@
       -> probe (every second) -> events topic
       -> job A: local[*], the python source, the HDFS-backed state store -> alerts A, /metrics A
       -> job B: on a master and 2 workers (tests/support/spark_cluster.py), Spark's own kafka
-                source, the RocksDB state store; submitted with spark-submit as the README says,
+                source, the RocksDB state store; submitted with spark-submit as docs/settings.md says,
                 one executor SIGKILLed mid-task, a whole worker lost and replaced, then the driver
                 SIGKILLed and the job started again on its checkpoint in client mode
                 (kafka-monitor job --master spark://...)
@@ -95,7 +95,7 @@ class ClusterJob(Job):
                "--max-offsets-per-trigger", "300", "--buckets", "4", "--metrics-port", str(self.port),
                "--source", "spark-kafka", "--state-store", "rocksdb"]
         env = self.cluster.env()
-        if self.starts == 1:  # the README's recipe; the UI's REST API says which executor runs a task
+        if self.starts == 1:  # docs/settings.md's recipe; the UI's REST API says which executor runs a task
             env.pop("PYSPARK_SUBMIT_ARGS", None)
             self.ui_port = free_port()
             cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", self.cluster.master_url,

@@ -1,8 +1,8 @@
 """Security on a real cluster (issue 19): SASL_SSL with SCRAM-SHA-512 and TLS (a CA and broker
 certificate made for this run), the StandardAuthorizer with no ACL meaning no access.  The
 watched cluster is also the events cluster; every client connects with the librdkafka properties
-an operator gives with ``-X``; the probe and the job hold only the ACLs the README lists
-("Security: the ACLs a monitor needs").
+an operator gives with ``-X``; the probe and the job hold only the ACLs docs/security.md lists
+("The ACLs a monitor needs").
 
 - the probe command works with exactly PROBE_ACLS: partition_metadata with min.insync.replicas,
   partition_offsets, group_offsets and group_state of a real consumer group (an instrumented
@@ -68,7 +68,7 @@ def _password(user: str) -> str:
 USERS = {u: _password(u) for u in ("monitor", "job", "app")}
 WRONG_PASSWORD = _password("wrong")
 
-#: the probe's ACLs (README "Security"): the watched topics and groups are the sec.* / sec-* ones
+#: the probe's ACLs (docs/security.md): the watched topics and groups are the sec.* / sec-* ones
 PROBE_ACLS = [
     Acl("topic", "sec.", "describe", "prefixed"),          # Metadata, ListOffsets, OffsetFetch
     Acl("topic", "sec.", "describe_configs", "prefixed"),  # min.insync.replicas
@@ -78,7 +78,7 @@ PROBE_ACLS = [
 
 
 def job_acls(events: str, alerts: str) -> list[Acl]:
-    """The job's ACLs (README "Security")."""
+    """The job's ACLs (docs/security.md)."""
     return [
         Acl("topic", events, "read"),
         Acl("group", "kafka-monitor-source-", "describe", "prefixed"),
@@ -130,7 +130,7 @@ def output_is_scanned(caplog, capfd, request):
     (librdkafka's own log lines, the Spark JVM's) during a test is searched for the passwords."""
     caplog.set_level(logging.DEBUG)
     # as the command line (kafka_monitor.cli.main) does: py4j's DEBUG log shows every value sent to
-    # the JVM, the job's source options -- and so its password -- included (README "Security")
+    # the JVM, the job's source options -- and so its password -- included (docs/security.md, "Secrets")
     caplog.set_level(logging.WARNING, logger="py4j")
     yield
     out, err = capfd.readouterr()
