@@ -7,8 +7,23 @@ import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def portable(v: Any) -> Any:
+    """``v`` with this machine's paths taken out of its strings: the checkout's become relative
+    to it, the temporary directory's ``<tmp>/...`` (a results file is read on other machines)."""
+    if isinstance(v, str):
+        return v.replace(f"{ROOT}/", "").replace(str(ROOT), ".").replace(f"{tempfile.gettempdir()}/", "<tmp>/")
+    if isinstance(v, dict):
+        return {k: portable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [portable(x) for x in v]
+    return v
 
 
 def write(path: str, benchmark: str, machine: dict[str, Any] | None = None, **figures: Any) -> pathlib.Path:
@@ -17,6 +32,6 @@ def write(path: str, benchmark: str, machine: dict[str, Any] | None = None, **fi
     doc = {"benchmark": benchmark, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **(machine or {})},
            **figures}
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.write_text(json.dumps(portable(doc), indent=2) + "\n")
     print(f"[bench] written to {out}", file=sys.stderr)
     return out
