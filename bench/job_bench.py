@@ -139,7 +139,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
 def wait_processed(q, target: dict[str, int], timeout_s: float = 1800) -> None:
     """Until the last batch's end offsets reach ``target``.  (processAllAvailable never returns
     here: with processing-time timeouts Spark keeps running no-data batches.)"""
-    from streaming.job import source_offsets
+    from streaming.sinks.progress import source_offsets
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if q.exception() is not None:

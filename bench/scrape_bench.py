@@ -3,7 +3,7 @@
 The job's exporter (``streaming.sinks.exporter.Exporter``, served as ``kafka-monitor job`` serves it)
 filled as the sink fills it at N partitions and N group partitions (every partition's HW and
 every group partition's commit and lag moving each batch): a ``partition_block`` row and one
-``group_partition`` row per group partition per batch, as ``job.sink_rows`` hands them over.
+``group_partition`` row per group partition per batch, as ``streaming.sinks.batch.sink_rows`` hands them over.
 Measured in one process, like the job's driver:
 
 - a scrape's latency (HTTP GET of /metrics from another thread, text format, with and without

@@ -11,7 +11,7 @@ keeps it (the stored bytes).  A batch is half a cycle (the job's 5 s trigger aga
 - per phase inside it (cumulative seconds, from the stages ``update_bucket`` calls): load,
   fold_quiet, fold (dict rules), tick/evict, output rows, store;
 - ``output_to_arrow``: the output frames to Arrow (PySpark does it in the workers);
-- ``sink``: ``job.sink_rows``, ``Exporter.apply`` (the driver).
+- ``sink``: ``sinks.batch.sink_rows``, ``Exporter.apply`` (the driver).
 
 Medians over the timed batches.  What it does not see: Spark's scheduling, the Kafka source, the
 parse and the quality gate (the framework's floor, ``job_bench.py --state noop``), the state
@@ -43,6 +43,7 @@ import pyarrow as pa  # noqa: E402
 import report  # noqa: E402  (bench/report.py)
 from job_bench import cycle_events  # noqa: E402
 from streaming import job  # noqa: E402
+from streaming.sinks.batch import sink_rows  # noqa: E402
 from streaming.ingest import parsing  # noqa: E402
 from streaming.sinks.exporter import Exporter  # noqa: E402
 from streaming.state import function as st  # noqa: E402
@@ -114,7 +115,7 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) ->
             table = pa.concat_tables([pa.Table.from_pandas(o, schema=schema, preserve_index=False) for o in outs])
             spent["output_to_arrow"] = time.perf_counter() - t
             t = time.perf_counter()
-            got = job.sink_rows(table)
+            got = sink_rows(table)
             exporter.apply([r for r in got if r["kind"] != "quarantine_event"], batch_id=batch_id)
             sink_s = time.perf_counter() - t
             batch_id += 1

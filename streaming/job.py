@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -23,11 +22,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming.ingest import parsing
@@ -38,8 +35,10 @@ from streaming.rules import partition as rules_partition
 from streaming.read import spark_kafka
 from streaming.state import function as st
 from streaming.sinks.alerts import AlertsTopicSink
-from streaming.sinks.exporter import GRANULARITIES, ROW_COLUMNS, Exporter
-from streaming.gcpause import gc_paused
+from streaming.sinks.batch import ExporterSink
+from streaming.sinks.exporter import GRANULARITIES, Exporter
+from streaming.sinks.progress import ProgressListener
+from streaming.sinks.quarantine import QuarantineFiles
 from streaming.ingest.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)
 from streaming.read.source import FORMAT, KafkaEventSource
 from streaming.watchdog import Watchdog
@@ -395,274 +394,6 @@ def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
             raise JobConfigError(spark_kafka.missing_source_message(spark.version, e)) from None
         raise
     return spark_kafka.records(raw)
-
-
-class ExporterSink:
-    """foreachBatch target: applies the batch to the exporter, writes its quarantined events,
-    then publishes its alert transitions (exactly once, see streaming.sinks.alerts).  A
-    replayed batch id is harmless to all three."""
-
-    def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,
-                 quarantine: Optional[QuarantineFiles] = None):
-        self.exporter = exporter
-        self.alerts = alerts
-        self.quarantine = quarantine
-        self.on_batch: Optional[Any] = None  # called after each batch (the watchdog)
-        self._removed_reported = 0  # of quarantine.removed
-        self._report_quarantine()  # what a restarted job found (and what the bound removed at its start)
-
-    def _report_quarantine(self) -> None:
-        """kafka_monitor_quarantine_bytes (bytes kept now) and kafka_monitor_quarantine_files_removed_total
-        (files the bound deleted since the last report)."""
-        if self.quarantine is None:
-            return
-        self.exporter.set_quarantine(self.quarantine.bytes, self.quarantine.removed - self._removed_reported)
-        self._removed_reported = self.quarantine.removed
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        with gc_paused():  # a batch's rows (up to ~10^5 dicts) against ~10^5-10^6 live series
-            self._apply(df, batch_id)
-        if self.on_batch is not None:
-            self.on_batch()
-
-    def _apply(self, df: DataFrame, batch_id: int) -> None:
-        t0 = time.monotonic()
-        # Arrow to the driver: ~10x cheaper per row than collect()'s Row objects
-        rows = sink_rows(df.toArrow())
-        # /metrics first: publishing waits out a fault of the alerts topic's brokers (up to
-        # message.timeout.ms), and the batch's alerts should not wait with it.  A batch that
-        # fails after this is replayed by a new process, whose exporter starts empty.
-        n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
-        bad = [r for r in rows if r["kind"] == "quarantine_event"]
-        if bad and self.quarantine is not None:
-            self.quarantine.write(batch_id, bad)
-            self._report_quarantine()
-        if self.alerts is not None:
-            self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
-        self.exporter.batch_done(n, time.monotonic() - t0, time.time())
-
-
-def sink_rows(t: pa.Table) -> list[dict]:
-    """The state's output rows as dicts, grouped by kind (in their order within a kind), each
-    with only the columns the sink reads of it: building a dict of all 28 columns per row cost
-    ~0.4 s per 110k rows on the driver, between batches.  Partition upserts (one per partition
-    whose offsets moved: ~100,000 a batch at 100,000 partitions) come as one
-    ``partition_block`` row holding their columns as lists (``Exporter.apply`` reads them
-    without a dict per row), before the other partition rows (removals; the state emits a
-    bucket's removals after its upserts anyway, and across buckets the order only decides which
-    new series a full series cap refuses in this batch).  Those upserts are the ``partition``
-    rows' and those the state packed (``partition_block`` rows, ``state.pack_block``)."""
-    if t.num_rows == 0:
-        return []
-    kinds = t.column("kind")
-    out: list[dict] = []
-    names = list(ROW_COLUMNS["partition"])
-    part = t.filter(pc.equal(kinds, "partition")).select(names)
-    upsert = pc.equal(part.column("action"), "upsert")
-    packed = t.filter(pc.equal(kinds, "partition_block")).column("block").to_pylist()
-    upserts = pa.concat_tables([part.filter(upsert)] + [st.unpack_block(b).select(names).cast(part.schema)
-                                                        for b in packed])
-    if upserts.num_rows:
-        out.append({"kind": "partition_block", "action": "upsert", "rows": upserts.num_rows,
-                    "columns": upserts.to_pydict()})
-    for kind in pc.unique(kinds).to_pylist():
-        if kind == "partition_block":
-            continue
-        if kind == "partition":
-            sub = part.filter(pc.invert(upsert))
-        else:
-            sub = t.filter(pc.equal(kinds, kind)) if kind is not None else t.filter(pc.is_null(kinds))
-            if kind in ROW_COLUMNS:
-                sub = sub.select(list(ROW_COLUMNS[kind]))
-        cols = sub.to_pydict()
-        keys = list(cols)
-        out += [dict(zip(keys, v)) for v in zip(*cols.values())]
-    return out
-
-
-def write_quarantine(directory: str, batch_id: int, rows: list[dict]) -> str:
-    """One JSON-lines file per batch (rewritten whole when a batch is replayed)."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"batch-{batch_id:012d}.jsonl")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            # raw: the first characters of the value (none past the batch's sample budget)
-            f.write(json.dumps({"batch_id": batch_id, "reason": r["alert"], "observed_at": r["at"],
-                                "raw": r["evidence"], "raw_bytes": r.get("count")}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-#: a quarantine file's name (write_quarantine): batch-<batch id, at least 12 digits>.jsonl
-QUARANTINE_FILE = re.compile(r"batch-(\d+)\.jsonl")
-
-
-class QuarantineFiles:
-    """The quarantine directory, bounded: ``write`` writes a batch's refused events
-    (``write_quarantine``), then deletes the oldest files until the quarantine files total at
-    most ``max_bytes``.  Never the newest: the file just written is kept even when it alone is
-    larger than the bound (``bytes`` says so, and a warning).
-
-    Oldest: written earliest.  The files already there (a restarted job's) are listed once, at
-    construction, oldest by modification time (then batch id: a new checkpoint starts its batch
-    ids again at 0), and the bound is applied to them at once; from then on a running total is
-    kept, no listing per batch.  A replayed batch rewrites its file: its new size replaces its
-    old in the total, and it becomes the newest.  Only ``batch-<id>.jsonl`` files are counted
-    and deleted (and, at construction, the ``.tmp`` files of writes a crash cut short); anything
-    else in the directory is left alone.  A file deleted by someone else leaves the total when
-    the bound comes to it."""
-
-    def __init__(self, directory: str, max_bytes: int):
-        if not max_bytes > 0:
-            raise ValueError(f"the quarantine's bound must be > 0 bytes, got {max_bytes}")
-        self.directory = directory
-        self.max_bytes = max_bytes
-        #: batch id -> bytes of its file, oldest first (a dict keeps its insertion order)
-        self._files: dict[int, int] = {}
-        #: bytes of the quarantine files kept now
-        self.bytes = 0
-        #: files the bound deleted since construction (at construction included)
-        self.removed = 0
-        self._scan()
-        self._enforce()
-
-    def path(self, batch_id: int) -> str:
-        return os.path.join(self.directory, f"batch-{batch_id:012d}.jsonl")
-
-    @property
-    def files(self) -> list[int]:
-        """The batch ids whose files are kept, oldest first."""
-        return list(self._files)
-
-    def _scan(self) -> None:
-        try:
-            entries = list(os.scandir(self.directory))
-        except FileNotFoundError:
-            return  # created by the first write
-        found = []
-        for e in entries:
-            m = QUARANTINE_FILE.fullmatch(e.name)
-            try:
-                if m and e.is_file():
-                    st = e.stat()
-                    found.append((st.st_mtime_ns, int(m.group(1)), st.st_size))
-                elif e.name.endswith(".tmp") and QUARANTINE_FILE.fullmatch(e.name[:-4]) and e.is_file():
-                    os.remove(e.path)  # a write cut short: its batch is replayed and written again
-                    log.info("quarantine: removed %s, left by a write that did not complete", e.path)
-            except FileNotFoundError:
-                continue
-        for _, batch_id, size in sorted(found):
-            self._files[batch_id] = size
-            self.bytes += size
-        if found:
-            log.info("quarantine: %d files of %d bytes in %s", len(found), self.bytes, self.directory)
-
-    def write(self, batch_id: int, rows: list[dict]) -> str:
-        """Write the batch's file (again, for a replayed batch), then keep to the bound; returns
-        the file's path."""
-        path = write_quarantine(self.directory, batch_id, rows)
-        size = os.path.getsize(path)
-        self.bytes += size - self._files.pop(batch_id, 0)
-        self._files[batch_id] = size  # the newest
-        self._enforce()
-        return path
-
-    def _enforce(self) -> int:
-        """Delete the oldest files (never the newest) until the total is within the bound;
-        returns how many were deleted (also added to ``removed``)."""
-        if self.bytes <= self.max_bytes or not self._files:
-            return 0
-        newest = next(reversed(self._files))
-        excess = self.bytes - self.max_bytes
-        gone: list[int] = []
-        removed = 0
-        for batch_id, size in self._files.items():
-            if excess <= 0 or batch_id == newest:
-                break
-            path = self.path(batch_id)
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass  # deleted by someone else: not kept either way
-            except OSError as e:
-                log.warning("quarantine: cannot delete %s (to keep %s within %d bytes): %s",
-                            path, self.directory, self.max_bytes, e)
-                continue  # counted still; tried again at the next batch
-            else:
-                removed += 1
-            gone.append(batch_id)
-            excess -= size
-        for batch_id in gone:
-            self.bytes -= self._files.pop(batch_id)
-        self.removed += removed
-        if removed:
-            log.debug("quarantine: deleted the %d oldest files of %s; %d bytes kept", removed, self.directory, self.bytes)
-        if self.bytes > self.max_bytes and len(self._files) == 1:
-            log.warning("quarantine: the file of batch %d alone is %d bytes, more than the bound (%d bytes, "
-                        "job.quarantine_max_mb): kept, as the newest", newest, self.bytes, self.max_bytes)
-        return removed
-
-
-def source_offsets(o: Any) -> dict[tuple[str, str], int]:
-    """A source offset from a progress report -> {(topic, partition): offset}.  Ours is
-    ``{"topic": T, "offsets": {"0": n}}``; Spark's kafka source's is ``{"<topic>": {"0": n}}``."""
-    if not o:
-        return {}
-    if isinstance(o.get("topic"), str) and isinstance(o.get("offsets"), dict):
-        return {(o["topic"], str(p)): int(n) for p, n in o["offsets"].items()}
-    return {(str(t), str(p)): int(n) for t, parts in o.items() for p, n in parts.items()}
-
-
-def report_progress(p: Any, exporter: Exporter) -> None:
-    """The job's own health from Spark's progress of a batch (a StreamingQueryProgress or its
-    dict): how far behind the events topic it is, state rows, batch duration."""
-    if not p:
-        return
-    get = (lambda o, k, d=None: o.get(k, d)) if isinstance(p, dict) else (lambda o, k, d=None: getattr(o, k, d))
-    behind, unreadable, oldest = 0, 0, None
-    for src in get(p, "sources", []) or []:
-        latest, end = get(src, "latestOffset"), get(src, "endOffset")
-        try:
-            latest = json.loads(latest) if isinstance(latest, str) else latest
-            lo = source_offsets(latest)
-            eo = source_offsets(json.loads(end) if isinstance(end, str) else end)
-            for part, off in lo.items():
-                behind += max(0, off - eo.get(part, 0))
-            # our source: partitions whose offsets it could not read (streaming.read.source)
-            for v in ((latest or {}).get("unreadable") or {}).values():
-                unreadable += 1
-                oldest = v["since"] if oldest is None else min(oldest, v["since"])
-        except (ValueError, TypeError, AttributeError, KeyError):
-            continue
-    state_keys = sum(get(op, "numRowsTotal", 0) or 0 for op in get(p, "stateOperators", []) or [])
-    duration_ms = get(p, "durationMs", {}) or {}
-    exporter.progress(events_behind=behind, state_keys=state_keys,
-                      duration_s=(duration_ms.get("triggerExecution", 0) or 0) / 1000.0, unreadable=unreadable,
-                      unreadable_s=max(0.0, time.time() - oldest / 1000.0) if oldest is not None else 0.0)
-
-
-class ProgressListener(StreamingQueryListener):
-    """Feeds the exporter from Spark's progress events of one query."""
-
-    def __init__(self, exporter: Exporter):
-        self.exporter = exporter
-        self.query_id: Optional[str] = None
-
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        p = event.progress
-        if self.query_id is None or str(p.id) == self.query_id:
-            report_progress(p, self.exporter)
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        if str(event.id) == self.query_id and event.exception:
-            self.exporter.set_up(False)
 
 
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:

@@ -156,7 +156,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 
 #: the columns ``Exporter.apply`` reads of the row kinds that come by the 100,000 (partitions
-#: and group partitions); the sink hands it only these for those kinds (``job.sink_rows``), and
+#: and group partitions); the sink hands it only these for those kinds (``streaming.sinks.batch.sink_rows``), and
 #: every column for the other kinds
 ROW_COLUMNS = {
     "partition": ("kind", "action", "cluster", "topic", "partition", "high_watermark", "log_start_offset",
@@ -566,7 +566,7 @@ class Exporter:
             current[lab] = state
 
     def _apply_partition_block(self, cols: dict[str, list]) -> None:
-        """Partition upserts given as columns (``job.sink_rows``): the same as a ``partition``
+        """Partition upserts given as columns (``streaming.sinks.batch.sink_rows``): the same as a ``partition``
         row each, with the common case — only the HW moved since the partition's last row —
         written in place (~100,000 rows a batch at 100,000 partitions)."""
         parts = self._parts
@@ -820,7 +820,7 @@ class Exporter:
         self.m("job_last_trigger_duration_seconds").set(duration_s)
 
     def set_quarantine(self, bytes_kept: int, files_removed: int = 0) -> None:
-        """The quarantine directory (``streaming.job.QuarantineFiles``): bytes of its files kept
+        """The quarantine directory (``streaming.sinks.quarantine.QuarantineFiles``): bytes of its files kept
         now, and files its bound deleted since the last call."""
         self._generation += 1
         self.m("quarantine_bytes").set(bytes_kept)

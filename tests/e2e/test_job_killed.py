@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kafka_monitor.broker import free_port
 from monitor.probe import Probe, ProbeConfig
-from streaming.job import source_offsets
+from streaming.sinks.progress import source_offsets
 from tests.conftest import unique, wait_for
 from tests.e2e.test_real_cluster import Writer
 from tests.e2e.test_recovery import kill_group, read_alerts

@@ -19,7 +19,8 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, St
 from kafka_monitor.broker import create_topics
 from monitor.contract import Event, Heartbeat, PartitionOffsets
 from streaming.read import spark_kafka
-from streaming.job import JobConfig, parse, read_events, report_progress
+from streaming.job import JobConfig, parse, read_events
+from streaming.sinks.progress import report_progress
 from streaming.read.source import SCHEMA
 from tests.conftest import unique
 

@@ -241,7 +241,7 @@ def test_partition_upserts_as_a_block_give_the_series_rows_give():
     batch with the same series as one fed the rows one by one."""
     import random
 
-    from streaming.job import sink_rows
+    from streaming.sinks.batch import sink_rows
     rng = random.Random(7)
     by_rows, by_block = Exporter(max_series=40), Exporter(max_series=40)
     hw = dict.fromkeys(range(12), 100)
@@ -272,7 +272,7 @@ def test_packed_partition_blocks_give_the_series_their_rows_give():
     import numpy as np
 
     from streaming.state import function as st
-    from streaming.job import sink_rows
+    from streaming.sinks.batch import sink_rows
     from streaming.state.table import NULL
 
     def gauges(parts, hw, lso):
@@ -311,10 +311,10 @@ def test_packed_partition_blocks_give_the_series_their_rows_give():
 
 
 def test_the_sink_hands_over_only_the_columns_the_exporter_reads():
-    """job.sink_rows keeps, of partition and group-partition rows, only ROW_COLUMNS: the
+    """sink_rows keeps, of partition and group-partition rows, only ROW_COLUMNS: the
     exporter must end up with the same series as from whole rows (it would raise KeyError on a
     column it reads that is not listed)."""
-    from streaming.job import sink_rows
+    from streaming.sinks.batch import sink_rows
     rows = [part(), part(partition=1, last_stable_offset=90), part(partition=2, action="remove"),
             row(kind="group_partition", action="upsert", cluster="k", consumer_group="g", topic="t", partition=0,
                 committed_offset=5, high_watermark=9, lag=4, lag_seconds=1.5, lag_status="ok"),
@@ -569,7 +569,7 @@ def test_each_metric_is_described_once_in_the_exposition():
 def test_the_sink_shows_a_batch_on_metrics_before_it_publishes_its_alerts(monkeypatch):
     """Publishing waits out a fault of the alerts topic's brokers (issue 33): the batch's alerts
     are on /metrics while it waits, and the batch counts as done only once they are published."""
-    from streaming import job
+    from streaming.sinks import batch
 
     e = Exporter()
     lab = {"alert": "IsrShrink", "severity": "warning", "cluster": "k", "topic": "t", "partition": "0",
@@ -587,7 +587,7 @@ def test_the_sink_shows_a_batch_on_metrics_before_it_publishes_its_alerts(monkey
             return [row(kind="alert", action="open", alert="IsrShrink", severity="warning", cluster="k", topic="t",
                         partition=0)]
 
-    monkeypatch.setattr(job, "sink_rows", lambda rows: rows)
-    job.ExporterSink(e, SlowAlerts())(Batch(), 7)
+    monkeypatch.setattr(batch, "sink_rows", lambda rows: rows)
+    batch.ExporterSink(e, SlowAlerts())(Batch(), 7)
     assert seen == [(7, ["IsrShrink"], 1.0, 0.0)]
     assert v(e, "job_batches_total") == 1

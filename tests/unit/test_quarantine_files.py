@@ -1,4 +1,4 @@
-"""The quarantine directory is bounded (issue 31): ``streaming.job.QuarantineFiles`` deletes the
+"""The quarantine directory is bounded (issue 31): ``streaming.sinks.quarantine.QuarantineFiles`` deletes the
 oldest batches' files past ``job.quarantine_max_mb``, never the newest, and keeps a running total
 that a restarted job rebuilds from the files on disk."""
 
@@ -13,7 +13,9 @@ import pytest
 from kafka_monitor import cli
 from kafka_monitor.config import ConfigError, build, read_file
 from streaming import job
-from streaming.job import JobConfig, QuarantineFiles
+from streaming.job import JobConfig
+from streaming.sinks import batch
+from streaming.sinks.quarantine import QuarantineFiles
 
 
 def rows(n: int = 1, chars: int = 200) -> list[dict]:
@@ -170,12 +172,12 @@ class Batch:
 
 
 def test_the_sink_writes_and_reports_bytes_kept_and_files_removed(tmp_path, monkeypatch):
-    monkeypatch.setattr(job, "sink_rows", lambda rows: rows)
+    monkeypatch.setattr(batch, "sink_rows", lambda rows: rows)
     d = tmp_path / "q"
     one = size_of()
     QuarantineFiles(str(d), max_bytes=10 * one).write(0, rows())  # a previous run's file
     e = FakeExporter()
-    sink = job.ExporterSink(e, None, QuarantineFiles(str(d), max_bytes=2 * one))
+    sink = batch.ExporterSink(e, None, QuarantineFiles(str(d), max_bytes=2 * one))
     assert e.quarantine == [(one, 0)]  # at the start: what the restarted job found
     sink(Batch(rows()), 1)
     sink(Batch([{"kind": "alert"}]), 2)  # no refused event: no file, nothing to report
@@ -186,9 +188,9 @@ def test_the_sink_writes_and_reports_bytes_kept_and_files_removed(tmp_path, monk
 
 
 def test_the_sink_runs_without_a_quarantine_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(job, "sink_rows", lambda rows: rows)
+    monkeypatch.setattr(batch, "sink_rows", lambda rows: rows)
     e = FakeExporter()
-    job.ExporterSink(e)(Batch(rows()), 0)
+    batch.ExporterSink(e)(Batch(rows()), 0)
     assert e.quarantine == [] and not any(tmp_path.iterdir())
 
 

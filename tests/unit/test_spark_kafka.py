@@ -9,7 +9,8 @@ import json
 import pytest
 
 from streaming.read import spark_kafka
-from streaming.job import JobConfig, JobConfigError, report_progress, source_offsets
+from streaming.job import JobConfig, JobConfigError
+from streaming.sinks.progress import report_progress, source_offsets
 
 BASE = {"subscribe": "kafka-monitor.events", "startingOffsets": "earliest", "failOnDataLoss": "true",
         "kafka.bootstrap.servers": "b1:9092,b2:9092", "maxOffsetsPerTrigger": "500000"}

@@ -101,7 +101,7 @@ def test_a_new_run_restates_the_alerts_still_open_once_and_publishes_nothing():
     the run restates its open alerts (``open_alert`` rows, as they were opened: labels and
     severity), once, on the data path or the timer's; they are not transitions."""
     from streaming.sinks.exporter import Exporter
-    from streaming.job import sink_rows
+    from streaming.sinks.batch import sink_rows
     import pyarrow as pa
 
     s = FakeState()
@@ -310,7 +310,7 @@ def test_the_read_committed_lag_is_measured_to_the_last_stable_offset():
     """An open transaction: HW 13, LSO 6, committed 2 -> lag 11, read_committed lag 4; unknown LSO:
     no read_committed lag (never a guess from the HW)."""
     from streaming.sinks.exporter import Exporter
-    from streaming.job import sink_rows
+    from streaming.sinks.batch import sink_rows
     import pyarrow as pa
 
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=60_000))
