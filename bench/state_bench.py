@@ -47,7 +47,7 @@ from streaming.sinks.batch import sink_rows  # noqa: E402
 from streaming.ingest import parsing  # noqa: E402
 from streaming.sinks.exporter import Exporter  # noqa: E402
 from streaming.state import function as st  # noqa: E402
-from tests.unit.test_state import FakeState  # noqa: E402  (the part of GroupState the function uses)
+from tests.support.state_fakes import FakeState  # noqa: E402  (the part of GroupState the function uses)
 
 PHASES = ("_load", "fold_quiet", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
 

@@ -11,7 +11,10 @@ from typing import Callable
 
 import pytest
 
-from tests.support.kafka_cluster import kafka_cluster  # noqa: F401
+# the shared helpers' asserts explain their failures as the tests' own do
+pytest.register_assert_rewrite("tests.support")
+
+from tests.support.kafka_cluster import kafka_cluster  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

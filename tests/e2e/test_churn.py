@@ -27,7 +27,7 @@ from kafka_monitor.broker import create_topics, free_port
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for
-from tests.e2e.test_recovery import read_alerts
+from tests.support.alerts_topic import read_alerts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 

@@ -29,8 +29,8 @@ from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
-from tests.e2e.test_real_cluster import Writer, broker_alerts
-from tests.e2e.test_recovery import read_alerts
+from tests.support.alerts_topic import read_alerts
+from tests.support.real_cluster import MultiTopicWriter, broker_alerts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
@@ -68,7 +68,7 @@ def own(kafka_cluster, spark, tmp_path_factory):
                 if not c.is_running(b):
                     c.start_broker(b)
         cleanup.callback(heal)
-        writer = Writer(c.bootstrap_servers, [rep]).start()
+        writer = MultiTopicWriter(c.bootstrap_servers, [rep]).start()
         cleanup.callback(writer.stop)
         stop_probe = threading.Event()
         probe = Probe(ProbeConfig(bootstrap_servers=c.bootstrap_servers, events_topic=events, interval_s=1,

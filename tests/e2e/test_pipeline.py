@@ -132,8 +132,8 @@ def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
 def test_an_instrumented_consumers_view_reaches_metrics(tansu, spark, tmp_path):
     """An application's InstrumentedConsumer reports its partitions (client_fetch); the job
     serves them: position, committed offset, HW, lag and fetch state per group partition."""
-    from tests.integration.test_instrument_tansu import COUNTS, Instrumented, consume_and_commit
-    from tests.integration.test_instrument_tansu import produce as produce_known
+    from tests.support.instrumented_app import COUNTS, Instrumented, consume_and_commit
+    from tests.support.instrumented_app import produce as produce_known
     orders, events, group, alerts = unique("orders"), unique("events"), unique("app"), unique("alerts")
     create_topics(tansu.bootstrap, {orders: 2, events: 1, alerts: 1})
     produce_known(tansu.bootstrap, orders, COUNTS)

@@ -41,7 +41,7 @@ from kafka_monitor.demo import ON_PURPOSE, PROBE_INTERVAL_S, TRIGGER_S
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for
-from tests.e2e.test_recovery import read_alerts
+from tests.support.alerts_topic import read_alerts
 from tests.support.prometheus import PrometheusServer, prometheus_binary
 
 pytestmark = pytest.mark.e2e

@@ -28,7 +28,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from ruamel.yaml import YAML
 
 from kafka_monitor.broker import create_topics
@@ -37,9 +36,10 @@ from streaming.rules.notify import FIELDS as NOTIFY_FIELDS
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
-from tests.e2e.test_recovery import read_alerts
 from tests.integration.test_dashboards import alertmanager  # noqa: F401 - fixture
+from tests.support.alerts_topic import read_alerts
 from tests.support.prometheus import PrometheusServer, prometheus_binary
+from tests.support.real_cluster import MultiTopicWriter, broker_alerts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
@@ -61,34 +61,6 @@ def rules_with_short_for() -> dict:
 SHORT_HOLDS = {"notify": {f: 1000 for f in NOTIFY_FIELDS}}
 
 
-class Writer:
-    """Writes flow (acks=1) to every partition: a stalled follower leaves the ISR only while the
-    leader's log end moves past it."""
-
-    def __init__(self, bootstrap: str, topics: list[str]):
-        self._p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 10, "log_level": 0})
-        self.topics, self._stop = topics, threading.Event()
-        self._t = threading.Thread(target=self._run, name="real-writer", daemon=True)
-
-    def start(self) -> "Writer":
-        self._t.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for t in list(self.topics):
-                try:
-                    self._p.produce(t, b"x" * 100)
-                except BufferError:
-                    pass
-            self._p.poll(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(10)
-        self._p.flush(5)
-
-
 def job_alerts(url: str, topic: str) -> set[tuple[str, str]]:
     """(alert, partition) of every kafka_monitor_alert_active series on ``topic``."""
     body = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -97,17 +69,6 @@ def job_alerts(url: str, topic: str) -> set[tuple[str, str]]:
         if line.startswith("kafka_monitor_alert_active{") and f'topic="{topic}"' in line:
             alert = re.search(r'alert="([^"]*)"', line).group(1)
             out.add((alert, re.search(r'partition="([^"]*)"', line).group(1)))
-    return out
-
-
-def broker_alerts(url: str) -> set[tuple[str, str]]:
-    """(alert, broker) of every kafka_monitor_alert_active series with a broker."""
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
-    out = set()
-    for line in body.splitlines():
-        m = re.search(r'broker="([^"]+)"', line) if line.startswith("kafka_monitor_alert_active{") else None
-        if m:
-            out.add((re.search(r'alert="([^"]*)"', line).group(1), m.group(1)))
     return out
 
 
@@ -124,7 +85,7 @@ def real(kafka_cluster, tansu, spark, tmp_path_factory, alertmanager):  # noqa: 
     events, alerts = unique("real-events"), unique("real-alerts")
     create_topics(tansu.bootstrap, {events: 3, alerts: 1})
     with ExitStack() as cleanup:
-        writer = Writer(c.bootstrap_servers, [rep]).start()
+        writer = MultiTopicWriter(c.bootstrap_servers, [rep]).start()
         cleanup.callback(writer.stop)
         stop_probe = threading.Event()
         probe = Probe(ProbeConfig(bootstrap_servers=c.bootstrap_servers, events_topic=events,

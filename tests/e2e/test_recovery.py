@@ -9,7 +9,6 @@ UnderReplicated and each recovery resolves both — and nothing else fires."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,11 +16,12 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kafka_monitor.broker import create_topics, free_port
 from monitor.contract import Event, PartitionMetadata
 from tests.conftest import unique, wait_for
+from tests.support.alerts_topic import kill_group, read_alerts
 
 pytestmark = pytest.mark.e2e
 
@@ -48,39 +48,12 @@ def expected_transitions() -> int:
     return PARTITIONS * 2 * (shrinks + recoveries)
 
 
-def read_alerts(bootstrap: str, topic: str) -> list[dict]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("r"), "enable.partition.eof": True})
-    parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, eof = [], set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(eof) < len(parts):
-            assert time.monotonic() < deadline, f"reading {topic}: no end of partition within 60s"
-            for m in c.consume(1000, timeout=2):
-                if m.error():
-                    eof.add(m.partition())
-                else:
-                    out.append(json.loads(m.value()))
-    finally:
-        c.close()
-    return out
-
-
 def start_job(bootstrap, events, alerts, ckpt, log):
     return subprocess.Popen(
         [sys.executable, "-m", "kafka_monitor.cli", "job", "--bootstrap-servers", bootstrap, "--checkpoint", ckpt,
          "--events-topic", events, "--alerts-topic", alerts, "--trigger", "1", "--max-offsets-per-trigger", "60",
          "--buckets", "4", "--metrics-port", str(free_port())],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: JVM and workers with it
-
-
-def kill_group(proc, sig=signal.SIGKILL):
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-    proc.wait(60)
 
 
 def test_sigkill_mid_stream_loses_nothing_and_publishes_nothing_twice(tansu, tmp_path):

@@ -32,8 +32,8 @@ import kafka_monitor.cli
 from kafka_monitor.broker import free_port
 from kafka_monitor.spark_cluster import SparkCluster, ensure_spark_kafka, spark_home
 from tests.conftest import wait_for
-from tests.e2e.test_job_killed import Job, Stream, end_offsets, outcome
-from tests.e2e.test_recovery import read_alerts
+from tests.support.ab_stream import Job, Stream, end_offsets, outcome
+from tests.support.alerts_topic import read_alerts
 from tests.support.spark_cluster import spark_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]

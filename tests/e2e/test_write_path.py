@@ -29,8 +29,8 @@ from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
-from tests.e2e.test_real_cluster import broker_alerts
-from tests.e2e.test_recovery import read_alerts
+from tests.support.alerts_topic import read_alerts
+from tests.support.real_cluster import broker_alerts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import unique, wait_for
-from tests.integration.test_probe_kafka import Writer, probe_for
 from streaming.rules.group import GroupRulesConfig
 from streaming.state.function import StateConfig
 from tests.support.local_job import LocalJob
+from tests.support.real_cluster import TopicWriter, probe_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -87,7 +87,7 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
     marks: dict[str, float] = {}
     thread.start()
     try:
-        with Writer(c.bootstrap_servers, topic):
+        with TopicWriter(c.bootstrap_servers, topic):
             wait_for(lambda: any(e.type == "partition_offsets" for e in cap.events), timeout=30,
                      what="the probe's first observation")
             marks["rolling"] = time.time()

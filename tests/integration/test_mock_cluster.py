@@ -259,10 +259,10 @@ def test_an_instrumented_producer_counts_its_deliveries_and_their_errors_by_code
     injected on Produce with retries 0 is what the application's callback sees too."""
     from monitor.contract import ClientProduce
     from monitor.instrument import InstrumentedProducer
-    from tests.unit.test_instrument import FakeEmitter
+    from tests.support.probe_fakes import InstrumentFakeEmitter
 
     cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     app_global: list = []
     app_own: list = []
     producer = InstrumentedProducer({"bootstrap.servers": cluster.bootstrap, "statistics.interval.ms": 100,

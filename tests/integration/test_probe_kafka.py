@@ -18,18 +18,11 @@ from typing import Callable, Optional
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from monitor.probe import ProbeConfig
 from tests.conftest import unique, wait_for
-from tests.support.capture import capturing_probe, latest, of_type
+from tests.support.capture import latest, of_type
+from tests.support.real_cluster import TopicWriter, probe_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-
-
-def probe_for(cluster, topic_regex: str, groups: str = "^$", **kw):
-    opts = dict(bootstrap_servers=cluster.bootstrap_servers, cluster="real", source=unique("probe-real"),
-                topics_include=topic_regex, groups_include=groups, interval_s=1, refresh_backoff_s=0.2,
-                stats_interval_s=0.2, request_timeout_s=5)
-    return capturing_probe(ProbeConfig(**{**opts, **kw}))
 
 
 def refresh_until(probe, cap, cond: Callable[[], object], what: str, timeout: float = 60.0):
@@ -51,33 +44,6 @@ def part(cap, topic: str, partition: int = 0):
     return latest(cap.events, "partition_metadata", topic=topic, partition=partition)
 
 
-class Writer:
-    """Keeps writes flowing (acks=1): a lagging follower leaves the ISR only while the leader's
-    log end moves past it (an idle partition keeps a stalled follower in sync)."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        self._p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5, "log_level": 0})
-        self._topic, self._stop = topic, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self._p.produce(self._topic, b"x" * 100)
-            except BufferError:
-                pass
-            self._p.poll(0.01)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join(10)
-        self._p.flush(5)
-
-
 def test_a_paused_follower_leaves_the_isr_and_returns_after_resume(kafka_cluster):
     """SIGSTOP on a follower: it stops fetching, so with writes flowing the leader drops it from
     the ISR after replica.lag.time.max.ms (or the controller fences it after the broker session
@@ -88,7 +54,7 @@ def test_a_paused_follower_leaves_the_isr_and_returns_after_resume(kafka_cluster
     c.create_topic(topic, replica_assignment=[[1, 2, 3]], config={"min.insync.replicas": 1})
     probe, cap = probe_for(c, f"^{topic}$")
     try:
-        with Writer(c.bootstrap_servers, topic):
+        with TopicWriter(c.bootstrap_servers, topic):
             before = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
                                    "the full ISR")
             t0 = time.monotonic()

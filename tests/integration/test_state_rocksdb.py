@@ -23,7 +23,7 @@ from streaming.job import STATE_STORES, JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from streaming.state import function as st
 from tests.conftest import unique, wait_for
-from tests.e2e.test_recovery import read_alerts
+from tests.support.alerts_topic import read_alerts
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from monitor.contract import Event, GroupGone, GroupPartitionGone, PartitionGone
 from streaming.ingest import parsing
 from streaming.state import function as st
 
-from tests.unit.test_state import FakeState, call, goff, pmd, poff, rows
+from tests.support.state_fakes import FakeState, call, goff, pmd, poff, rows
 
 
 def pgone(seq, t, part=0, topic="t"):

@@ -20,36 +20,17 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_monitor.broker import free_port
-from monitor.contract import ClientFetch, Event, MetadataRefresh, Rebalance
+from monitor.contract import ClientFetch, MetadataRefresh, Rebalance
 from monitor.instrument import (
     CLUSTER_ID_WAIT_S, DEFAULT_STATISTICS_INTERVAL_MS, GROUP_FAILURE_CODES, Instrumentation, InstrumentedConsumer,
     instrument, instrumentation_of)
 from monitor.rdkafka_stats import (MetadataRequestTracker, client_fetches, client_produces, generation_of,
                                    stats_observed_at)
+from tests.support.probe_fakes import InstrumentFakeEmitter
 
 # ---------------------------------------------------------------------------------------------
 # Fakes and canned statistics
 # ---------------------------------------------------------------------------------------------
-
-
-class FakeEmitter:
-    """The narrow emitter interface: emit(payload, observed_at=None[, cluster]) and counters."""
-
-    def __init__(self, fail: Optional[Exception] = None, source: str = "fake"):
-        self.events: list[tuple[Any, Optional[int], Optional[str]]] = []
-        self.sent = 0
-        self.dropped = 0
-        self.fail = fail
-        self.source = source
-
-    def emit(self, payload: Any, observed_at: Optional[int] = None, cluster: Optional[str] = None) -> None:
-        if self.fail is not None:
-            raise self.fail
-        Event.of(payload, cluster=cluster or "c", source=self.source, seq=0, observed_at=observed_at or 0)  # valid?
-        self.events.append((payload, observed_at, cluster))
-
-    def of(self, cls: type) -> list[Any]:
-        return [p for p, _, _ in self.events if isinstance(p, cls)]
 
 
 class Clocks:
@@ -149,7 +130,7 @@ def test_instrument_returns_a_new_config_and_leaves_the_apps_untouched():
     conf = {"bootstrap.servers": "b:9092", "group.id": "app", "stats_cb": app_stats, "error_cb": app_error,
             "statistics.interval.ms": 1000}
     before = dict(conf)
-    out = instrument(conf, events=FakeEmitter())
+    out = instrument(conf, events=InstrumentFakeEmitter())
     assert conf == before and out is not conf
     assert out["stats_cb"] is not app_stats and callable(out["stats_cb"])
     assert out["error_cb"] is not app_error and callable(out["error_cb"])
@@ -163,24 +144,24 @@ def test_instrument_returns_a_new_config_and_leaves_the_apps_untouched():
                                              (0, 0)])
 def test_statistics_interval_is_set_only_when_the_app_set_none(given, expected):
     conf = {"group.id": "g"} if given is None else {"group.id": "g", "statistics.interval.ms": given}
-    assert instrument(conf, events=FakeEmitter())["statistics.interval.ms"] == expected
+    assert instrument(conf, events=InstrumentFakeEmitter())["statistics.interval.ms"] == expected
 
 
 def test_instrumenting_twice_is_refused():
-    once = instrument({"group.id": "g"}, events=FakeEmitter())
+    once = instrument({"group.id": "g"}, events=InstrumentFakeEmitter())
     with pytest.raises(ValueError, match="already instrumented"):
-        instrument(once, events=FakeEmitter())
+        instrument(once, events=InstrumentFakeEmitter())
 
 
 def test_source_cannot_override_an_emitters_own_source():
     with pytest.raises(ValueError, match="source"):
-        instrument({}, events=FakeEmitter(source="a"), source="b")
+        instrument({}, events=InstrumentFakeEmitter(source="a"), source="b")
     with pytest.raises(TypeError):
         instrument({}, events=object())  # type: ignore[arg-type]
 
 
 def test_a_non_callable_app_callback_is_left_for_the_client_to_reject():
-    out = instrument({"group.id": "g", "stats_cb": 42}, events=FakeEmitter())
+    out = instrument({"group.id": "g", "stats_cb": 42}, events=InstrumentFakeEmitter())
     assert out["stats_cb"] == 42
     with pytest.raises(TypeError):
         Consumer(out)
@@ -193,7 +174,7 @@ def test_a_non_callable_app_callback_is_left_for_the_client_to_reject():
 
 def test_app_stats_cb_runs_first_with_the_identical_string(clocks):
     calls: list[Any] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     real_emit = em.emit
     em.emit = lambda *a, **kw: (calls.append("emit"), real_emit(*a, **kw))  # type: ignore[method-assign]
     inst = make(em, clocks)
@@ -206,7 +187,7 @@ def test_app_stats_cb_runs_first_with_the_identical_string(clocks):
 def test_app_stats_cb_is_not_called_when_the_app_had_not_enabled_statistics(clocks):
     """Without instrumentation librdkafka would never call it: calling it now would change the app."""
     seen: list[str] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     conf = make(em, clocks).wrap({"group.id": "app", "stats_cb": seen.append})
     assert conf["statistics.interval.ms"] == DEFAULT_STATISTICS_INTERVAL_MS
     conf["stats_cb"](raw(stats(ts=at_now(clocks))))
@@ -222,7 +203,7 @@ def test_app_callback_exceptions_propagate_unchanged_and_events_still_flow(clock
     def app_error(e: Any) -> None:
         raise boom
 
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     conf = inst.wrap({"group.id": "app", "statistics.interval.ms": 1000, "stats_cb": app_stats,
                       "error_cb": app_error})
@@ -238,7 +219,7 @@ def test_app_callback_exceptions_propagate_unchanged_and_events_still_flow(clock
 
 def test_app_error_cb_gets_the_identical_error_and_group_errors_become_failed(clocks):
     got: list[Any] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     conf = make(em, clocks, client_id="billing").wrap({"group.id": "app", "error_cb": got.append})
     transport = KafkaError(KafkaError._TRANSPORT)
     fenced = KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced by a newer instance")
@@ -258,7 +239,7 @@ def test_app_error_cb_gets_the_identical_error_and_group_errors_become_failed(cl
 
 
 def test_an_emitter_failure_never_reaches_the_app_and_is_counted_and_logged_once(clocks, caplog):
-    em = FakeEmitter(fail=RuntimeError("events producer exploded"))
+    em = InstrumentFakeEmitter(fail=RuntimeError("events producer exploded"))
     inst = make(em, clocks)
     conf = inst.wrap({"group.id": "app"})
     with caplog.at_level(logging.WARNING, logger="monitor.instrument"):
@@ -272,7 +253,7 @@ def test_an_emitter_failure_never_reaches_the_app_and_is_counted_and_logged_once
 @pytest.mark.parametrize("bad", ["{not json", "[1, 2]", "", "null"])
 def test_bad_statistics_json_is_counted_not_raised(clocks, bad):
     seen: list[str] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     conf = inst.wrap({"group.id": "app", "statistics.interval.ms": 100, "stats_cb": seen.append})
     conf["stats_cb"](bad)
@@ -282,7 +263,7 @@ def test_bad_statistics_json_is_counted_not_raised(clocks, bad):
 def test_odd_fields_in_statistics_do_not_break_the_rest(clocks):
     s = stats(ts=at_now(clocks), topics={"orders": [part(0, hi_offset="12", leader=None, fetch_state=7), part(1)]})
     s["brokers"]["weird"] = "not an object"
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     inst.wrap({"group.id": "app"})["stats_cb"](raw(s))
     p0, p1 = sorted(em.of(ClientFetch), key=lambda f: f.partition)
@@ -341,7 +322,7 @@ def test_observed_at_is_when_librdkafka_built_the_statistics():
 
 
 def test_events_carry_the_statistics_time(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     make(em, clocks).wrap({"group.id": "app"})["stats_cb"](raw(stats(ts=at_now(clocks) - 3_000_000)))
     assert {at for _, at, _ in em.events} == {int(clocks.wall * 1000) - 3_000}
 
@@ -452,7 +433,7 @@ def test_metadata_never_fetched_is_no_update():
 
 
 def test_producer_statistics_give_metadata_refresh_but_no_client_fetch(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     cb = make(em, clocks, group=None).wrap({"bootstrap.servers": "b:1"})["stats_cb"]
     cb(raw(stats(kind="producer", ts=at_now(clocks), brokers=[broker(1, 1)])))
     cb(raw(stats(kind="producer", ts=at_now(clocks), brokers=[broker(1, 1)])))
@@ -493,7 +474,7 @@ def tps(*ns: int, topic: str = "orders") -> list[TopicPartition]:
 
 def test_app_rebalance_callbacks_get_the_identical_arguments_and_phases_are_emitted(clocks):
     calls: list[tuple[str, Any, Any]] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks, client_id="billing")
     cbs = inst.rebalance_callbacks(on_assign=lambda c, p: calls.append(("assign", c, p)),
                                    on_revoke=lambda c, p: calls.append(("revoke", c, p)))
@@ -521,7 +502,7 @@ def test_app_rebalance_callbacks_get_the_identical_arguments_and_phases_are_emit
 
 
 def test_revoked_duration_is_the_time_the_apps_callback_took(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     cbs = inst.rebalance_callbacks(on_revoke=lambda c, p: clocks.advance(0.8))
     cbs["on_revoke"](FakeGroupConsumer(), tps(0))
@@ -530,7 +511,7 @@ def test_revoked_duration_is_the_time_the_apps_callback_took(clocks):
 
 def test_lost_goes_to_on_revoke_without_on_lost_like_the_binding(clocks):
     calls: list[str] = []
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     cbs = inst.rebalance_callbacks(on_revoke=lambda c, p: calls.append("revoke"))
     inst.observe_consumer_error(KafkaError(KafkaError._MAX_POLL_EXCEEDED, "max.poll.interval.ms exceeded"))
@@ -548,7 +529,7 @@ def test_lost_goes_to_on_revoke_without_on_lost_like_the_binding(clocks):
 
 
 def test_no_app_callbacks_still_gives_events(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     cbs = make(em, clocks).rebalance_callbacks()
     cbs["on_assign"](FakeGroupConsumer(), tps(0))
     cbs["on_revoke"](FakeGroupConsumer(), tps(0))
@@ -562,7 +543,7 @@ def test_an_exception_in_an_app_rebalance_callback_propagates_unchanged(clocks):
     def on_assign(c: Any, p: Any) -> None:
         raise boom
 
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     cbs = make(em, clocks).rebalance_callbacks(on_assign=on_assign)
     with pytest.raises(KeyError) as info:
         cbs["on_assign"](FakeGroupConsumer(), tps(0))
@@ -577,7 +558,7 @@ def test_a_broken_consumer_handle_costs_member_and_generation_only(clocks):
         def consumer_group_metadata(self) -> bytes:
             raise RuntimeError("closed")
 
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks)
     inst.rebalance_callbacks()["on_assign"](Broken(), tps(0))
     (r,) = em.of(Rebalance)
@@ -594,7 +575,7 @@ def test_a_non_callable_rebalance_callback_raises_what_the_binding_raises(bad):
     finally:
         c.close()
     with pytest.raises(TypeError) as ours:
-        Instrumentation(events=FakeEmitter()).rebalance_callbacks(on_assign=bad)
+        Instrumentation(events=InstrumentFakeEmitter()).rebalance_callbacks(on_assign=bad)
     assert str(ours.value) == str(plain.value)
 
 
@@ -649,7 +630,7 @@ def test_anything_but_a_valid_group_metadata_gives_no_generation(blob):
 
 
 def test_events_wait_for_the_cluster_id_then_carry_it(clocks, monkeypatch):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks, resolve_cluster=True)  # the default for an emitter created from settings
     consumer = FakeGroupConsumer(cluster=None)
     inst.bind(consumer)
@@ -661,7 +642,7 @@ def test_events_wait_for_the_cluster_id_then_carry_it(clocks, monkeypatch):
 
 
 def test_events_stop_waiting_for_the_cluster_id_after_a_while(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks, resolve_cluster=True)
     inst.bind(FakeGroupConsumer(cluster=None))
     inst.join_started()
@@ -676,14 +657,14 @@ def test_events_stop_waiting_for_the_cluster_id_after_a_while(clocks):
 
 
 def test_without_a_client_nothing_waits_for_the_cluster_id(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks, resolve_cluster=True)
     inst.join_started()
     assert [c for _, _, c in em.events] == [None]
 
 
 def test_an_explicit_cluster_is_used_as_is(clocks):
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     inst = make(em, clocks, cluster="prod-eu")
     inst.bind(FakeGroupConsumer(cluster="other"))
     inst.join_started()
@@ -723,7 +704,7 @@ def test_invalid_events_settings_disable_emitting_instead_of_failing_the_app(cap
 
 def test_instrumented_consumer_is_a_consumer_and_closes_its_emitter():
     closed = f"127.0.0.1:{free_port()}"
-    em = FakeEmitter()
+    em = InstrumentFakeEmitter()
     c = InstrumentedConsumer({"bootstrap.servers": closed, "group.id": "app"}, events=em, cluster="c")
     try:
         assert isinstance(c, Consumer) and c.instrumentation.group == "app"

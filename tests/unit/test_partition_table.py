@@ -9,18 +9,16 @@ timeouts, a new run — must give the same output rows and the same entity state
 
 from __future__ import annotations
 
-import contextlib
-import math
 import random
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from streaming.rules import partition as rules_partition
 from streaming.state import table as pt
 from streaming.state import function as st
-from tests.unit.test_state import FakeState, call, rows
+from tests.support.partition_table import _rows, _state, counting_table_paths
+from tests.support.state_fakes import FakeState, call, rows
 
 
 def _offsets(rng: random.Random, part: int, seq: int, t: int, hw: int, source: str) -> dict:
@@ -90,44 +88,6 @@ def _scenario(seed: int, parts: int = 8, batches: int = 40):
     return steps
 
 
-def _canon(v):
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return None
-    if isinstance(v, (np.integer, np.floating)):
-        v = v.item()
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
-
-
-def _rows(out: pd.DataFrame) -> list[tuple]:
-    """The output rows, comparable: a ``state`` row's stored bytes differ by design (the table
-    stores columns, the dicts pickles), its entities by kind do not."""
-    out = out.copy()
-    out.loc[out.kind == "state", "count"] = None
-    return sorted(tuple(_canon(v) for v in r) for r in out.itertuples(index=False, name=None))
-
-
-def _norm(x):
-    if isinstance(x, dict):
-        return {k: _norm(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_norm(v) for v in x)
-    return _canon(x)
-
-
-def _state(s: FakeState, run: str) -> dict:
-    """The stored entities; a ``sent`` mark of another run is dropped (it means "not sent in
-    this run" exactly as no mark does: the table forgets it, the dicts keep it)."""
-    if s.value is None:
-        return {}
-    out = _norm(st.stored_entities(s.value[0], run))
-    for e in out.values():
-        if e.get("sent") is not None and e["sent"][0] != run:
-            del e["sent"]
-    return out
-
-
 def _run(steps, compact: bool):
     s = FakeState()
     run = "run-0"
@@ -159,36 +119,6 @@ def test_the_table_gives_the_rows_and_states_the_dict_rules_give(seed):
     for i, (g, w) in enumerate(zip(got_out, want_out)):
         assert _rows(g) == _rows(w), f"step {i}"
         assert got_states[i] == want_states[i], f"step {i}"
-
-
-@contextlib.contextmanager
-def counting_table_paths():
-    """Count, while inside, the rows the table applies in columns (``quiet_rows``, of which
-    ``quiet_metadata``), the partitions it hands back to the dict rules (``taken``) and those
-    put in from their first batch (``born``, ``state.fold_new``)."""
-    seen = {"quiet_rows": 0, "quiet_metadata": 0, "taken": 0, "born": 0}
-    real_fold, real_take, real_add = pt.PartitionTable.fold_quiet, pt.PartitionTable.take, pt.PartitionTable.add
-
-    def fold_quiet(self, cols):
-        done, gauges = real_fold(self, cols)
-        seen["quiet_rows"] += int(done.sum())
-        seen["quiet_metadata"] += int((done & (cols["type"] == "partition_metadata")).sum())
-        return done, gauges
-
-    def take(self, key):
-        got = real_take(self, key)
-        seen["taken"] += got is not None
-        return got
-
-    def add(self, keys, *a):
-        seen["born"] += len(keys)
-        return real_add(self, keys, *a)
-
-    pt.PartitionTable.fold_quiet, pt.PartitionTable.take, pt.PartitionTable.add = fold_quiet, take, add
-    try:
-        yield seen
-    finally:
-        pt.PartitionTable.fold_quiet, pt.PartitionTable.take, pt.PartitionTable.add = real_fold, real_take, real_add
 
 
 def test_the_scenarios_exercise_both_paths_and_the_alerts():
@@ -318,7 +248,7 @@ def test_new_healthy_partitions_go_into_the_table_in_their_first_batch():
     """``state.fold_new``: a partition first seen with its metadata then its offsets, healthy,
     is put in the table without the dict rules; every other first sight goes through them.  Both
     give what the dict rules alone give, in this batch and the next."""
-    from tests.unit.test_state import canary
+    from tests.support.state_fakes import canary
     first = (_first_sight(0, 1, 1000) + _first_sight(1, 3, 1000, epoch=None, min_isr=None)
              + _first_sight(2, 5, 1000, replicas=(2, 3, 1), leader=2, isr=(3, 1, 2))
              + _first_sight(3, 7, 1000, isr=(1, 2))               # under-replicated

@@ -23,8 +23,8 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from streaming.state import function as st
-from tests.unit.test_partition_table import _rows, _state, counting_table_paths
-from tests.unit.test_state import FakeState, call, rows
+from tests.support.partition_table import _rows, _state, counting_table_paths
+from tests.support.state_fakes import FakeState, call, rows
 
 PARTS = 3
 TTL_MS = 600_000

@@ -16,7 +16,7 @@ from monitor.emitter import EventEmitter
 from monitor.metadata import ClusterView, MetadataCache
 from monitor.probe import Probe, ProbeConfig, _epochs_from_json, epochs_from_stats
 from tests.support.capture import CapturingProducer
-from tests.unit.test_probe_sentinels import FakeAdmin, FakeEmitter
+from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 
 def librdkafka_partition(pid: int, leader: int, epoch: int) -> str:

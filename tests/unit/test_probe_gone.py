@@ -17,8 +17,7 @@ from monitor.contract import Event, PartitionGone
 from monitor.emitter import EventEmitter
 from monitor.probe import GONE_AFTER, Probe, ProbeConfig, share_of
 from tests.support.capture import CapturingProducer
-from tests.unit.test_probe_sentinels import FakeAdmin, FakeEmitter, done, tp
-from tests.unit.test_probe_unanswered import described
+from tests.support.probe_fakes import FakeAdmin, FakeEmitter, described, done, tp
 
 
 class GoneAdmin(FakeAdmin):

@@ -14,7 +14,7 @@ from confluent_kafka.admin import ConfigSource, ResourceType
 
 import monitor.probe as probe_mod
 from monitor.probe import Probe, ProbeConfig
-from tests.unit.test_probe_sentinels import FakeAdmin, FakeEmitter
+from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 OWN, DEFAULT = ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.STATIC_BROKER_CONFIG
 

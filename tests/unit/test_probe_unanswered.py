@@ -15,13 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from monitor.contract import GroupOffsets, GroupState, Heartbeat
 from monitor.coordinator import Asker
 from monitor.probe import Probe, ProbeConfig
-from tests.unit.test_probe_sentinels import FakeAdmin, FakeEmitter, done, tp
-
-
-def described(gid: str, coordinator: int):
-    return SimpleNamespace(group_id=gid, is_simple_consumer_group=False, state=SimpleNamespace(name="STABLE"),
-                           type=SimpleNamespace(name="CLASSIC"), partition_assignor="range", members=[],
-                           coordinator=SimpleNamespace(id=coordinator))
+from tests.support.probe_fakes import FakeAdmin, FakeEmitter, described, done, tp
 
 
 class SilentCoordinators(FakeAdmin):

@@ -11,64 +11,7 @@ from streaming.rules.group import GroupRulesConfig
 
 from streaming.state import function as st
 from streaming.job import FLAT_COLUMNS
-
-COLS = [n for n, _ in FLAT_COLUMNS] + ["bucket"]
-
-
-class FakeState:
-    """The part of pyspark's GroupState the function uses."""
-
-    def __init__(self, value=None, timed_out=False, processing_time_ms=0):
-        self.value, self.hasTimedOut, self.timeout = value, timed_out, None
-        self.processing_time_ms = processing_time_ms
-
-    def getCurrentProcessingTimeMs(self):
-        return self.processing_time_ms
-
-    @property
-    def exists(self):
-        return self.value is not None
-
-    @property
-    def get(self):
-        return self.value
-
-    def update(self, v):
-        self.value = v
-
-    def remove(self):
-        self.value = None
-
-    def setTimeoutDuration(self, ms):
-        self.timeout = ms
-
-
-def rows(*dicts):
-    return pd.DataFrame([{c: d.get(c) for c in COLS} for d in dicts], columns=COLS)
-
-
-def pmd(seq, t, isr, replicas=(1, 2, 3), part=0):
-    return {"type": "partition_metadata", "entity": f"partition|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
-            "observed_at": t, "topic": "t", "partition": part, "leader": 1, "replicas": list(replicas),
-            "isr": list(isr)}
-
-
-def poff(seq, t, hw, part=0):
-    return {"type": "partition_offsets", "entity": f"partition|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
-            "observed_at": t, "topic": "t", "partition": part, "high_watermark": hw, "log_start_offset": 0}
-
-
-def goff(seq, t, committed, hw, part=0):
-    return {"type": "group_offsets", "entity": f"group_partition|k/g/t/{part}", "cluster": "k", "source": "p", "seq": seq,
-            "observed_at": t, "group": "g", "topic": "t", "partition": part, "committed_offset": committed,
-            "high_watermark": hw}
-
-
-def call(fn, bucket, df, state):
-    """The function's output, its packed partition blocks expanded into rows."""
-    out = list(fn((bucket,), iter([df]), state))
-    return st.expand_blocks(pd.concat(out, ignore_index=True)) if out else pd.DataFrame(
-        columns=[n for n, _ in st.OUTPUT_COLUMNS])
+from tests.support.state_fakes import FakeState, call, canary, goff, pmd, poff, rows
 
 
 def test_batch_folds_in_event_order_and_emits_gauges_and_transitions():
@@ -399,16 +342,6 @@ def test_a_consumers_fetch_reports_become_client_fetch_rows_and_go_with_the_ttl(
     s.hasTimedOut, s.processing_time_ms = True, 70_000
     out = call(fn, 0, rows(), s)
     assert list(zip(out.kind, out.action)) == [("client_fetch", "remove"), ("removed", "count"), ("state", "count")]
-
-
-def canary(seq, t, pending, sent=10, part=0, oldest=None):
-    report = {"started_at": 1, "leader": 1, "sent": sent, "acked": sent - pending, "received": sent - pending,
-              "lost": 0, "duplicated": 0, "out_of_order": 0, "pending": pending, "oldest_pending_ms": oldest,
-              "produce_latency_counts": [0] * 14, "produce_latency_sum_ms": 0.0, "e2e_latency_counts": [0] * 14,
-              "e2e_latency_sum_ms": 0.0, "lost_after_ms": 30_000, "errors": {}}
-    return {"type": "canary", "entity": f"canary|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
-            "observed_at": t, "topic": "t", "partition": part, "leader": 1, "started_at": 1,
-            "report": json.dumps(report)}
 
 
 def test_canary_writes_pending_under_a_flat_hw_raise_high_watermark_stalled_until_it_moves():

@@ -12,7 +12,7 @@ import pytest
 
 from streaming.rules import partition as rules_partition
 from streaming.state import function as st
-from tests.unit.test_state import FakeState, call, pmd, poff, rows
+from tests.support.state_fakes import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
 #: each fixture was written by the code of its format, before the next one replaced it
