@@ -5,8 +5,8 @@ changes what acks=all writes survive, so the probe should see it within an inter
 not ``config_refresh_s`` = 300 s later.  DescribeConfigs is per topic, not per partition, and a
 broker answers it from its metadata image: the cost grows with the topics.  100k partitions
 are a few thousand topics (at 20 partitions each, 5,000), so this creates ``--topics`` topics of
-one partition each on a one-broker KRaft cluster (``kafka_monitor.cluster``; partitions would
-only slow the setup) and times, ``--repeats`` times each:
+one partition each on a one-broker KRaft cluster (``kafka_monitor.local.kafka_cluster``;
+partitions would only slow the setup) and times, ``--repeats`` times each:
 
 - ``describe_configs``: one call for every topic, until every future answered and each topic's
   value was read.  The broker answers every config entry of each topic (33 on Kafka 4): the
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # noqa: E402
 
-from kafka_monitor.cluster import KafkaCluster  # noqa: E402
+from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
 from monitor.probe import CONFIG_REREAD_MAX, Probe, ProbeConfig  # noqa: E402
 
 

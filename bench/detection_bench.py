@@ -1,7 +1,7 @@
 """Detection quality, measured against the cluster's own record (DESIGN §7, issue 13).
 
-A scenario suite on a real Apache Kafka cluster (``kafka_monitor.cluster``: KRaft, a dedicated
-controller and 3 brokers on loopback), watched by the monitor as it ships: the probe
+A scenario suite on a real Apache Kafka cluster (``kafka_monitor.local.kafka_cluster``: KRaft,
+a dedicated controller and 3 brokers on loopback), watched by the monitor as it ships: the probe
 (``monitor.probe.Probe``, every ``--probe-interval`` s, otherwise its defaults) writes its
 events to a separate Tansu broker (so no fault on the watched cluster hides the monitor's own
 pipeline) or, with ``--layout own``, to the watched cluster itself (events and alerts topics RF 3,
@@ -463,7 +463,7 @@ class ProbeSupervisor(threading.Thread):
     def run(self) -> None:
         import subprocess
 
-        from kafka_monitor.broker import die_with_parent
+        from kafka_monitor.local.broker import die_with_parent
         try:
             while not self._halt.is_set():
                 with open(self.log_path, "ab") as err:
@@ -494,7 +494,7 @@ class ProbeSupervisor(threading.Thread):
             self.done.set()
 
     def stop_child(self) -> None:
-        from kafka_monitor.broker import stop_process
+        from kafka_monitor.local.broker import stop_process
         if self.proc is not None and self.proc.poll() is None:
             stop_process(self.proc, 15)
 
@@ -947,8 +947,8 @@ class Bench:
     # -- set-up and tear-down
 
     def main(self) -> dict:
-        from kafka_monitor.broker import TansuBroker, create_topics, free_port
-        from kafka_monitor.cluster import KafkaCluster
+        from kafka_monitor.local.broker import TansuBroker, create_topics, free_port
+        from kafka_monitor.local.kafka_cluster import KafkaCluster
         from monitor.probe import ProbeConfig
         from streaming.sinks.exporter import Exporter
         from streaming.job import JobConfig, run, spark_session, stop_spark

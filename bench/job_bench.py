@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
-from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
+from kafka_monitor.local.broker import TansuBroker, create_topics  # noqa: E402
 from monitor.contract import Event, GroupOffsets, Heartbeat, PartitionMetadata, PartitionOffsets  # noqa: E402
 
 EVENTS_PARTITIONS = 6

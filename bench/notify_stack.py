@@ -266,7 +266,7 @@ class AlertmanagerServer:
     ``workdir``; stopped by its PID."""
 
     def __init__(self, binary: str, config_text: str, workdir: pathlib.Path):
-        from kafka_monitor.broker import free_port
+        from kafka_monitor.local.broker import free_port
         self.binary = binary
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +278,7 @@ class AlertmanagerServer:
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self, timeout: float = 60.0) -> "AlertmanagerServer":
-        from kafka_monitor.broker import popen_dying_with_parent
+        from kafka_monitor.local.broker import popen_dying_with_parent
         with open(self.log_path, "ab") as log:
             self.proc = popen_dying_with_parent(
                 [self.binary, f"--config.file={self.config_path}", f"--storage.path={self.workdir / 'data'}",
@@ -303,7 +303,7 @@ class AlertmanagerServer:
             raise
 
     def stop(self, timeout: float = 10.0) -> None:
-        from kafka_monitor.broker import stop_process
+        from kafka_monitor.local.broker import stop_process
         proc, self.proc = self.proc, None
         stop_process(proc, timeout)
 

@@ -37,8 +37,8 @@ from typing import Any, Callable
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kafka_monitor.cluster import KafkaCluster  # noqa: E402
-from kafka_monitor.workload import consume_loop, produce_loop  # noqa: E402
+from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
+from kafka_monitor.local.workload import consume_loop, produce_loop  # noqa: E402
 from monitor.probe import Probe, ProbeConfig  # noqa: E402
 
 EVENTS = "kafka-monitor.events"

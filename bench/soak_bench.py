@@ -1,6 +1,6 @@
 """Soak benchmark (issue 31): a day of operation compressed into ``--hours`` of wall time.
 
-On the real 3-broker Kafka cluster (kafka_monitor/cluster.py), in the user's layout (the events
+On the real 3-broker Kafka cluster (kafka_monitor/local/kafka_cluster.py), in the user's layout (the events
 and alerts topics on the watched cluster), it runs the probe (``kafka-monitor probe``), the job
 (``kafka-monitor job``) and a Prometheus server scraping the job and itself, while a churn
 driver (tests/support/churn.py) replays a day at ``--speed`` simulated seconds per wall second:
@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import report  # noqa: E402
 from job_bench import cmdline, descendants  # noqa: E402
-from kafka_monitor.broker import free_port  # noqa: E402
-from kafka_monitor.cluster import KafkaCluster  # noqa: E402
+from kafka_monitor.local.broker import free_port  # noqa: E402
+from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
 from tests.support.churn import Churn  # noqa: E402
 from tests.support.prometheus import PrometheusServer  # noqa: E402
 

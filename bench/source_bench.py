@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import report  # noqa: E402  (bench/report.py)
 import job_bench  # noqa: E402  (bench/job_bench.py: cycle_events, produce, end_offsets)
-from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
+from kafka_monitor.local.broker import TansuBroker, create_topics  # noqa: E402
 from streaming.read.source import (  # noqa: E402
     ARROW_SCHEMA, FORMAT, KafkaEventSource, KafkaSourcePartition, KafkaStreamReader, messages_in_range, read_range,
 )

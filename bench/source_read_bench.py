@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import job_bench as jb  # noqa: E402
 import report  # noqa: E402
-from kafka_monitor.broker import TansuBroker, create_topics  # noqa: E402
+from kafka_monitor.local.broker import TansuBroker, create_topics  # noqa: E402
 from kafka_monitor.spark_cluster import ensure_spark_kafka  # noqa: E402
 from streaming import job  # noqa: E402
 
@@ -54,7 +54,7 @@ def one(spark, cfg: job.JobConfig, stage: str, tmp: str) -> tuple[int, float]:
 
 def sitting(broker_kind: str, args, results: list) -> None:
     if broker_kind == "kafka":
-        from kafka_monitor.cluster import KafkaCluster
+        from kafka_monitor.local.kafka_cluster import KafkaCluster
         broker = KafkaCluster().start()
         bootstrap, stop = broker.bootstrap_servers, broker.stop
         broker.create_topic(TOPIC, replica_assignment=[[1], [2], [3], [1], [2], [3]])

@@ -16,7 +16,7 @@ query against a real Prometheus scraping a real run of the product.
 Conventions every panel follows:
 - datasource: the Prometheus datasource with uid ``prometheus`` (provisioned by
   deploy/grafana/provisioning/datasources/prometheus.yml), on the panel and on each target;
-- only metrics the exporter serves (streaming.sinks.exporter.CATALOGUE) plus Prometheus's own
+- only metrics the exporter serves (streaming.sinks.catalogue.CATALOGUE) plus Prometheus's own
   ``up`` and ``ALERTS``; no metric is invented for what the exporter does not serve yet
   (rebalance phases and their durations, per-client partition-count catch-up);
 - entity series are aggregated with ``max by (<entity labels>)`` before anything else, so two

@@ -232,7 +232,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
 
     if args.cmd == "spark-jars":
-        from kafka_monitor.cluster import KafkaSetupError
+        from kafka_monitor.local.kafka_install import KafkaSetupError
         from kafka_monitor.spark_cluster import ensure_spark_kafka
         try:
             print(",".join(str(j) for j in ensure_spark_kafka(args.version)))
@@ -246,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return run_snapshot(args)
 
     if args.cmd == "demo":
-        from kafka_monitor.cluster import KafkaSetupError
+        from kafka_monitor.local.kafka_install import KafkaSetupError
         from kafka_monitor.demo import FAULT_EVERY_S, run_demo
         from streaming.job import JobFailed
         if args.fault_every is not None and not args.real_cluster:

@@ -5,8 +5,8 @@ Spark job in local mode with the exporter on 127.0.0.1.  Ctrl-C (or SIGTERM) sto
 query, Spark, probe, workload, broker — nothing is left running.
 
 With ``real_cluster`` (``kafka-monitor demo --real-cluster``) the workload runs on a real
-Apache Kafka cluster (kafka_monitor.cluster: a KRaft controller and 3 brokers on loopback),
-the probe (its own process) watches that cluster, and ``FaultCycle`` injects a fault every
+Apache Kafka cluster (kafka_monitor.local.kafka_cluster: a KRaft controller and 3 brokers on
+loopback), the probe (its own process) watches that cluster, and ``FaultCycle`` injects a fault every
 ``fault_every_s``: a paused follower, a stopped broker (then a preferred leader election), two
 stopped brokers.  The cluster and its faults run in a process of their own (the cluster runner,
 below); the monitor's events and alerts topics stay on Tansu.
@@ -26,8 +26,8 @@ import time
 import urllib.request
 from typing import Callable, Optional
 
-from kafka_monitor import workload
-from kafka_monitor.broker import TansuBroker, create_topics
+from kafka_monitor.local import workload
+from kafka_monitor.local.broker import TansuBroker, create_topics
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _brokers(ids) -> str:
 
 
 class FaultCycle:
-    """The real-cluster demo's faults on ``topic`` of a ``kafka_monitor.cluster.KafkaCluster``,
+    """The real-cluster demo's faults on ``topic`` of a ``kafka_monitor.local.kafka_cluster.KafkaCluster``,
     one after the other: ``pause_follower``, ``stop_leader``, ``stop_two``.
 
     Each fault says what it does and which alerts to expect, holds for its duration (and, at
@@ -113,9 +113,9 @@ class FaultCycle:
     ``stop`` (Ctrl-C, --duration) ends a fault early: a paused broker is resumed at once; a
     stopped one stays stopped (the cluster is about to be stopped) and is listed in
     ``self.stopped``: ``restore()`` starts it again.  Brokers started again here die with the
-    thread that starts them (kafka_monitor.cluster's parent-death signal is per thread): run the
-    faults in the thread that owns the cluster (the demo's cluster runner runs them in its main
-    thread, the test in pytest's).
+    thread that starts them (kafka_monitor.local.kafka_cluster's parent-death signal is per
+    thread): run the faults in the thread that owns the cluster (the demo's cluster runner runs
+    them in its main thread, the test in pytest's).
     """
 
     def __init__(self, cluster, topic: str, stop: threading.Event, *, pause_s: float = PAUSE_S,
@@ -360,8 +360,9 @@ class FaultCycle:
 def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: float = PROBE_INTERVAL_S,
              trigger_s: float = TRIGGER_S, real_cluster: bool = False, fault_every_s: float = FAULT_EVERY_S) -> int:
     """The demo; with ``real_cluster`` on a real Apache Kafka cluster with a fault every
-    ``fault_every_s`` seconds (0: none).  Raises ``kafka_monitor.cluster.KafkaSetupError`` when
-    Java or Maven is missing or Kafka cannot be fetched."""
+    ``fault_every_s`` seconds (0: none).  Raises
+    ``kafka_monitor.local.kafka_install.KafkaSetupError`` when Java or Maven is missing or Kafka
+    cannot be fetched."""
     from monitor.probe import Probe, ProbeConfig
     from streaming.job import JobConfig, run
 
@@ -488,7 +489,7 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
 
 
 def _popen(cmd: list, **kw):
-    from kafka_monitor.broker import popen_dying_with_parent
+    from kafka_monitor.local.broker import popen_dying_with_parent
 
     return popen_dying_with_parent(cmd, **kw)
 
@@ -509,12 +510,13 @@ def _supervise_probe(args: list, stop: threading.Event) -> None:
 #
 # The Kafka cluster and its faults run in a process of their own (``python -m
 # kafka_monitor.demo --cluster-runner``), started before Spark: restarting a broker forks with
-# kafka_monitor.cluster's preexec_fn, which in the Spark driver's process would reset its Py4J
-# connections (see kafka_monitor.broker.popen_dying_with_parent).  The runner starts the cluster, creates the workload topic,
-# writes ``cluster.json`` (bootstrap servers) into its work directory, and runs the faults from
-# its main thread (brokers it starts die with that thread) once the demo writes "ready" to its
-# stdin (the first metrics are live).  SIGTERM or the end of its stdin (the demo exited) stops
-# it: a paused broker is resumed and the cluster stopped.
+# kafka_monitor.local.kafka_cluster's preexec_fn, which in the Spark driver's process would reset
+# its Py4J connections (see kafka_monitor.local.broker.popen_dying_with_parent).  The runner
+# starts the cluster, creates the workload topic, writes ``cluster.json`` (bootstrap servers)
+# into its work directory, and runs the faults from its main thread (brokers it starts die with
+# that thread) once the demo writes "ready" to its stdin (the first metrics are live).  SIGTERM
+# or the end of its stdin (the demo exited) stops it: a paused broker is resumed and the cluster
+# stopped.
 
 #: the real-cluster demo's broker.session.timeout.ms: a paused broker is fenced after it
 _SESSION_TIMEOUT_MS = 8000
@@ -522,7 +524,7 @@ _SESSION_TIMEOUT_MS = 8000
 
 def _kafka_setup() -> None:
     """Java 17+ and the Kafka jars (fetched with Maven on the first run)."""
-    from kafka_monitor.cluster import KAFKA_VERSION, ensure_kafka, java_bin, kafka_home
+    from kafka_monitor.local.kafka_install import KAFKA_VERSION, ensure_kafka, java_bin, kafka_home
 
     java_bin()
     home = kafka_home()
@@ -574,7 +576,7 @@ def _stop_runner(runner, timeout: float = 60.0) -> None:
 def _cluster_runner(work_dir: str, fault_every_s: float) -> int:
     import json
 
-    from kafka_monitor.cluster import KafkaCluster
+    from kafka_monitor.local.kafka_cluster import KafkaCluster
 
     stop, ready = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -614,7 +616,7 @@ def _cluster_runner(work_dir: str, fault_every_s: float) -> int:
 
 
 def _start_cluster(cluster, stop: threading.Event) -> None:
-    from kafka_monitor.cluster import KAFKA_VERSION
+    from kafka_monitor.local.kafka_install import KAFKA_VERSION
 
     print(f"[demo] starting Apache Kafka {KAFKA_VERSION} on 127.0.0.1: a KRaft controller and {len(cluster.broker_ids)} "
           f"brokers, one JVM each (about 20-60 s)...", flush=True)

@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Optional
 
-from kafka_monitor.broker import free_port, popen_dying_with_parent, stop_process
-from kafka_monitor.cluster import _DEPENDENCY_PLUGIN, KafkaSetupError, java_bin
+from kafka_monitor.local.broker import free_port, popen_dying_with_parent, stop_process
+from kafka_monitor.local.kafka_install import _DEPENDENCY_PLUGIN, KafkaSetupError, java_bin
 
 SCALA_VERSION = "2.13"
 #: the connector used when Maven Central has none for the installed Spark

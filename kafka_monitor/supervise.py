@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from kafka_monitor.broker import popen_dying_with_parent, stop_process
+from kafka_monitor.local.broker import popen_dying_with_parent, stop_process
 
 log = logging.getLogger(__name__)
 

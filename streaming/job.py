@@ -36,7 +36,8 @@ from streaming.read import spark_kafka
 from streaming.state import function as st
 from streaming.sinks.alerts import AlertsTopicSink
 from streaming.sinks.batch import ExporterSink
-from streaming.sinks.exporter import GRANULARITIES, Exporter
+from streaming.sinks.catalogue import GRANULARITIES
+from streaming.sinks.exporter import Exporter
 from streaming.sinks.progress import ProgressListener
 from streaming.sinks.quarantine import QuarantineFiles
 from streaming.ingest.schema import FLAT_COLUMNS  # noqa: F401  (re-exported)

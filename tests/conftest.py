@@ -24,7 +24,7 @@ def tansu():
     Known limits (design tests around them): a single node (replicas = ISR = [its node]);
     ListOffsets "latest" = base offset of the last record batch + 1; JoinGroup held for
     session.timeout.ms / 2; DescribeGroups returns no members; no CreatePartitions."""
-    from kafka_monitor.broker import TansuBroker
+    from kafka_monitor.local.broker import TansuBroker
 
     broker = TansuBroker().start()
     try:

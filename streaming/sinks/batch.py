@@ -12,7 +12,8 @@ from pyspark.sql import DataFrame
 
 from streaming.gcpause import gc_paused
 from streaming.sinks.alerts import AlertsTopicSink
-from streaming.sinks.exporter import ROW_COLUMNS, Exporter
+from streaming.sinks.catalogue import ROW_COLUMNS
+from streaming.sinks.exporter import Exporter
 from streaming.sinks.quarantine import QuarantineFiles
 from streaming.state import function as st
 

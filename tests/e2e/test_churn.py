@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kafka_monitor.broker import create_topics, free_port
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for

@@ -17,8 +17,9 @@ import threading
 
 import pytest
 
-from kafka_monitor import cli, workload
+from kafka_monitor import cli
 from kafka_monitor.demo import REAL_ASSIGNMENT, REAL_MIN_ISR, FaultCycle
+from kafka_monitor.local import workload
 from tests.conftest import unique, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
@@ -147,14 +148,14 @@ def test_bad_demo_flags_exit_2(argv, message, fake_run_demo, capsys):
 
 
 def test_missing_java_or_maven_is_an_error_message_and_a_non_zero_exit(monkeypatch, capsys, tmp_path):
-    from kafka_monitor import cluster
+    from kafka_monitor.local import kafka_install
     monkeypatch.setenv("PATH", str(tmp_path))  # neither java nor mvn on it
     monkeypatch.setenv("KAFKA_MONITOR_KAFKA_HOME", str(tmp_path / "kafka"))
-    cluster.java_bin.cache_clear()
+    kafka_install.java_bin.cache_clear()
     try:
         assert cli.main(["demo", "--real-cluster"]) == 2
     finally:
-        cluster.java_bin.cache_clear()
+        kafka_install.java_bin.cache_clear()
     err = capsys.readouterr().err
     assert "error: 'java' not found" in err and "openjdk-17-jre-headless" in err, err
 

@@ -25,9 +25,10 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from streaming.ingest import parsing
-from streaming.sinks.exporter import QUARANTINE_REASONS, Exporter
+from streaming.sinks.catalogue import QUARANTINE_REASONS
+from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.support import hostile

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.contract import Event, PartitionMetadata
 from monitor.probe import Probe, ProbeConfig
 from streaming.sinks.exporter import Exporter

@@ -36,7 +36,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from ruamel.yaml import YAML
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query

@@ -1,7 +1,7 @@
 """A healthy system pages nobody: the demo's workload, a freshly started job and a real
 Prometheus loading every shipped rule file, as a new user runs them.
 
-    the demo's producer and consumer group (kafka_monitor.workload) -> Tansu
+    the demo's producer and consumer group (kafka_monitor.local.workload) -> Tansu
       -> probe (the demo's interval, fetch offsets) -> events topic
       -> streaming.job.run (the demo's trigger; a fresh checkpoint) -> /metrics, alerts topic
       -> Prometheus (deploy/prometheus/rules/*.yml as shipped; scrape and evaluation every 2 s)
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from kafka_monitor import workload
-from kafka_monitor.broker import create_topics, free_port
 from kafka_monitor.demo import ON_PURPOSE, PROBE_INTERVAL_S, TRIGGER_S
+from kafka_monitor.local import workload
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.probe import Probe, ProbeConfig
 from streaming.rules.notify import FIELDS as NOTIFY_FIELDS
 from streaming.sinks.exporter import Exporter

@@ -18,7 +18,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from kafka_monitor.broker import create_topics, free_port
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.contract import Event, PartitionMetadata
 from tests.conftest import unique, wait_for
 from tests.support.alerts_topic import kill_group, read_alerts

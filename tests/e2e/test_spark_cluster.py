@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import kafka_monitor.cli
-from kafka_monitor.broker import free_port
+from kafka_monitor.local.broker import free_port
 from kafka_monitor.spark_cluster import SparkCluster, ensure_spark_kafka, spark_home
 from tests.conftest import wait_for
 from tests.support.ab_stream import Job, Stream, end_offsets, outcome

@@ -22,8 +22,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from kafka_monitor.broker import create_topics
-from kafka_monitor.cluster import KafkaCluster
+from kafka_monitor.local.broker import create_topics
+from kafka_monitor.local.kafka_cluster import KafkaCluster
 from monitor.instrument import InstrumentedProducer
 from monitor.probe import Probe, ProbeConfig
 from streaming.job import JobConfig, start, stop_query

@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from streaming.sinks.alerts import AlertsTopicSink
 from tests.conftest import unique
 

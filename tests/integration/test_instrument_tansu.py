@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from kafka_monitor.broker import create_topics, free_port
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.contract import Event
 from monitor.instrument import instrument, instrumentation_of
 from tests.conftest import unique, wait_for

@@ -1,4 +1,4 @@
-"""The real Apache Kafka cluster launcher (kafka_monitor.cluster): real processes, real faults.
+"""The real Apache Kafka cluster launcher (kafka_monitor.local.kafka_cluster): real processes, real faults.
 
 Every fault is undone in a finally/fixture so later tests see 3 healthy brokers."""
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.probe import Probe, ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state

@@ -9,7 +9,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kafka_monitor.broker import create_topics, free_port
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.probe import ConfigError, Probe, ProbeConfig
 from tests.conftest import unique, wait_for
 from tests.support.events import latest_of, read_events
@@ -284,7 +284,7 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
     """Its events cluster gone: the probe's cycles go on at their pace (producing never blocks),
     the client's queue stays within ``max_buffered``, what does not fit is counted, and once the
     events cluster is back the heartbeats say how many were dropped."""
-    from kafka_monitor.broker import TansuBroker
+    from kafka_monitor.local.broker import TansuBroker
     from monitor.contract import Event
     from monitor.emitter import EventEmitter
 

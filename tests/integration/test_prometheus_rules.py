@@ -4,7 +4,7 @@
   file in deploy/prometheus/tests (series in -> expected alerts out);
 - a real Prometheus server loads the rules and evaluates them without errors;
 - what promtool cannot check: every metric a rule reads is one the exporter serves
-  (``streaming.sinks.exporter.CATALOGUE``), every alert carries for/severity/summary/description/
+  (``streaming.sinks.catalogue.CATALOGUE``), every alert carries for/severity/summary/description/
   runbook, and every alert has a promtool case where it fires and one where it must not.
 
 promtool and prometheus come from the Debian package ``prometheus`` (2.42 on bookworm).
@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML  # a dev dependency (pyproject)
 
-from kafka_monitor.broker import die_with_parent, free_port, stop_process
-from streaming.sinks.exporter import CATALOGUE
+from kafka_monitor.local.broker import die_with_parent, free_port, stop_process
+from streaming.sinks.catalogue import CATALOGUE
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -170,7 +170,7 @@ def test_every_metric_the_rules_read_is_in_the_exporter_catalogue():
                 if not known(name):
                     unknown.append(f"{r['alert']} {where}: {name}")
     assert seen, "no kafka_monitor_* metric found in the rules (is the pattern right?)"
-    assert not unknown, "metrics the exporter does not serve (streaming.sinks.exporter.CATALOGUE):\n" + "\n".join(unknown)
+    assert not unknown, "metrics the exporter does not serve (streaming.sinks.catalogue.CATALOGUE):\n" + "\n".join(unknown)
 
 
 def rules_named(name: str) -> list[dict]:

@@ -40,8 +40,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.cli import _kv
-from kafka_monitor.cluster import Acl, KafkaCluster, make_tls_files
 from kafka_monitor.config import ConfigError, build
+from kafka_monitor.local.kafka_cluster import KafkaCluster
+from kafka_monitor.local.kafka_security import Acl, make_tls_files
 from monitor.access import FatalClientError
 from monitor.contract import Event, Heartbeat, PartitionMetadata
 from monitor.emitter import EventEmitter

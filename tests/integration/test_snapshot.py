@@ -34,7 +34,7 @@ import markupsafe
 import pytest
 
 from kafka_monitor import cli
-from kafka_monitor.broker import die_with_parent, free_port, stop_process
+from kafka_monitor.local.broker import die_with_parent, free_port, stop_process
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from streaming.read.source import FORMAT, KafkaEventSource
 from tests.conftest import unique
 

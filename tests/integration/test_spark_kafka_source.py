@@ -16,7 +16,7 @@ from pyspark.sql import Row
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.contract import Event, Heartbeat, PartitionOffsets
 from streaming.read import spark_kafka
 from streaming.job import JobConfig, parse, read_events

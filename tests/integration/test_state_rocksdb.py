@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from kafka_monitor.broker import create_topics
+from kafka_monitor.local.broker import create_topics
 from monitor.contract import Event, PartitionMetadata
 from streaming.job import STATE_STORES, JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from kafka_monitor.broker import create_topics, free_port
+from kafka_monitor.local.broker import create_topics, free_port
 from monitor.contract import Event, Heartbeat
 from streaming import job
 from streaming.state import function as state

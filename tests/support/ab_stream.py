@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_monitor.broker import free_port
+from kafka_monitor.local.broker import free_port
 from monitor.probe import Probe, ProbeConfig
 from streaming.sinks.progress import source_offsets
 from tests.conftest import unique

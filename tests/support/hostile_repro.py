@@ -34,7 +34,7 @@ import urllib.request
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafka_monitor.broker import TansuBroker, create_topics, free_port
+from kafka_monitor.local.broker import TansuBroker, create_topics, free_port
 from tests.support import hostile
 
 

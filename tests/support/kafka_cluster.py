@@ -1,5 +1,5 @@
 """Session fixture ``kafka_cluster``: one real Apache Kafka cluster (KRaft, a dedicated controller
-plus 3 brokers, kafka_monitor.cluster) per test run, stopped at the end even when tests fail.
+plus 3 brokers, kafka_monitor.local.kafka_cluster) per test run, stopped at the end even when tests fail.
 
 With ``KAFKA_MONITOR_TEST_KAFKA=<bootstrap servers>`` the tests use that existing cluster
 instead; process faults (pause/stop/kill/restart) then skip the test.  Set
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from kafka_monitor.cluster import KafkaCluster
+from kafka_monitor.local.kafka_cluster import KafkaCluster
 
 
 class ExternalKafka(KafkaCluster):

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from kafka_monitor.broker import free_port, popen_dying_with_parent, stop_process
+from kafka_monitor.local.broker import free_port, popen_dying_with_parent, stop_process
 
 __all__ = ["PrometheusError", "PrometheusServer", "QueryError", "prometheus_binary"]
 

@@ -9,7 +9,8 @@ import pathlib
 import re
 import time
 
-from streaming.sinks.exporter import CATALOGUE, ROW_COLUMNS, Exporter
+from streaming.sinks.catalogue import CATALOGUE, ROW_COLUMNS
+from streaming.sinks.exporter import Exporter
 from streaming.rules.notify import NotifyConfig
 from streaming.state.function import OUTPUT_COLUMNS
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from kafka_monitor.broker import free_port
+from kafka_monitor.local.broker import free_port
 from monitor.contract import ClientFetch, MetadataRefresh, Rebalance
 from monitor.instrument import (
     CLUSTER_ID_WAIT_S, DEFAULT_STATISTICS_INTERVAL_MS, GROUP_FAILURE_CODES, Instrumentation, InstrumentedConsumer,

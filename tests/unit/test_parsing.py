@@ -296,9 +296,9 @@ def test_parse_batches_chunks_by_bytes_and_passes_timestamps(monkeypatch):
 
 
 def test_reasons_are_listed_once_for_the_exporter():
-    from streaming.sinks import exporter
+    from streaming.sinks import catalogue
     from streaming.ingest import quality
-    assert exporter.QUARANTINE_REASONS == parsing.REASONS + tuple(quality.RULES)
+    assert catalogue.QUARANTINE_REASONS == parsing.REASONS + tuple(quality.RULES)
 
 
 def test_group_state_rows_carry_a_fingerprint_of_members_and_assignments():

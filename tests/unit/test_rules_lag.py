@@ -723,7 +723,7 @@ def test_statuses_are_ordered_and_every_status_has_a_severity_mapping():
 
 
 def test_exporter_gauge_values_are_the_status_values():
-    from streaming.sinks.exporter import LAG_STATUS_VALUE
+    from streaming.sinks.catalogue import LAG_STATUS_VALUE
     assert LAG_STATUS_VALUE == {s.name: int(s) for s in LagStatus}
 
 

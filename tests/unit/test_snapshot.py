@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from kafka_monitor import cli, snapshot as snap
-from kafka_monitor.broker import free_port
+from kafka_monitor.local.broker import free_port
 
 EVIL = '<script>alert("x")</script>&\\'
 

@@ -15,14 +15,15 @@ other, and this module's own admin client to them, on an ``INTERNAL`` SASL_SSL l
 super user ``admin``; the brokers reach the controller over SASL_SSL with PLAIN (SCRAM credentials
 live in the metadata log the controller serves, so the controller listener uses PLAIN, as Kafka's
 KRaft examples do).
+
+Its parts: ``kafka_install`` (the jars, Java, Maven); ``kafka_security`` (TLS, SCRAM, ACLs) and
+``kafka_faults`` (broker faults, elections, reassignments, throttles), mixins of ``KafkaCluster``.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
-import functools
 import json
 import os
 import re
@@ -30,7 +31,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -38,13 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from kafka_monitor.broker import _LIBC, die_with_parent, free_port, stop_process
-
-KAFKA_VERSION = "4.1.1"
-SCALA_VERSION = "2.13"
-LOG4J_VERSION = "2.24.3"
-_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-_INSTALL_HINT = "install the Debian packages openjdk-17-jre-headless and maven (apt-get install openjdk-17-jre-headless maven)"
+from kafka_monitor.local.broker import _LIBC, die_with_parent, free_port, stop_process
+from kafka_monitor.local.kafka_faults import ClusterFaultsMixin
+from kafka_monitor.local.kafka_install import ensure_kafka, java_bin
+from kafka_monitor.local.kafka_security import (ADMIN_USER, SCRAM_MECHANISM, SECURITY_MODES, ClusterSecurityMixin,
+                                                TlsFiles, _check_secret, _props)
 
 CONTROLLER_ID = 100
 BROKER_IDS = (1, 2, 3)
@@ -53,58 +51,9 @@ DEFAULT_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerf
                     "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 
 
-#: ``KafkaCluster(security=...)``: None (PLAINTEXT everywhere) or "sasl_ssl"
-SECURITY_MODES = (None, "sasl_ssl")
-#: the super user of a secured cluster (inter-broker, controller, this module's admin client)
-ADMIN_USER = "admin"
-SCRAM_MECHANISM = "SCRAM-SHA-512"
-_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-
-
-class KafkaSetupError(RuntimeError):
-    """Java or Maven missing, or the Kafka jars could not be fetched."""
-
-
 class UnmanagedClusterError(RuntimeError):
     """A process-level operation was asked of a cluster this module did not start."""
 
-
-# ---------------------------------------------------------------- artifacts
-
-def kafka_home() -> Path:
-    """Cache directory for this Kafka version's jars."""
-    env = os.environ.get("KAFKA_MONITOR_KAFKA_HOME")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "kafka-monitor" / f"kafka-{KAFKA_VERSION}"
-
-
-@functools.lru_cache(maxsize=None)
-def java_bin() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise KafkaSetupError(f"'java' not found (Apache Kafka {KAFKA_VERSION} needs Java 17+): {_INSTALL_HINT}")
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-    major = int(m.group(1)) if m else 0
-    if major == 1 and m and m.group(2):
-        major = int(m.group(2))
-    if major < 17:
-        raise KafkaSetupError(f"Apache Kafka {KAFKA_VERSION} needs Java 17+, found: {out.splitlines()[:1]}; {_INSTALL_HINT}")
-    return java
-
-
-_POM = """<project>
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>local.kafka-monitor</groupId><artifactId>kafka-jars</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId><version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
 
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="error">
@@ -119,153 +68,6 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 </Configuration>
 """
 
-
-def ensure_kafka(home: Optional[Path] = None) -> Path:
-    """Fetch the Kafka jars with ``mvn`` into ``<home>/libs`` unless already there; return ``libs``.
-
-    A second call (or another process, after the first finished) is a no-op."""
-    home = Path(home) if home else kafka_home()
-    libs = home / "libs"
-    done = home / ".complete"
-    if done.exists() and (libs / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").exists():
-        return libs
-    java_bin()
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaSetupError(f"'mvn' (Maven) not found; it fetches Apache Kafka {KAFKA_VERSION} from Maven Central: {_INSTALL_HINT}")
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch at a time; the others wait and reuse it
-        if done.exists() and (libs / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").exists():
-            return libs
-        print(f"[kafka] fetching Apache Kafka {KAFKA_VERSION} from Maven Central (first run only)...", file=sys.stderr, flush=True)
-        (home / "pom.xml").write_text(_POM.format(scala=SCALA_VERSION, kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
-        tmp = home / "libs.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        proc = subprocess.run(
-            [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(home / "pom.xml"), f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
-             f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if proc.returncode != 0 or not any(tmp.glob(f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar")):
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise KafkaSetupError(
-                f"mvn could not fetch Apache Kafka {KAFKA_VERSION} from Maven Central (exit {proc.returncode}); "
-                f"is Maven Central reachable from here (proxies go in ~/.m2/settings.xml)?\n{tail}")
-        shutil.rmtree(libs, ignore_errors=True)
-        tmp.rename(libs)
-        done.write_text(KAFKA_VERSION + "\n")
-    return libs
-
-
-# ---------------------------------------------------------------- security
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """PEM files of a generated CA and one server certificate signed by it."""
-    ca: Path        # the CA certificate: clients' ssl.ca.location, Kafka's PEM truststore
-    cert: Path      # the server certificate followed by the CA certificate
-    key: Path       # the server's private key (PKCS#8, not encrypted)
-    keystore: Path  # key + chain in one file: Kafka's ssl.keystore.type=PEM
-
-
-def make_tls_files(directory: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1"), days: int = 7,
-                   name: str = "server") -> TlsFiles:
-    """A throw-away CA and a certificate for ``hosts`` (DNS names and IP addresses as subject
-    alternative names), written as PEM into ``directory`` (created, mode 0700)."""
-    try:
-        import datetime
-        import ipaddress
-
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    except ImportError as e:  # a dev extra (pyproject.toml)
-        raise KafkaSetupError(f"generating test certificates needs the 'cryptography' package: {e}") from None
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o700)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=days)
-
-    def key():
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kafka-monitor test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    sans: list = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
-    srv_key = key()
-    srv = (x509.CertificateBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else name)]))
-           .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
-           .not_valid_before(start).not_valid_after(end)
-           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-           .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                          critical=False)
-           .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-           .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    ca_pem, srv_pem = ca.public_bytes(pem), srv.public_bytes(pem)
-    key_pem = srv_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    files = TlsFiles(ca=directory / "ca.pem", cert=directory / f"{name}.pem", key=directory / f"{name}.key",
-                     keystore=directory / f"{name}.keystore.pem")
-    for path, data in ((files.ca, ca_pem), (files.cert, srv_pem + ca_pem), (files.key, key_pem),
-                       (files.keystore, key_pem + srv_pem + ca_pem)):
-        path.write_bytes(data)
-        path.chmod(0o600 if path in (files.key, files.keystore) else 0o644)
-    return files
-
-
-@dataclass(frozen=True)
-class Acl:
-    """One ALLOW ACL of a user: ``operation`` on ``resource`` ``name`` (``pattern`` literal or
-    prefixed).  ``resource``: topic, group, cluster (name ``kafka-cluster``), transactional_id;
-    ``operation``: read, write, describe, describe_configs, idempotent_write, ... (Kafka's
-    AclOperation names, any case)."""
-    resource: str
-    name: str
-    operation: str
-    pattern: str = "literal"
-
-    def __str__(self) -> str:
-        what = {"topic": "Topic", "group": "Group", "cluster": "Cluster",
-                "transactional_id": "TransactionalId"}.get(self.resource.lower(), self.resource)
-        star = "*" if self.pattern.lower() == "prefixed" else ""
-        return f"{self.operation.upper()} on {what}:{self.name}{star}"
-
-    def binding(self, user: str):
-        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-        return AclBinding(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
-                          f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
-
-    def binding_filter(self, user: str):
-        from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-        return AclBindingFilter(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
-                                f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
-
-
-def _check_secret(what: str, value: str) -> str:
-    # the values go into JAAS strings and StorageTool's --add-scram syntax unquoted
-    if not value or not re.fullmatch(r"[A-Za-z0-9_.@+-]+", value):
-        raise ValueError(f"{what}: letters, digits and _.@+- only (got {len(value or '')} characters)")
-    return value
-
-
-# ---------------------------------------------------------------- cluster
 
 @dataclass
 class _Node:
@@ -315,11 +117,7 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _props(d: dict) -> str:
-    return "".join(f"{k}={v}\n" for k, v in d.items())
-
-
-class KafkaCluster:
+class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     """Apache Kafka in KRaft mode on 127.0.0.1: one controller plus brokers, one JVM each."""
 
     _bootstrap: str  # an attached (unmanaged) cluster's bootstrap servers
@@ -406,38 +204,6 @@ class KafkaCluster:
         self._controller_props.update(controller_props or {})
         self._broker_props.update(broker_props or {})
 
-    def _secure_props(self) -> None:
-        """SASL_SSL everywhere: CLIENT (SCRAM-SHA-512) for clients, INTERNAL (SCRAM-SHA-512, as
-        ``admin``) between brokers and for this module, CONTROLLER (PLAIN, as ``admin``)."""
-        self.tls = make_tls_files(self.work_dir / "tls", name="broker")
-        admin_pw = self.users[ADMIN_USER]
-        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
-        tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": self._tls().keystore,
-               "ssl.truststore.type": "PEM", "ssl.truststore.location": self._tls().ca}
-        common = {
-            "listener.security.protocol.map": "CLIENT:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:SASL_SSL",
-            "sasl.mechanism.controller.protocol": "PLAIN",
-            # the server side of CONTROLLER on the controller, the client side on the brokers
-            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.controller.plain.sasl.jaas.config":
-                f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{ADMIN_USER}" '
-                f'password="{admin_pw}" user_{ADMIN_USER}="{admin_pw}";',
-            "authorizer.class.name": _AUTHORIZER,
-            "allow.everyone.if.no.acl.found": "false",
-            "super.users": f"User:{ADMIN_USER}",
-            **tls,
-        }
-        self._controller_props.update(common)
-        self._broker_props.update(common)
-        self._broker_props.update({
-            "inter.broker.listener.name": "INTERNAL",
-            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
-            "listener.name.internal.sasl.enabled.mechanisms": SCRAM_MECHANISM,
-            f"listener.name.internal.{SCRAM_MECHANISM.lower()}.sasl.jaas.config":
-                f'{scram} username="{ADMIN_USER}" password="{admin_pw}";',
-            "listener.name.client.sasl.enabled.mechanisms": SCRAM_MECHANISM,
-            f"listener.name.client.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": f"{scram};",
-        })
 
     # -- addresses
 
@@ -456,75 +222,6 @@ class KafkaCluster:
         if self.managed and self.security:
             return ",".join(f"127.0.0.1:{n.internal_port}" for n in self.brokers.values())
         return self.bootstrap_servers
-
-    # -- security (security="sasl_ssl")
-
-    def client_conf(self, user: str, password: Optional[str] = None) -> dict:
-        """The librdkafka properties a client of the CLIENT listener needs as ``user`` (the
-        ``-X`` settings; ``bootstrap.servers`` is not among them).  ``password``: default the
-        user's own; another one makes a client that fails to authenticate."""
-        self._require_secure("client_conf")
-        if user not in self.users:
-            raise KeyError(f"no SCRAM user {user!r} (users: {sorted(self.users)})")
-        return {"security.protocol": "SASL_SSL", "sasl.mechanisms": SCRAM_MECHANISM, "sasl.username": user,
-                "sasl.password": self.users[user] if password is None else password,
-                "ssl.ca.location": str(self._tls().ca)}
-
-    def add_acls(self, user: str, acls: Iterable[Acl], timeout: float = 30.0) -> None:
-        """CreateAcls (ALLOW) for ``user``; returns once DescribeAcls shows all of them.  Each
-        broker applies ACLs from the metadata log on its own, a moment later: poll for effects."""
-        acls = list(acls)
-        if not acls:
-            return
-        for fut in self.admin().create_acls([a.binding(user) for a in acls], request_timeout=timeout).values():
-            fut.result(timeout)
-        self._wait(lambda: set(acls) <= self.acls(user), timeout, f"ACLs of {user} to show")
-
-    def remove_acls(self, user: str, acls: Iterable[Acl], timeout: float = 30.0) -> None:
-        """DeleteAcls: the given ALLOW ACLs of ``user``; returns once DescribeAcls no longer shows them."""
-        acls = list(acls)
-        if not acls:
-            return
-        for fut in self.admin().delete_acls([a.binding_filter(user) for a in acls], request_timeout=timeout).values():
-            fut.result(timeout)
-        self._wait(lambda: not (set(acls) & self.acls(user)), timeout, f"removed ACLs of {user} to go")
-
-    def acls(self, user: str) -> set:
-        """The ALLOW ACLs of ``user`` (DescribeAcls) as ``Acl`` objects."""
-        from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
-                                           ResourceType)
-        self._require_secure("acls")
-        anything: Any = None  # a filter's None matches any name / host
-        flt = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, f"User:{user}", anything,
-                               AclOperation.ANY, AclPermissionType.ALLOW)
-        got = self.admin().describe_acls(flt, request_timeout=10).result(15)
-        return {Acl(b.restype.name.lower(), b.name, b.operation.name.lower(), b.resource_pattern_type.name.lower())
-                for b in got}
-
-    def java_client_properties(self, controller: bool = False) -> Path:
-        """A properties file for Kafka's Java tools (``--command-config``) as ``admin``: to the
-        brokers' INTERNAL listener (SCRAM) or, with ``controller``, to the controller (PLAIN)."""
-        self._require_secure("java_client_properties")
-        pw = self.users[ADMIN_USER]
-        mech, module = (("PLAIN", "org.apache.kafka.common.security.plain.PlainLoginModule") if controller else
-                        (SCRAM_MECHANISM, "org.apache.kafka.common.security.scram.ScramLoginModule"))
-        path = self._tools_dir() / f"admin-{'controller' if controller else 'broker'}.properties"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(_props({"security.protocol": "SASL_SSL", "sasl.mechanism": mech,
-                                "sasl.jaas.config": f'{module} required username="{ADMIN_USER}" password="{pw}";',
-                                "ssl.truststore.type": "PEM", "ssl.truststore.location": self._tls().ca}))
-        return path
-
-    def _require_secure(self, what: str) -> None:
-        if not self.security or not self.managed:
-            raise RuntimeError(f"{what}() needs a cluster started with security='sasl_ssl'")
-
-    def _tls(self) -> TlsFiles:
-        if self.tls is None:
-            raise RuntimeError("the cluster's TLS files are made when a security='sasl_ssl' cluster is set up")
-        return self.tls
 
     @property
     def controller_bootstrap(self) -> str:
@@ -643,57 +340,6 @@ class KafkaCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # -- per-broker faults (by PID)
-
-    def stop_broker(self, broker_id: int, timeout: float = 60.0) -> None:
-        """Controlled shutdown: SIGTERM and wait for exit (SIGKILL after ``timeout``)."""
-        self._require_managed("stop_broker")
-        n = self._broker(broker_id)
-        if n.paused:
-            self.resume_broker(broker_id)
-        stop_process(n.proc, timeout)
-
-    def kill_broker(self, broker_id: int) -> None:
-        """SIGKILL (unclean shutdown)."""
-        self._require_managed("kill_broker")
-        n = self._broker(broker_id)
-        if n.running():
-            n.process.kill()
-            n.process.wait()
-        n.paused = False
-
-    def pause_broker(self, broker_id: int) -> None:
-        """SIGSTOP: the JVM freezes (no fetches, no heartbeats)."""
-        self._require_managed("pause_broker")
-        n = self._broker(broker_id)
-        self._signal(n, signal.SIGSTOP)
-        n.paused = True
-
-    def resume_broker(self, broker_id: int) -> None:
-        """SIGCONT."""
-        self._require_managed("resume_broker")
-        n = self._broker(broker_id)
-        self._signal(n, signal.SIGCONT)
-        n.paused = False
-
-    def start_broker(self, broker_id: int, timeout: float = 120.0) -> None:
-        """Start a stopped broker again (same ports and log dir) and wait until it is registered."""
-        self._require_managed("start_broker")
-        n = self._broker(broker_id)
-        if not n.running():
-            self._launch(n)
-            # fresh admin clients: a client that knew the broker before it went away could still
-            # be waiting on its old connection 30 s later (CI, after every broker was restarted)
-            self._admin = self._observer_admin = None
-        self.wait_ready(timeout, brokers=[broker_id])
-
-    def restart_broker(self, broker_id: int, timeout: float = 120.0) -> None:
-        """Stop the broker if it runs (controlled), start it again, wait until it is registered."""
-        self._require_managed("restart_broker")
-        if self._broker(broker_id).running():
-            self.stop_broker(broker_id)
-        self.start_broker(broker_id, timeout)
-
     # -- cluster operations
 
     def admin(self):
@@ -760,73 +406,6 @@ class KafkaCluster:
         self.admin().create_partitions([NewPartitions(topic, total, *args)], request_timeout=timeout)[topic].result(timeout)
         self._wait(lambda: self._all_led(topic, total), timeout, f"{total} led partitions of {topic}")
 
-    def elect_leaders(self, kind: str = "preferred", partitions: Optional[Iterable[tuple]] = None,
-                      timeout: float = 30.0) -> dict:
-        """ElectLeaders (``'preferred'`` or ``'unclean'``) for ``[(topic, partition), ...]`` (None = all).
-
-        Returns ``{(topic, partition): KafkaError or None}``; ELECTION_NOT_NEEDED counts as success.
-        Leaders move asynchronously: poll metadata for the outcome."""
-        from confluent_kafka import ElectionType, KafkaError, TopicPartition
-        et = {"preferred": ElectionType.PREFERRED, "unclean": ElectionType.UNCLEAN}[kind]
-        tps = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
-        # no kwargs: confluent-kafka 2.16.1 raises SystemError for request/operation_timeout here
-        res = self.admin().elect_leaders(et, tps).result(timeout)
-        out = {}
-        for tp, exc in res.items():
-            err = exc.args[0] if isinstance(exc, Exception) and exc.args else exc  # KafkaError or KafkaException
-            if err is not None and getattr(err, "code", lambda: None)() == KafkaError.ELECTION_NOT_NEEDED:
-                err = None
-            out[(tp.topic, tp.partition)] = err
-        return out
-
-    def reassign(self, topic: str, partition: int, replicas: Sequence[int], wait: bool = True,
-                 timeout: float = 60.0) -> None:
-        """AlterPartitionReassignments (Kafka's ReassignPartitionsCommand; confluent-kafka lacks it).
-
-        With ``wait``, poll metadata until the replica list equals ``replicas``."""
-        plan = {"version": 1, "partitions": [{"topic": topic, "partition": partition, "replicas": list(replicas)}]}
-        f = Path(tempfile.mkstemp(prefix="reassign-", suffix=".json", dir=self._tools_dir())[1])
-        f.write_text(json.dumps(plan))
-        self.run_tool("org.apache.kafka.tools.reassign.ReassignPartitionsCommand", "--bootstrap-server",
-                      self._harness_bootstrap, "--reassignment-json-file", str(f), "--execute", *self._command_config())
-        if wait:
-            want = list(replicas)
-
-            def done():
-                try:
-                    _, reps, isr = self.partitions(topic, timeout=3)[partition]
-                    return reps == want and set(want) <= set(isr)
-                except Exception:
-                    return False
-            self._wait(done, timeout, f"reassignment of {topic}-{partition} to {want}")
-
-    def throttle(self, rate_bytes: int, brokers: Optional[Iterable[int]] = None, topic: Optional[str] = None,
-                 replicas: str = "*", timeout: float = 30.0) -> None:
-        """Replication throttling: ``leader/follower.replication.throttled.rate`` on the brokers and,
-        with ``topic``, ``leader/follower.replication.throttled.replicas`` (``"*"`` or ``"p:b,..."``).
-        Only replicas outside the ISR are throttled (Kafka's rule)."""
-        self._throttle_configs(brokers, topic, str(int(rate_bytes)), replicas, timeout)
-
-    def clear_throttle(self, brokers: Optional[Iterable[int]] = None, topic: Optional[str] = None,
-                       timeout: float = 30.0) -> None:
-        self._throttle_configs(brokers, topic, None, None, timeout)
-
-    def _throttle_configs(self, brokers, topic, rate, replicas, timeout) -> None:
-        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-
-        def entries(names, value):
-            op = AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET
-            return [ConfigEntry(n, value, incremental_operation=op) for n in names]
-        res = [ConfigResource(ResourceType.BROKER, str(b), incremental_configs=entries(
-            ["leader.replication.throttled.rate", "follower.replication.throttled.rate"], rate))
-            for b in (self.broker_ids if brokers is None else brokers)]
-        if topic:
-            res.append(ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries(
-                ["leader.replication.throttled.replicas", "follower.replication.throttled.replicas"], replicas)))
-        for r in res:  # one BROKER resource per request (librdkafka rule)
-            for fut in self.admin().incremental_alter_configs([r], request_timeout=timeout).values():
-                fut.result(timeout)
-
     def quorum_status(self) -> dict:
         """``kafka-metadata-quorum describe --status`` as ``{key: value}`` (LeaderId, LeaderEpoch, ...)."""
         target = (["--bootstrap-controller", self.controller_bootstrap, *self._command_config(controller=True)]
@@ -875,7 +454,7 @@ class KafkaCluster:
 
     def _require_managed(self, what: str) -> None:
         if not self.managed:
-            raise UnmanagedClusterError(f"{what}() needs a cluster started by kafka_monitor.cluster, "
+            raise UnmanagedClusterError(f"{what}() needs a cluster started by kafka_monitor.local.kafka_cluster, "
                                         f"not the external cluster at {self.bootstrap_servers}")
 
     def _node(self, node_id: int) -> _Node:
