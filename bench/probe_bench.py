@@ -37,8 +37,8 @@ that is ~2-3% of its cost); ``--no-phases`` measures without them.
 
     python bench/probe_bench.py                                  # 10k, 30k, 100k; 3 runs x 5 cycles
     python bench/probe_bench.py --partitions 10000 --runs 1 --cycles 3
-    python bench/probe_bench.py --label before --out bench/results/probe-before.json
-    python bench/probe_bench.py --baseline bench/results/probe-before.json   # adds the before figures
+    python bench/probe_bench.py --label before --out /tmp/probe-before.json
+    python bench/probe_bench.py --baseline /tmp/probe-before.json   # adds the before figures to probe.json
     PROBE_BENCH_CODE=/tmp/old python bench/probe_bench.py ...   # measure the monitor/ package in /tmp/old
 
 Prints a table and writes ``bench/results/probe.json``.
@@ -431,7 +431,8 @@ def main() -> int:
     extra: dict[str, Any] = {}
     if args.baseline:
         base = json.loads(pathlib.Path(args.baseline).read_text())
-        extra["baseline"] = {"file": os.path.relpath(args.baseline, ROOT), "label": base.get("label"),
+        # report.write makes the path portable (relative to the checkout, or <tmp>/...)
+        extra["baseline"] = {"file": str(pathlib.Path(args.baseline).resolve()), "label": base.get("label"),
                              "when": base.get("when"), "note": base.get("note"),
                              "results": [{k: v for k, v in r.items() if k != "runs"} for r in base["results"]]}
     results: list[dict] = PARTIAL["results"]
