@@ -149,6 +149,116 @@ def _is_open(state: PartitionState, alert: Alert) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# What an observation writes into a partition's fields, declared once: the rules below apply
+# these to one partition's dict (``write``); the partition table applies the same declarations
+# to many quiet partitions' columns (streaming/state/table.py ``PartitionTable.apply``), and
+# builds new healthy partitions from them (``fold_new``).  A change to what a field records
+# is a change to one line here.
+# ---------------------------------------------------------------------------------------------
+
+#: how a write takes its value from an observation (``obs``, at time ``now``):
+VALUE = "value"            # the observation's ``input`` as an int (None stays None)
+INTS = "ints"              # the observation's ``input``, a list, as a list of ints
+GIVEN = "given"            # like VALUE, but an observation without one leaves the field as it was
+TIME = "time"              # ``now``
+LATEST = "latest"          # ``now`` when later than the field (the field only moves forward)
+CHANGED_AT = "changed_at"  # ``now`` when ``input`` differs from the field ``of`` (or ``of`` is None)
+CONFIRMED = "confirmed"    # ``input`` capped at ``now``, when later than the field (never back)
+#: the kinds whose value is a time the column path computes (the others it takes as repeated)
+TIME_KINDS = frozenset({TIME, LATEST, CHANGED_AT, CONFIRMED})
+
+
+@dataclass(frozen=True)
+class Write:
+    """One field an observation writes: ``field`` from ``input`` (an observation field) as
+    ``how`` says; ``of``: the field CHANGED_AT compares ``input`` with."""
+
+    field: str
+    how: str
+    input: str = ""
+    of: str = ""
+
+
+#: every admitted observation of the partition, either type (``on_partition_observed``)
+OBSERVED_WRITES = (Write("observed_at", LATEST),)
+#: a partition_metadata observation: the replication view (``_replication``, always) ...
+VIEW_WRITES = (Write("replicas", INTS, "replicas"), Write("isr", INTS, "isr"), Write("leader", VALUE, "leader"),
+               Write("leader_epoch", VALUE, "leader_epoch"), Write("min_isr", GIVEN, "min_insync_replicas"),
+               Write("last_seen", LATEST))
+#: ... and the leader view, once believed (``_leadership``: in order, no stale epoch)
+LEADER_WRITES = (Write("leader_seen", VALUE, "leader"), Write("epoch_seen", VALUE, "leader_epoch"), Write("md_at", TIME))
+#: a partition_offsets observation: its offsets (``_offsets``, always) ...
+OFFSETS_WRITES = (Write("hw", VALUE, "high_watermark"), Write("log_start", VALUE, "log_start_offset"),
+                  Write("lso", VALUE, "last_stable_offset"), Write("last_seen", LATEST))
+#: ... and the high watermark's progress (``_progress``: in order).  CHANGED_AT before the
+#: write of the field it compares with.
+PROGRESS_WRITES = (Write("hw_changed_at", CHANGED_AT, "high_watermark", of="hw_seen"),
+                   Write("hw_seen", VALUE, "high_watermark"), Write("hw_observed_at", TIME),
+                   Write("md_confirmed_at", CONFIRMED, "metadata_at"))
+#: the writes of each observation type the partition table applies in columns to quiet
+#: partitions (a quiet metadata observation repeats the view: only its time kinds change)
+QUIET_WRITES = {"partition_offsets": OFFSETS_WRITES + PROGRESS_WRITES + OBSERVED_WRITES,
+                "partition_metadata": tuple(w for w in VIEW_WRITES + LEADER_WRITES + OBSERVED_WRITES
+                                            if w.how in TIME_KINDS)}
+#: the fields the partition table holds as columns: what quiet observations change
+QUIET_FIELDS = tuple(dict.fromkeys(w.field for ws in QUIET_WRITES.values() for w in ws))
+
+
+def write_ints(v: Any) -> list[int]:
+    """An INTS write's value: a list of ints."""
+    return [int(x) for x in v]
+
+
+def write(state: Any, writes: tuple[Write, ...], obs: dict, now: int) -> None:
+    """Apply ``writes`` of one observation ``obs`` at ``now`` to ``state`` (mutated)."""
+    for w in writes:
+        how, f = w.how, w.field
+        if how == VALUE:
+            state[f] = _int(obs.get(w.input))
+        elif how == TIME:
+            state[f] = now
+        elif how == LATEST:
+            if state.get(f) is None or now > state[f]:
+                state[f] = now
+        elif how == INTS:
+            state[f] = write_ints(obs[w.input])
+        elif how == GIVEN:
+            v = obs.get(w.input)
+            if v is not None:
+                state[f] = int(v)
+        elif how == CHANGED_AT:
+            prev = state.get(w.of)
+            if prev is None or _int(obs.get(w.input)) != prev:
+                state[f] = now
+        elif how == CONFIRMED:
+            v = _int(obs.get(w.input))
+            if v is not None:
+                v = min(v, now)
+                if state.get(f) is None or v > state[f]:
+                    state[f] = v
+        else:
+            raise ValueError(f"unknown write {how!r} of {f}")
+
+
+def settled_view(leader: Any, replicas: Any, isr: Any, min_isr: Any) -> Optional[tuple[list[int], list[int]]]:
+    """(replicas, isr) as int lists when a partition's first partition_metadata with these values
+    opens nothing and starts no timer — a leader, the preferred one; every replica in the ISR,
+    none twice; min.insync.replicas (None: unknown) neither above nor at the ISR — else None.
+    What ``fold_new`` may put straight into the partition table."""
+    if leader is None or leader < 0 or replicas is None or isr is None or len(replicas) == 0:
+        return None
+    try:
+        rep, inr = write_ints(replicas), write_ints(isr)
+    except (TypeError, ValueError):
+        return None
+    if rep[0] != leader or sorted(rep) != sorted(inr) or len(set(rep)) != len(rep):
+        return None
+    if min_isr is not None and min_isr_status(len(inr), len(rep), min_isr) is not None:
+        return None
+    return rep, inr
+
+
+# ---------------------------------------------------------------------------------------------
 # Partition: observation
 # ---------------------------------------------------------------------------------------------
 
@@ -210,18 +320,14 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
     elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
 
-    state["replicas"], state["isr"], state["leader"] = replicas, isr, leader
-    state["leader_epoch"], state["last_seen"] = obs.get("leader_epoch"), now
-    if obs.get("min_insync_replicas") is not None:
-        state["min_isr"] = int(obs["min_insync_replicas"])
+    write(state, VIEW_WRITES, obs, now)
     return out
 
 
 def _offsets(state: PartitionState, obs: dict, now: int) -> list[Transition]:
     """Record the partition's offsets.  The HW only moves forward on a given leader; a lower
     value is kept as reported (it is what the broker says) — rules on HW history come later."""
-    state["hw"], state["log_start"] = int(obs["high_watermark"]), obs.get("log_start_offset")
-    state["lso"], state["last_seen"] = obs.get("last_stable_offset"), now
+    write(state, OFFSETS_WRITES, obs, now)
     return []
 
 
@@ -242,9 +348,9 @@ def on_partition_observed(state: PartitionState, now: int, entity: str, cfg: Par
         state["interval_ms"] = int(interval_ms)
         _schedule(state, cfg)
     prev = state["observed_at"]
+    write(state, OBSERVED_WRITES, {}, now)
     if prev is not None and now <= prev:
         return []
-    state["observed_at"] = now
     out: list[Transition] = []
     if _is_open(state, _PU):
         out = _resolve(state, _PU, entity, partition_labels(state), now,
@@ -287,7 +393,7 @@ def _leadership(state: PartitionState, obs: dict, now: int, entity: str,
     if changed:
         out += _leader_change(state, now, entity, labels, cfg, prev_leader, leader, prev_epoch, epoch,
                               replicas, epoch_reset)
-    state["leader_seen"], state["epoch_seen"], state["md_at"] = leader, epoch, now
+    write(state, LEADER_WRITES, obs, now)
 
     # -- UnderMinIsr / AtMinIsr ---------------------------------------------------------------
     min_isr = _int(obs.get("min_insync_replicas"))
@@ -446,14 +552,11 @@ def _progress(state: PartitionState, obs: dict, now: int, entity: str,
     out = on_partition_observed(state, now, entity, cfg)
     if state["hw_observed_at"] is not None and now < state["hw_observed_at"]:
         return out  # out of order
-    confirmed = _int(obs.get("metadata_at"))
-    if confirmed is not None and (state["md_confirmed_at"] is None or confirmed > state["md_confirmed_at"]):
-        state["md_confirmed_at"] = min(confirmed, now)
-    hw = int(obs["high_watermark"])
     prev = state["hw_seen"]
-    state["hw_observed_at"] = now
+    write(state, PROGRESS_WRITES, obs, now)
+    hw = state["hw_seen"]
     if prev is None or hw != prev:
-        state["hw_seen"], state["hw_changed_at"], state["pending_since"] = hw, now, None
+        state["pending_since"] = None
         opened = state["open"].get(_HWS.value) if state["open"] else None
         # an observation older than the stall (opened from a canary report, whose events may
         # overtake the probe's) does not show the HW moving since: it does not resolve it

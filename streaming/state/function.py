@@ -34,7 +34,7 @@ from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
 from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
 from streaming.state.table import event_keys as table_event_keys, keyed_applied
-from streaming.state.table import CODED as TABLE_CODED, PLAIN as TABLE_INTS
+from streaming.state.table import CODED as TABLE_CODED, HOT as TABLE_HOT, PLAIN as TABLE_INTS, apply_writes
 from streaming.state.table import compact as table_compact, cold_keys as table_cold_keys
 from streaming.ingest.schema import FLAT_COLUMNS
 
@@ -495,47 +495,21 @@ def fold_quiet(table: PartitionTable, frames: list[pd.DataFrame]) -> tuple[list[
 
 _MD, _OFF = "partition_metadata", "partition_offsets"
 #: the columns ``fold_new`` reads: ints, and objects
-_NEW_INTS = ("observed_at", "seq", "leader", "min_insync_replicas", "high_watermark", "log_start_offset",
-             "last_stable_offset", "metadata_at")
+_NEW_INTS = ("observed_at", "seq", "partition", "leader", "leader_epoch", "min_insync_replicas", "high_watermark",
+             "log_start_offset", "last_stable_offset", "metadata_at")
 _NEW_OBJECTS = ("entity", "type", "source", "cluster", "topic", "replicas", "isr")
-#: the cold part of a partition ``fold_new`` makes, field by field: a slot of the partition's
-#: values (its metadata row's, and its two empty dicts, ``open`` and ``applied``, the latter
-#: being what ``compact`` leaves of it), a field the rules copy from one, or a constant
-_NEW_SLOTS = ("cluster", "topic", "partition", "leader", "leader_epoch", "replicas", "isr", "min_isr", "epoch_seen",
-              "open", "applied")
-_NEW_COPIES = {"leader_seen": "leader"}
-_NEW_CONSTANTS: dict[str, Any] = {"kind": "partition", "interval_ms": None, "epoch_regressions": 0,
-                                  "leader_episode": None, "imbalanced_since": None, "pending_writes_at": None,
-                                  "pending_since": None}
 _new_warned = False
-
-
-def _healthy(leader: int, replicas: Any, isr: Any, min_isr: int) -> Optional[tuple[list[int], list[int]]]:
-    """(replicas, isr) as int lists when a first partition_metadata with these values opens
-    nothing and starts no timer (a leader, the preferred one; every replica in the ISR, none
-    twice; min.insync.replicas neither above nor at the ISR), else None."""
-    if leader == NULL or leader < 0 or replicas is None or isr is None or len(replicas) == 0:
-        return None
-    try:
-        rep, inr = [int(x) for x in replicas], [int(x) for x in isr]
-    except (TypeError, ValueError):
-        return None
-    if rep[0] != leader or sorted(rep) != sorted(inr) or len(set(rep)) != len(rep):
-        return None
-    if min_isr != NULL and rules_partition.min_isr_status(len(inr), len(rep), min_isr) is not None:
-        return None
-    return rep, inr
 
 
 def fold_new(table: PartitionTable, entities: dict[str, Any], frames: list[pd.DataFrame],
              cfg: StateConfig) -> tuple[list[pd.DataFrame], np.ndarray]:
     """Put straight into ``table`` the partitions this bucket sees for the first time whose
-    batch rows are their metadata then their offsets, from one source, and leave them healthy
-    (``_healthy``), in columns: what the dict rules and ``compact`` would make of them, without
-    a dict each (at 300,000 partitions the first batches cost ~5x a batch on held state).  The
-    first of them goes through the dict rules and must come out as stamped, else none is put
-    in (logged once).  Returns (the frames without their rows, their table positions: their
-    gauges are sent)."""
+    batch rows are their metadata then their offsets, from one source, and whose view is settled
+    (``rules.partition.settled_view``), in columns: the rules' declared writes applied to them
+    (``_stamp``), without a dict each (at 300,000 partitions the first batches cost ~5x a batch
+    on held state).  The first of them goes through the dict rules and must come out as
+    stamped, else none is put in (logged once).  Returns (the frames without their rows, their
+    table positions: their gauges are sent)."""
     global _new_warned
     none = np.empty(0, np.int64)
     if not frames:
@@ -573,16 +547,14 @@ def fold_new(table: PartitionTable, entities: dict[str, Any], frames: list[pd.Da
         named = {f"partition|{c}/{tp}/{p}" for c, tp, p in zip(obj["cluster"][w], obj["topic"][w], part.tolist())}
         ok &= np.fromiter((e not in named for e in obj["entity"][im]), bool, len(im))
     im, io = im[ok], io[ok]
-    lists = [_healthy(ld, r, i, mi) for ld, r, i, mi in zip(
-        ints["leader"][im].tolist(), obj["replicas"][im], obj["isr"][im], ints["min_insync_replicas"][im].tolist())]
+    lists = [rules_partition.settled_view(None if ld == NULL else ld, r, i, None if mi == NULL else mi)
+             for ld, r, i, mi in zip(ints["leader"][im].tolist(), obj["replicas"][im], obj["isr"][im],
+                                     ints["min_insync_replicas"][im].tolist())]
     ok = np.fromiter((x is not None for x in lists), bool, len(im))
     im, io = im[ok], io[ok]
-    lists = [x for x in lists if x is not None]
     if not len(im):
         return frames, none
-    raw = {c: np.concatenate([np.array(_column(f[c]), dtype=object) for f in frames])[im]
-           for c in ("partition", "leader_epoch")}
-    # the first one through the dict rules: its layout, and the check
+    # the first one through the dict rules: the layout and constants of the rest, and the check
     at = np.cumsum([0] + [len(f) for f in frames])
     sub = []
     for k, f in enumerate(frames):
@@ -595,13 +567,12 @@ def fold_new(table: PartitionTable, entities: dict[str, Any], frames: list[pd.Da
     key0 = obj["entity"][im[0]]
     layouts = {k: i for i, k in enumerate(table.layouts)}
     want = None if got or list(ref) != [key0] else table_compact(ref[key0], cfg.run_id, cfg.partition, layouts)
-    cold_keys = table_cold_keys(ref[key0])[0] if key0 in ref else ()
-    if want is None or any(k not in _NEW_SLOTS and k not in _NEW_COPIES and k not in _NEW_CONSTANTS
-                           for k in cold_keys):
-        stamped = None
-    else:
-        stamped = _stamp(table, cfg, obj, ints, raw, keys, im, io, lists, cold_keys)
-    if want is None or stamped is None or not _same(stamped, want):
+    stamped = None
+    if want is not None:
+        cold_keys = table_cold_keys(ref[key0])[0]
+        template = dict(zip(cold_keys, pickle.loads(want[2][-1])))
+        stamped = _stamp(table, cfg, obj, ints, keys, im, io, cold_keys, template)
+    if stamped is None or want is None or not _same(stamped, want):
         if not _new_warned:
             _new_warned = True
             log.warning("new partitions: the column path does not match the rules for %s; they go through "
@@ -629,35 +600,42 @@ def _same(stamped: tuple[dict, dict, list], want: tuple) -> bool:
             and (*(coded[name][0] for name in TABLE_CODED), cold[0]) == tuple(objects))
 
 
-def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, raw: dict, keys: np.ndarray,
-           im: np.ndarray, io: np.ndarray, lists: list, cold_keys: tuple) -> tuple[dict, dict, list]:
-    """``fold_new``'s partitions as table columns: (``_PLAIN`` ints, ``_CODED`` values, cold parts)."""
-    to, tm = ints["observed_at"][io], ints["observed_at"][im]
-    hw, ls, lso = ints["high_watermark"][io], ints["log_start_offset"][io], ints["last_stable_offset"][io]
-    mdat = ints["metadata_at"][io]
-    leader, min_isr = ints["leader"][im], ints["min_insync_replicas"][im]
+def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, keys: np.ndarray, im: np.ndarray,
+           io: np.ndarray, cold_keys: tuple, template: dict) -> tuple[dict, dict, list]:
+    """``fold_new``'s partitions as table columns (``_PLAIN`` ints, ``_CODED`` values, cold
+    parts): each partition's metadata row (``im``) then its offsets row (``io``) through the
+    rules' declared writes (``rules.partition``: ``QUIET_WRITES`` in columns, the value writes
+    of ``VIEW_WRITES`` and ``LEADER_WRITES`` for the cold part), its other fields as the first
+    partition's after the dict rules (``template``, a settled view leaves them alike)."""
+    R = rules_partition
     n = len(im)
-    cols = {"hw": hw, "log_start": ls, "lso": lso, "last_seen": to, "observed_at": to, "hw_seen": hw,
-            "hw_changed_at": to, "hw_observed_at": to,
-            "md_confirmed_at": np.where(mdat == NULL, NULL, np.minimum(mdat, to)), "md_at": tm,
-            "off_t": to, "md_t": tm, "partition": _ints(pd.Series(raw["partition"], dtype=object)),
-            "leader": leader, "n_replicas": np.fromiter((len(x[0]) for x in lists), np.int64, n),
-            "n_isr": np.fromiter((len(x[1]) for x in lists), np.int64, n), "min_isr": min_isr,
-            "window": np.full(n, rules_partition.unobserved_window_ms({"interval_ms": None}, cfg.partition)),
-            "layout": np.full(n, table.layout(cold_keys)), "sent_hw": hw, "sent_ls": ls, "sent_lso": lso,
-            "off_id": keys[io], "md_id": keys[im]}
-    consts = list(_NEW_CONSTANTS.values())
-    slot = {k: i for i, k in enumerate(_NEW_SLOTS)}
-    slot.update({k: slot[v] for k, v in _NEW_COPIES.items()})
-    slot.update({k: len(_NEW_SLOTS) + i for i, k in enumerate(_NEW_CONSTANTS)})
-    pick = operator.itemgetter(*(slot[k] for k in cold_keys))
-    cold, sigs = [], []
-    for c, tp, p, ld, ep, (rep, isr), mi in zip(obj["cluster"][im], obj["topic"][im], raw["partition"], leader.tolist(),
-                                                  raw["leader_epoch"], lists, min_isr.tolist()):
-        es = None if ep is None else int(ep)
-        cold.append(pickle.dumps(pick((c, tp, p, ld, ep, rep, isr, None if mi == NULL else mi, es, {}, {}, *consts)),
-                                 protocol=pickle.HIGHEST_PROTOCOL))
-        sigs.append(repr(rules_partition.signature(ld, es, rep, isr)))
+    one, every = np.arange(n), np.ones(n, bool)
+    cols = {f: np.full(n, NULL, np.int64) for f in TABLE_HOT}
+    apply_writes(cols, R.QUIET_WRITES[_MD], ints, im, one, every, one, one)
+    apply_writes(cols, R.QUIET_WRITES[_OFF], ints, io, one, every, one, one)
+    # the cold part, field by field: what the metadata row writes, else the template's
+    start = R.new_partition("", "", 0)
+    values: dict[str, list] = {}
+    for w in R.VIEW_WRITES + R.LEADER_WRITES:
+        if w.how in R.TIME_KINDS:
+            continue
+        if w.how == R.INTS:
+            values[w.field] = [R.write_ints(v) for v in obj[w.input][im]]
+        else:  # VALUE, GIVEN: an int or none (GIVEN: none leaves the start's value)
+            got = ints[w.input][im].tolist()
+            missing = None if w.how == R.VALUE else start.get(w.field)
+            values[w.field] = [missing if v == NULL else v for v in got]
+    columns = [values[k] if k in values else [template[k]] * n for k in cold_keys]
+    cold = [pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for v in zip(*columns)]
+    sigs = [repr(R.signature(ld, es, rep, isr)) for ld, es, rep, isr in zip(
+        values["leader_seen"], values["epoch_seen"], values["replicas"], values["isr"])]
+    min_isr = np.array([NULL if v is None else v for v in values["min_isr"]], np.int64)
+    cols.update({"off_t": ints["observed_at"][io], "md_t": ints["observed_at"][im], "partition": ints["partition"][im],
+                 "leader": ints["leader"][im], "n_replicas": np.fromiter(map(len, values["replicas"]), np.int64, n),
+                 "n_isr": np.fromiter(map(len, values["isr"]), np.int64, n), "min_isr": min_isr,
+                 "window": np.full(n, R.unobserved_window_ms(template, cfg.partition)),  # type: ignore[arg-type]
+                 "layout": np.full(n, table.layout(cold_keys)), "sent_hw": cols["hw"], "sent_ls": cols["log_start"],
+                 "sent_lso": cols["lso"], "off_id": keys[io], "md_id": keys[im]})
     src = obj["source"][im].tolist()
     coded = {"off_src": src, "md_src": src, "sig": sigs, "cluster": obj["cluster"][im].tolist(),
              "topic": obj["topic"][im].tolist()}

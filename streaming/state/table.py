@@ -19,9 +19,8 @@ from streaming.rules import partition as rules_partition
 NULL = np.iinfo(np.int64).min  # a missing int in the columns (None in the dicts)
 _OFFSETS, _METADATA = "partition_offsets", "partition_metadata"
 
-#: fields of the partition dict held as columns (ints or None); quiet rows change them
-HOT = ("hw", "log_start", "lso", "last_seen", "observed_at", "hw_seen", "hw_changed_at", "hw_observed_at",
-       "md_confirmed_at", "md_at")
+#: fields of the partition dict held as columns (ints or None): the ones quiet rows write
+HOT = rules_partition.QUIET_FIELDS
 #: the last admitted offsets / metadata event's time (``admit``'s state; NULL: none held here)
 _APPLIED = ("off_t", "md_t")
 #: columns derived from the cold part when a partition goes in (read-only while it is here)
@@ -141,6 +140,36 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     ints += [_i(off[2]), _i(md[2])]
     objects = (off[0], md[0], sig, s["cluster"], s["topic"], pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
+
+
+def apply_writes(c: dict[str, np.ndarray], writes: tuple[rules_partition.Write, ...], rows: dict[str, np.ndarray],
+                 order: np.ndarray, p: np.ndarray, first: np.ndarray, starts: np.ndarray, last: np.ndarray) -> None:
+    """``rules.partition.write`` in columns: apply ``writes`` of the rows ``order`` (grouped by
+    partition, each group in event order: ``p`` their positions in ``c``'s columns, ``first``
+    whether each starts its group, ``starts`` / ``last`` the groups' first and last rows) to the
+    columns ``c``, as the rules would apply them one row at a time.  Value kinds take the last
+    row's value: a quiet metadata row repeats them (``QUIET_WRITES``)."""
+    R = rules_partition
+    ent, lr = p[starts], order[last]
+    t = rows["observed_at"]
+    for w in writes:
+        f, how = w.field, w.how
+        if how == R.VALUE:
+            c[f][ent] = rows[w.input][lr]
+        elif how == R.TIME:
+            c[f][ent] = t[lr]
+        elif how == R.LATEST:
+            c[f][ent] = np.maximum(c[f][ent], t[lr])
+        elif how == R.CHANGED_AT:  # the group's first row compares with the stored field
+            v, tt = rows[w.input][order], t[order]
+            prev = np.where(first, c[w.of][p], np.roll(v, 1))  # a NULL stored field differs
+            changed = np.maximum.reduceat(np.where(v != prev, tt, NULL), starts)
+            c[f][ent] = np.where(changed != NULL, changed, c[f][ent])
+        elif how == R.CONFIRMED:
+            v, tt = rows[w.input][order], t[order]
+            c[f][ent] = np.maximum(c[f][ent], np.maximum.reduceat(np.where(v == NULL, NULL, np.minimum(v, tt)), starts))
+        else:
+            raise ValueError(f"write {how!r} of {f}: not held in columns")
 
 
 def _tuple_texts(lists: np.ndarray) -> pa.Array:
@@ -466,14 +495,14 @@ class PartitionTable:
         self._where = dict(zip(ent[rest].tolist(), pos[rest].tolist()))
         if not ok.any():
             return ok, np.empty(0, np.int64)
-        self._apply_offsets(rows, pos, ok & is_off)
-        self._apply_metadata(rows, pos, ok & is_md)
-        # every observation moves observed_at forward; last_seen is the last one's time
-        order, p, _, starts, last = self._groups(rows, pos, ok)
-        ent_pos = p[starts]
-        newest = t[order[last]]
-        c["last_seen"][ent_pos] = newest
-        c["observed_at"][ent_pos] = np.maximum(c["observed_at"][ent_pos], newest)
+        for typ_mask, etype, (t_col, id_col) in ((is_off, _OFFSETS, ("off_t", "off_id")),
+                                                 (is_md, _METADATA, ("md_t", "md_id"))):
+            mask = ok & typ_mask
+            if mask.any():
+                order, p, first, starts, last = self._groups(rows, pos, mask)
+                apply_writes(c, rules_partition.QUIET_WRITES[etype], rows, order, p, first, starts, last)
+                c[t_col][p[starts]], c[id_col][p[starts]] = t[order[last]], rows["event_key"][order[last]]
+        ent_pos = np.unique(pos[ok])
         send = ~self.sent_ok[ent_pos] | (c["sent_hw"][ent_pos] != c["hw"][ent_pos]) \
             | (c["sent_ls"][ent_pos] != c["log_start"][ent_pos]) | (c["sent_lso"][ent_pos] != c["lso"][ent_pos])
         gone = ent_pos[send]
@@ -536,37 +565,6 @@ class PartitionTable:
         first = np.r_[True, p[1:] != p[:-1]]
         starts = np.flatnonzero(first)
         return order, p, first, starts, np.append(starts[1:] - 1, len(order) - 1)
-
-    def _apply_offsets(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
-        if not mask.any():
-            return
-        c = self.ints
-        order, p, first, starts, last = self._groups(rows, pos, mask)
-        t, hw = rows["observed_at"], rows["high_watermark"]
-        tt, h = t[order], hw[order]
-        ent_pos = p[starts]
-        prev_h = np.where(first, c["hw_seen"][p], np.roll(h, 1))
-        hw_changed = np.maximum.reduceat(np.where(h != prev_h, tt, NULL), starts)  # a NULL hw_seen differs
-        conf = rows["metadata_at"][order]
-        confirmed = np.maximum.reduceat(np.where(conf == NULL, NULL, np.minimum(conf, tt)), starts)
-        lr = order[last]
-        c["hw"][ent_pos] = c["hw_seen"][ent_pos] = hw[lr]
-        c["log_start"][ent_pos] = rows["log_start_offset"][lr]
-        c["lso"][ent_pos] = rows["last_stable_offset"][lr]
-        c["hw_observed_at"][ent_pos] = c["off_t"][ent_pos] = t[lr]
-        c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
-        c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
-        c["off_id"][ent_pos] = rows["event_key"][lr]
-
-    def _apply_metadata(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
-        if not mask.any():
-            return
-        c = self.ints
-        order, p, first, starts, last = self._groups(rows, pos, mask)
-        lr = order[last]
-        ent_pos = p[starts]
-        c["md_at"][ent_pos] = c["md_t"][ent_pos] = rows["observed_at"][lr]
-        c["md_id"][ent_pos] = rows["event_key"][lr]
 
     def gauge_columns(self, where: np.ndarray) -> dict[str, Any]:
         """The ``partition`` upsert rows of the partitions at ``where``, as output columns

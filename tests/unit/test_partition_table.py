@@ -273,9 +273,10 @@ def test_new_healthy_partitions_go_into_the_table_in_their_first_batch():
 
 def test_the_column_path_for_new_partitions_defers_to_the_rules_when_they_disagree(monkeypatch, caplog):
     """The first new partition of a batch goes through the dict rules too: a rule that makes
-    something the column path does not (here: a field it fills otherwise) sends them all there,
-    with a warning, and the result is still the dict rules'."""
-    monkeypatch.setitem(st._NEW_CONSTANTS, "epoch_regressions", 1)
+    something the column path does not (here: the columns' declaration of a metadata row's
+    writes left empty, so ``md_at`` stays unset) sends them all there, with a warning, and the
+    result is still the dict rules'."""
+    monkeypatch.setitem(rules_partition.QUIET_WRITES, "partition_metadata", ())
     monkeypatch.setattr(st, "_new_warned", False)
     batch = [r for p in range(4) for r in _first_sight(p, 1 + 2 * p, 1000)]
     with counting_table_paths() as counts, caplog.at_level("WARNING", logger=st.__name__):
