@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import gc
 import heapq
 import json
@@ -98,7 +97,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
                              TopicPartition)
@@ -112,6 +111,7 @@ from monitor.contract import (
 )
 from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
+from monitor.gcpause import gc_paused
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
@@ -190,22 +190,6 @@ def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], in
 
 def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: a cycle at 100,000 partitions allocates a few hundred
-    thousand short-lived tuples, which set off collections that walk every long-lived object
-    (the cluster view, the last statistics' epochs: ~7% of the probe's CPU).  What it allocates
-    is freed by reference counting; collection resumes afterwards."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class ConfigError(ValueError):
@@ -512,7 +496,7 @@ class Probe:
         started = time.monotonic()
         scheduled, self._scheduled_at = self._scheduled_at, None
         lag = max(0.0, started - scheduled) if scheduled is not None else None
-        with _gc_paused():
+        with gc_paused():
             self._observe()
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
@@ -661,7 +645,7 @@ class Probe:
         it succeeded)."""
         started = time.monotonic()
         try:
-            with _gc_paused():
+            with gc_paused():
                 return self._refresh_metadata()
         finally:
             self._refresh_busy_s += time.monotonic() - started
