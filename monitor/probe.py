@@ -115,7 +115,8 @@ from monitor.gcpause import gc_paused
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.contract import NO_LEADER
 from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
-from monitor.metadata import Cause, ClusterView, MetadataCache, Reason, cause_for_error
+from monitor.cluster_view import ClusterView
+from monitor.metadata import Cause, MetadataCache, Reason, cause_for_error
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMeta
 
 from monitor.contract import Heartbeat
 from monitor.emitter import EventEmitter
-from monitor.metadata import ClusterView, MetadataCache
+from monitor.cluster_view import ClusterView
+from monitor.metadata import MetadataCache
 from monitor.probe import Probe, ProbeConfig, _epochs_from_json, epochs_from_stats
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
