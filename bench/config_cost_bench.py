@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # noqa: E402
 
 from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
-from monitor.probe import CONFIG_REREAD_MAX, Probe, ProbeConfig  # noqa: E402
+from monitor.probe import CONFIG_REREAD_MAX, Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], list[float], Any]:

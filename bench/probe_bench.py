@@ -75,7 +75,8 @@ import report  # noqa: E402  (bench/report.py)
 from monitor import coordinator as coordinator_mod  # noqa: E402
 from monitor import emitter as emitter_mod  # noqa: E402
 from monitor import probe as probe_mod  # noqa: E402
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 TOPIC_PARTITIONS = 100  # partitions per topic: 10,000 partitions = 100 topics
 EVENTS_TOPIC = "kafka-monitor.events"

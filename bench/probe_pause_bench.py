@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
 from kafka_monitor.local.workload import consume_loop, produce_loop  # noqa: E402
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 EVENTS = "kafka-monitor.events"
 TOPIC = "pause.orders"

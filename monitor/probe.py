@@ -46,16 +46,8 @@ by a text scan, every ``stats_interval()`` (5 s by default: each document costs 
 partition to write), with periodic refreshes timed to land just before one; events serialized
 in bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
 
-Sharing a cluster (``share = "i/n"``): n probes, each with its own ``source``, split one cluster
-by a stable hash of names, crc32 of the UTF-8 name modulo n (``share_of``; not Python's
-``hash()``, which differs between processes).  Probe i watches the topics whose share is i — their
-partitions' metadata and offsets, and every group's committed offsets on them (``group_offsets``
-are read with the high watermarks of the same probe, so HW >= committed still holds within one
-observation) — and describes the groups whose share is i (``group_state``).  So every partition,
-every group partition and every group is reported by exactly one probe; each still lists the
-cluster's metadata and every matching group's committed offsets, and keeps only its share.  The
-heartbeat carries ``share``; when one probe stops, the job's SourceSilent names it, and the
-partitions of its share go unobserved.
+Sharing a cluster (``share = "i/n"``, ``monitor.probe_config``): n probes split one cluster
+by a stable hash of topic and group names, each reporting its share.
 
 A broker that does not answer (paused, overloaded) must not blind the probe to the others: an
 observation sends the committed-offset and group requests (through the coordinator child) and
@@ -92,11 +84,9 @@ import json
 import logging
 import math
 import re
-import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
@@ -114,6 +104,7 @@ from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.contract import NO_LEADER
+from monitor.probe_config import ProbeConfig, ProbeScope
 from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
 from monitor.cluster_view import ClusterView
 from monitor.metadata import Cause, MetadataCache, Reason, cause_for_error
@@ -123,8 +114,6 @@ log = logging.getLogger(__name__)
 #: the C implementation under AdminClient.list_offsets: one future per request, not per
 #: partition (present in every confluent-kafka with list_offsets)
 _AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
-
-OFFSETS_VIA = ("list_offsets", "fetch")
 
 #: partitions per ListOffsets request (see Probe._send_list_offsets)
 LIST_OFFSETS_BATCH = 500
@@ -193,26 +182,6 @@ def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
 
 
-class ConfigError(ValueError):
-    """A setting with a value that cannot work; the message names the setting."""
-
-
-def share_of(name: str, count: int) -> int:
-    """The share (1..count) a topic or group belongs to when ``count`` probes split a cluster:
-    crc32 of its UTF-8 name modulo count, plus 1 — the same in every process and release."""
-    return zlib.crc32(name.encode("utf-8")) % count + 1
-
-
-def parse_share(text: Optional[str]) -> Optional[tuple[int, int]]:
-    """``"i/n"`` -> (i, n) with 1 <= i <= n; None or "" -> None (the whole cluster)."""
-    if text is None or not str(text).strip():
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ConfigError(f"probe.share: must be \"i/n\" with 1 <= i <= n (this probe's share of n), got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
 #: topics read again at one refresh, in one DescribeConfigs request (each answered with every
 #: entry of its config, 33 on Kafka 4.1): bounds a refresh's cost (see Probe._topic_min_isr)
 CONFIG_REREAD_MAX = 1000
@@ -223,107 +192,6 @@ _TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
 def _config_int(entry: Any) -> Optional[int]:
     """A DescribeConfigs entry's integer value; None when absent or empty."""
     return int(entry.value) if entry is not None and entry.value else None
-
-
-@dataclass
-class ProbeConfig:
-    bootstrap_servers: str
-    events_topic: str = "kafka-monitor.events"
-    #: cluster label; default: the cluster id the brokers report
-    cluster: Optional[str] = None
-    source: str = field(default_factory=lambda: f"probe-{socket.gethostname()}")
-    interval_s: float = 10.0
-    offsets_via: str = "list_offsets"
-    topics_include: str = ".*"
-    topics_exclude: str = "^__"
-    groups_include: str = ".*"
-    groups_exclude: str = "^kafka-monitor-"
-    request_timeout_s: float = 10.0
-    #: periodic metadata refresh (Kafka's metadata.max.age.ms); default: every interval_s
-    metadata_max_age_s: Optional[float] = None
-    #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
-    refresh_backoff_s: float = 1.0
-    #: statistics interval of the probe's metadata client, where leader epochs come from; default
-    #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
-    stats_interval_s: Optional[float] = None
-    #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
-    #: refresh, answered by the next (see Probe._topic_min_isr); 10 s: at every refresh at the
-    #: default interval, and no faster at shorter ones (0: at every refresh)
-    config_refresh_s: float = 10.0
-    #: a partition's metadata is sent when it changes, and at least this often when it does not
-    #: (0: after every refresh)
-    metadata_snapshot_s: float = 60.0
-    #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
-    #: their names, see share_of); empty: the whole cluster
-    share: str = ""
-    #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
-    kafka: dict[str, str] = field(default_factory=dict)
-    #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
-    events_kafka: dict[str, str] = field(default_factory=dict)
-    #: run the canary (monitor/canary.py): acks=all writes to canary_topic, read back, reported
-    canary: bool = False
-    canary_topic: str = "kafka-monitor-canary"
-    #: seconds between two canary writes to one partition (one partition per broker)
-    canary_interval_s: float = 1.0
-    #: replicas of each canary partition (at most the number of brokers)
-    canary_replication_factor: int = 3
-
-    def validate(self) -> "ProbeConfig":
-        if not self.bootstrap_servers:
-            raise ConfigError("probe.bootstrap_servers: required (host:port[,host:port...])")
-        if not self.events_topic:
-            raise ConfigError("probe.events_topic: must not be empty")
-        if not self.interval_s > 0:
-            raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
-        if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
-            raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
-        if self.stats_interval_s is not None and not 0.05 <= self.stats_interval_s <= 60:
-            raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
-        if not self.metadata_snapshot_s >= 0:
-            raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
-                              f"refresh), got {self.metadata_snapshot_s}")
-        if not self.config_refresh_s >= 0:
-            raise ConfigError(f"probe.config_refresh_s: must be >= 0 (0 = at every metadata refresh), "
-                              f"got {self.config_refresh_s}")
-        if not self.refresh_backoff_s >= 0:
-            raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
-        if self.offsets_via not in OFFSETS_VIA:
-            raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
-        parse_share(self.share)
-        if self.canary:
-            share = parse_share(self.share)
-            if share is not None and share[0] != 1:
-                raise ConfigError(f"probe.canary: run the canary on one probe of the {share[1]} that share the "
-                                  f"cluster, the one with share 1/{share[1]} (this one has {self.share}): the job "
-                                  f"keeps one report per canary partition")
-            if not self.canary_topic:
-                raise ConfigError("probe.canary_topic: must not be empty")
-            if not 0.05 <= self.canary_interval_s <= 60:
-                raise ConfigError(f"probe.canary_interval_s: must be within 0.05..60, got {self.canary_interval_s}")
-            if not 1 <= self.canary_replication_factor <= 32:
-                raise ConfigError(f"probe.canary_replication_factor: must be within 1..32, got "
-                                  f"{self.canary_replication_factor}")
-        for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
-            try:
-                re.compile(getattr(self, name))
-            except re.error as e:
-                raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
-        return self
-
-    def stats_interval(self) -> float:
-        """The statistics interval in effect: ``stats_interval_s``, or by default the largest
-        fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
-        costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
-        partitions); the probe reads one per refresh, and times its periodic refreshes so
-        that one comes right after each (``Probe._refresh_start_in``), which works when the
-        statistics interval divides the refresh period."""
-        if self.stats_interval_s is not None:
-            return self.stats_interval_s
-        k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
-        return min(60.0, max(0.05, self.interval_s / k))
-
-    def client_conf(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
 
 
 class Probe:
@@ -413,13 +281,8 @@ class Probe:
         self.config_reads = 0
         self.min_isr_changes = 0
         self._started_at = self._now_ms()
-        self._topics_in = re.compile(cfg.topics_include)
-        self._topics_out = re.compile(cfg.topics_exclude)
-        self._groups_in = re.compile(cfg.groups_include)
-        self._groups_out = re.compile(cfg.groups_exclude)
-        self._watched_cache: dict[str, bool] = {}
-        #: (i, n) when n probes share the cluster (None: the whole cluster)
-        self._share = parse_share(cfg.share)
+        #: what it watches: its patterns and its share of the cluster
+        self._scope = ProbeScope(cfg)
         #: ListOffsets requests for _watched_partitions, built again only when those change
         self._lo_for: Optional[list[tuple[str, int]]] = None
         self._lo_requests: tuple[list, list, list] = ([], [], [])
@@ -504,7 +367,7 @@ class Probe:
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
                                      events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
                                      watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
-                                     share=self._share_text(), started_at=self._started_at,
+                                     share=self._scope.share_text(), started_at=self._started_at,
                                      cycle_duration_ms=int(duration * 1000),
                                      observation_lag_ms=int(lag * 1000) if lag is not None else None,
                                      unanswered_brokers=sorted(self._unanswered)))
@@ -549,7 +412,7 @@ class Probe:
         groups = self._listed_groups(time.monotonic() + self.observe_wait_s() / 3)
         # committed offsets asked before the watermarks (so HW >= committed, mostly), all waited
         # for at once
-        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if self._owns(g)]},
+        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if self._scope.owns(g)]},
                                max(0.5, deadline - time.monotonic()))
         sent = self._send_list_offsets(partitions) if self.cfg.offsets_via == "list_offsets" else None
         answers = self._coordinator.collect()
@@ -624,22 +487,6 @@ class Probe:
             log.error("%s", reason)
         return reason is not None
 
-    def _owns(self, name: str) -> bool:
-        """Whether a topic or group is in this probe's share (always, without one)."""
-        return self._share is None or share_of(name, self._share[1]) == self._share[0]
-
-    def _share_text(self) -> Optional[str]:
-        return None if self._share is None else f"{self._share[0]}/{self._share[1]}"
-
-    def _watched(self, topic: str) -> bool:
-        hit = self._watched_cache.get(topic)
-        if hit is None:
-            if len(self._watched_cache) > 1_000_000:
-                self._watched_cache.clear()
-            hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
-                                                and not self._topics_out.search(topic) and self._owns(topic))
-        return hit
-
     def refresh_metadata(self) -> bool:
         """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and a
         ``partition_metadata`` per watched partition that changed or whose snapshot is due, when
@@ -694,7 +541,7 @@ class Probe:
             return False
         duration_ms = (time.monotonic() - t0) * 1000
         self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
-        watched_now = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
+        watched_now = [n for n, t in md.topics.items() if self._scope.watched(n) and t.error is None]
         epochs = self._leader_epochs(watched_now, {(n, p.id): p.leader for n in watched_now
                                                    for p in md.topics[n].partitions.values()})
         previous_ok = self.metadata.last_successful_refresh_ms
@@ -725,13 +572,13 @@ class Probe:
             partition_count_changes=[
                 PartitionCountChange(topic=t, old_count=old, new_count=new,
                                      unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
-                for t, (old, new) in sorted(change.partition_count_changes.items()) if self._owns(t)],
+                for t, (old, new) in sorted(change.partition_count_changes.items()) if self._scope.owns(t)],
             leaderless_partitions=len(change.no_leader),
             metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
-        if self._share is None or self._share[0] == 1:
+        if self._scope.share is None or self._scope.share[0] == 1:
             with self._broker_lock:
                 self._emit_broker_states(view, change.version, now)
-        topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
+        topics = [n for n, t in view.topics.items() if self._scope.watched(n) and t.error is None]  # sorted by name
         if not topics:
             self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
@@ -1116,7 +963,7 @@ class Probe:
         now = time.monotonic()
         if listing is not None:
             valid = [g.group_id for g in listing.valid]
-            wanted = [g for g in valid if self._groups_in.search(g) and not self._groups_out.search(g)]
+            wanted = self._scope.watched_groups(valid)
             errors = getattr(listing, "errors", None)
             if errors:
                 self._warn_once("list_groups_partial", "the consumer group listing is incomplete (%s): the groups "
@@ -1146,7 +993,7 @@ class Probe:
             known = self.metadata.cluster.topics if self.metadata.cluster is not None else {}
             tps: dict[tuple[str, int], Optional[int]] = {}
             errored: list[tuple[str, int]] = []
-            watched = self._watched
+            watched = self._scope.watched
             for topic, partition, off, error in res:
                 if error is not None:
                     errored.append((topic, partition))
@@ -1162,7 +1009,7 @@ class Probe:
                     self.metadata.add_topic(topic)
                 tps[(topic, partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
             self._note_offsets(gid, tps, errored)
-            if tps or self._owns(gid):  # sharing: its offsets on this share's topics, or its state
+            if tps or self._scope.owns(gid):  # sharing: its offsets on this share's topics, or its state
                 out[gid] = tps
         return out
 
@@ -1238,7 +1085,7 @@ class Probe:
         if not gone:
             return
         gone.sort()
-        owned = [g for g in gone if self._owns(g)]
+        owned = [g for g in gone if self._scope.owns(g)]
         rows = [(g, "group deleted") for g in owned]
         unsent = {rows[i][0] for i in self._emit_rows(GroupGone, rows, self._now_ms())}
         for g in gone:
@@ -1534,7 +1381,7 @@ class Probe:
         and observe offsets every ``interval_s``, until ``stop`` is set."""
         log.info("probe %s watching %s every %.1fs (offsets via %s%s), events -> %s",
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
-                 f"; share {self._share_text()} of its topics and groups" if self._share else "",
+                 f"; share {self._scope.share_text()} of its topics and groups" if self._scope.share else "",
                  self.cfg.events_topic)
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),

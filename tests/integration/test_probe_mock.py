@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.events import latest_of, read_events
 from tests.support.mock_cluster import ApiKey, Err, MockCluster
 

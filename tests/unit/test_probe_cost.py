@@ -15,7 +15,8 @@ from monitor.contract import Heartbeat
 from monitor.emitter import EventEmitter
 from monitor.cluster_view import ClusterView
 from monitor.metadata import MetadataCache
-from monitor.probe import Probe, ProbeConfig, _epochs_from_json, epochs_from_stats
+from monitor.probe import Probe, _epochs_from_json, epochs_from_stats
+from monitor.probe_config import ProbeConfig
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 

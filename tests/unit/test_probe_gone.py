@@ -15,7 +15,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from monitor.contract import Event, PartitionGone
 from monitor.emitter import EventEmitter
-from monitor.probe import GONE_AFTER, Probe, ProbeConfig, share_of
+from monitor.probe import GONE_AFTER, Probe
+from monitor.probe_config import ProbeConfig, share_of
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter, described, done, tp
 

@@ -13,7 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigSource, ResourceType
 
 import monitor.probe as probe_mod
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 OWN, DEFAULT = ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.STATIC_BROKER_CONFIG
