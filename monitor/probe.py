@@ -80,10 +80,8 @@ import collections
 import concurrent.futures
 import gc
 import heapq
-import json
 import logging
 import math
-import re
 import threading
 import time
 import zlib
@@ -102,8 +100,8 @@ from monitor.contract import (
 from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
+from monitor.leader_epochs import LeaderEpochs
 from monitor.coordinator import CoordinatorClient, timed_out
-from monitor.contract import NO_LEADER
 from monitor.probe_config import ProbeConfig, ProbeScope
 from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
 from monitor.cluster_view import ClusterView
@@ -117,9 +115,6 @@ _AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
 
 #: partitions per ListOffsets request (see Probe._send_list_offsets)
 LIST_OFFSETS_BATCH = 500
-#: a metadata refresh waits for its leader epochs (the client's statistics) at most this share of
-#: the interval (and 2.5 statistics intervals): past it they come from the statistics before
-EPOCH_WAIT_SHARE = 0.25
 #: a group missing from incomplete group listings is still observed for this long, s
 GROUPS_KEPT_S = 600.0
 #: a topic, group or group's committed offset seen before is gone when this many successive complete
@@ -130,53 +125,6 @@ GONE_AFTER = 2
 #: freezes what survives a cycle (see Probe._gc_settle)
 GC_FULL_EVERY = 60
 GC_FREEZE_FROM = 10_000
-
-#: the timestamp near the start of a statistics document: ``{ "name": ..., "ts":12345, ...``
-_STATS_TS = re.compile(r', "ts":\s*(\d+)\s*,')
-_STATS_TOPIC = '{ "topic":"'
-_STATS_PARTITION = re.compile(r'"partition":(-?\d+), "broker":-?\d+, "leader":(-?\d+),')
-_STATS_EPOCH = re.compile(r'"leader_epoch":(-?\d+)')
-
-
-def epochs_from_stats(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
-    """(topic, partition) -> (leader, leader epoch) for every partition of a librdkafka statistics
-    document that has an epoch — what ``json.loads(raw)["topics"][t]["partitions"][p]`` says,
-    without building the whole document (a 75 MB one at 100,000 partitions takes ~0.6 s to
-    parse, this ~0.2 s).  It reads the layout librdkafka writes (each topic object opens with
-    ``{ "topic":"<name>"``, each partition with ``"partition":N, "broker":B, "leader":L,`` and has
-    one ``"leader_epoch":E``); where a topic does not look like that it parses the document."""
-    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-    start = raw.find('"topics":{')
-    if start < 0:
-        return _epochs_from_json(raw)
-    bounds = []
-    i = raw.find(_STATS_TOPIC, start)
-    while i >= 0:
-        bounds.append(i)
-        i = raw.find(_STATS_TOPIC, i + len(_STATS_TOPIC))
-    bounds.append(len(raw))
-    find_parts, find_epochs, count = _STATS_PARTITION.findall, _STATS_EPOCH.findall, raw.count
-    for b, e in zip(bounds, bounds[1:]):
-        name_at = b + len(_STATS_TOPIC)
-        name = raw[name_at:raw.index('"', name_at)]
-        parts, epochs = find_parts(raw, b, e), find_epochs(raw, b, e)
-        if "\\" in name or not len(parts) == len(epochs) == count('"partition":', b, e):
-            return _epochs_from_json(raw)
-        for (pid, leader), epoch in zip(parts, epochs):
-            if pid[0] != "-" and epoch[0] != "-":
-                out[(name, int(pid))] = (int(leader), int(epoch))
-    return out
-
-
-def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
-    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-    for tname, t in json.loads(raw).get("topics", {}).items():
-        for pid, p in t.get("partitions", {}).items():
-            epoch = p.get("leader_epoch")
-            if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
-                out[(tname, int(pid))] = (p.get("leader"), epoch)
-    return out
-
 
 def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
@@ -204,11 +152,13 @@ class Probe:
         by default they are built from the configuration."""
         self.cfg = cfg.validate()
         self._clock = clock
+        #: leader epochs, from the statistics of the metadata client (its stats_cb)
+        self._epochs = LeaderEpochs(cfg, self._warn_once)
         admin_conf: dict[str, Any] = {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
             "error_cb": self._on_client_error,
             # leader epochs are only in the client's statistics (not in list_topics' objects)
-            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._on_stats}
+            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._epochs.on_stats}
         self._admin = admin if admin is not None else AdminClient(admin_conf)
         # The admin client above holds a handle for every watched topic (for their leader epochs in
         # its statistics), and with them a partition object each that its broker threads walk
@@ -229,22 +179,10 @@ class Probe:
         # committed offsets and group descriptions from a child process: librdkafka 2.16 can
         # crash the process asking a coordinator that goes away
         self._coordinator = CoordinatorClient(ops_conf, cfg.request_timeout_s, admin=admin)
-        self._stats_s = cfg.stats_interval()
-        #: the time between two statistics documents as seen (librdkafka restarts its timer after
-        #: writing one, so it is the interval plus the writing), and a refresh's request time
-        self._stats_period = self._stats_s
+        #: a refresh's request time (a moving average)
         self._list_s: Optional[float] = None
-        #: from the statistics a refresh used to its end (their writing, reading them, the view)
-        self._after_stats_s = 0.5
-        self._stats_used_ts: Optional[float] = None
         #: when run()'s next observation is due, monotonic s (None outside run())
         self._next_observation: Optional[float] = None
-        #: (topic, partition) -> (leader, leader epoch) as the last statistics document read said
-        self._epochs: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-        self._stats_ts = 0.0              # librdkafka's monotonic clock of the last statistics, s
-        self._stats_raw: Optional[str] = None  # the last statistics document, until it is read
-        self._epoch_support: Optional[bool] = None
-        self._registered: set[str] = set()
         self._ops_brokers: frozenset = frozenset()  # the brokers the last good refresh listed
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
@@ -542,8 +480,8 @@ class Probe:
         duration_ms = (time.monotonic() - t0) * 1000
         self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
         watched_now = [n for n, t in md.topics.items() if self._scope.watched(n) and t.error is None]
-        epochs = self._leader_epochs(watched_now, {(n, p.id): p.leader for n in watched_now
-                                                   for p in md.topics[n].partitions.values()})
+        epochs = self._epochs.leader_epochs(self._admin, watched_now, {(n, p.id): p.leader for n in watched_now
+                                                                        for p in md.topics[n].partitions.values()})
         previous_ok = self.metadata.last_successful_refresh_ms
         change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
                                                                  previous=self.metadata.cluster), sent_at=sent_at)
@@ -618,11 +556,7 @@ class Probe:
         if leaders != self._watched_leaders:
             self._watched_leaders = leaders
         self._watched_at = now
-        if self._stats_used_ts is not None:
-            after = time.monotonic() - self._stats_used_ts
-            if 0 <= after < self._stats_s:
-                self._after_stats_s += 0.3 * (after - self._after_stats_s)
-            self._stats_used_ts = None
+        self._epochs.refresh_done()
         return True
 
     def _emit_broker_states(self, view: ClusterView, version: int, now: int) -> None:
@@ -668,17 +602,18 @@ class Probe:
         due = self.metadata.time_to_next_update() / 1000.0
         if due <= 0:
             return 0.0
-        if (self._list_s is None or self._stats_ts <= 0 or self._epoch_support is False
+        stats = self._epochs
+        if (self._list_s is None or stats.ts <= 0 or stats.supported is False
                 or self.metadata.next_reason()[0] != Reason.PERIODIC):
             return due
-        period, lead = self._stats_period, 1.5 * self._list_s + 0.25
-        if lead + self._after_stats_s >= period:
+        period, lead = stats.period, 1.5 * self._list_s + 0.25
+        if lead + stats.after_s >= period:
             return due
         now = time.monotonic()
         latest = now + due + lead  # the statistics it waits for: not after this ...
         if self._next_observation is not None and self._next_observation > now + due:
-            latest = min(latest, self._next_observation - self._after_stats_s)  # ... nor after this
-        tick = self._stats_ts + math.floor((latest - self._stats_ts) / period) * period
+            latest = min(latest, self._next_observation - stats.after_s)  # ... nor after this
+        tick = stats.ts + math.floor((latest - stats.ts) / period) * period
         backoff = (self.metadata.last_refresh_ms + self.metadata.refresh_backoff_ms - self._now_ms()) / 1000.0
         return max(0.0, tick - lead - now, backoff)
 
@@ -701,114 +636,6 @@ class Probe:
         if not first or period <= 0:
             return period
         return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
-
-    def _on_stats(self, raw: str) -> None:
-        """stats_cb of the admin client: keep the document, unread, and its timestamp.  It holds
-        every partition of every registered topic (~750 bytes each: 75 MB at 100,000
-        partitions, every statistics interval); only a refresh needs it, and then only its
-        latest one (``_read_stats``)."""
-        m = _STATS_TS.search(raw, 0, 4096)
-        if m is None:
-            try:
-                ts = json.loads(raw).get("ts", 0)
-            except (ValueError, AttributeError) as e:
-                self._warn_once("stats", "unreadable client statistics: %s", e)
-                return
-        else:
-            ts = int(m.group(1))
-        previous, self._stats_ts = self._stats_ts, ts / 1e6
-        self._stats_raw = raw
-        gap = self._stats_ts - previous
-        if previous > 0 and 0.5 * self._stats_s < gap < 2 * self._stats_s:
-            self._stats_period += 0.2 * (gap - self._stats_period)
-
-    def _read_stats(self) -> None:
-        """Take each partition's leader and leader epoch from the latest statistics document, if
-        it has not been read yet."""
-        raw, self._stats_raw = self._stats_raw, None
-        if raw is None:
-            return
-        try:
-            self._epochs.update(epochs_from_stats(raw))
-        except (ValueError, AttributeError, TypeError) as e:
-            self._warn_once("stats", "unreadable client statistics: %s", e)
-
-    def _leader_epochs(self, topics: list[str],
-                       leaders: Optional[dict[tuple[str, int], int]] = None) -> dict[tuple[str, int], int]:
-        """Leader epochs as of the metadata response just received.
-
-        librdkafka reports a partition's leader epoch only in its statistics, only for topics
-        the client holds a handle for (``list_topics(topic)`` creates one), and only in
-        statistics produced after the metadata response.  So: register new topics once, then
-        wait (at most 2.5 statistics intervals and EPOCH_WAIT_SHARE of the interval) for statistics stamped after now — librdkafka's
-        ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
-        carry no epochs at all (seen once) is not waited for again; epochs then stay null.
-        Only that one document is read (``epochs_from_stats``), not every one the client sends.
-
-        On a real cluster the statistics can still describe the partition as it was before the
-        response (seen: a leader moved 2 -> 3, the first statistics after the response still said
-        leader 2, epoch 0).  An epoch counts only where the statistics name the response's leader
-        (``leaders``: each partition of the response's watched topics -> its leader, -1 where it
-        has none; a partition without a leader takes the statistics' epoch as it is); the probe
-        waits a little longer for those, then reports the rest as unknown (None) rather than the
-        previous leader's epoch."""
-        if self._epoch_support is False:
-            return {}
-        for t in topics:
-            if t not in self._registered:
-                try:
-                    self._admin.list_topics(topic=t, timeout=self.cfg.request_timeout_s)
-                    self._registered.add(t)
-                except KafkaException as e:
-                    self._warn_once("register", "topic %s: %s", t, e)
-        mark = time.monotonic()
-        # bounded by a share of the interval too: the refresh holds up the next observation
-        # (seen on the real cluster: 4-5 s of a 5 s interval while the refresh's timing was off)
-        deadline = mark + min(2.5 * self._stats_s, max(0.5, EPOCH_WAIT_SHARE * self.cfg.interval_s))
-        while self._stats_ts < mark and time.monotonic() < deadline:
-            self._admin.poll(0.05)
-        if self._stats_ts == 0.0:
-            self._epoch_support = False  # this client produces no statistics at all
-            log.info("no client statistics: partition_metadata.leader_epoch stays null")
-            return {}
-        if self._stats_ts < mark:
-            self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
-        self._read_stats()
-        self._stats_used_ts = self._stats_ts
-        stats = self._epochs
-        if leaders is None:
-            wanted = set(topics)
-            leaders = {k: NO_LEADER for k in stats if k[0] in wanted}
-
-        def agreeing(keys: Any) -> dict[tuple[str, int], int]:
-            out = {}
-            for k in keys:
-                e = stats.get(k)
-                if e is not None:
-                    leader = leaders[k]
-                    if leader < 0 or e[0] == leader:
-                        out[k] = e[1]
-            return out
-
-        epochs = agreeing(leaders)
-        if self._stats_ts >= mark and len(epochs) < len(leaders):
-            missing = [k for k in leaders if k in stats and k not in epochs]
-            deadline = max(deadline, time.monotonic() + min(5 * self._stats_s, EPOCH_WAIT_SHARE * self.cfg.interval_s))
-            while missing and time.monotonic() < deadline:
-                self._admin.poll(0.05)
-                if self._stats_raw is not None:
-                    self._read_stats()
-                    epochs.update(agreeing(missing))
-                    missing = [k for k in missing if k not in epochs]
-            if missing:
-                self._warn_once("stats_leader", "client statistics disagree with the metadata on %d partition(s)' "
-                                "leader (e.g. %s): their leader epochs are reported as unknown", len(missing),
-                                missing[0])
-        if self._epoch_support is None and topics and self._stats_ts >= mark:
-            self._epoch_support = bool(epochs)
-            if not epochs:
-                log.info("the brokers report no leader epochs; partition_metadata.leader_epoch stays null")
-        return epochs
 
     def _topic_min_isr(self, topics: list[str], broker: Optional[int] = None) -> dict[str, Optional[int]]:
         """Each topic's min.insync.replicas (DescribeConfigs); None where the broker does not
