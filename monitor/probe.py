@@ -79,7 +79,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import gc
-import heapq
 import logging
 import math
 import threading
@@ -89,8 +88,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
                              TopicPartition)
-from confluent_kafka.admin import (AdminClient, ConfigResource, ConfigSource, ListOffsetsResultInfo, OffsetSpec,
-                                  ResourceType)
+from confluent_kafka.admin import (AdminClient, ListOffsetsResultInfo, OffsetSpec)
 
 import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
@@ -101,9 +99,10 @@ from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
 from monitor.leader_epochs import LeaderEpochs
+from monitor.topic_configs import TopicConfigs
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.probe_config import ProbeConfig, ProbeScope
-from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
+from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.cluster_view import ClusterView
 from monitor.metadata import Cause, MetadataCache, Reason, cause_for_error
 
@@ -126,20 +125,9 @@ GONE_AFTER = 2
 GC_FULL_EVERY = 60
 GC_FREEZE_FROM = 10_000
 
+
 def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
-
-
-#: topics read again at one refresh, in one DescribeConfigs request (each answered with every
-#: entry of its config, 33 on Kafka 4.1): bounds a refresh's cost (see Probe._topic_min_isr)
-CONFIG_REREAD_MAX = 1000
-#: ConfigEntry.source of a topic's own value
-_TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-
-
-def _config_int(entry: Any) -> Optional[int]:
-    """A DescribeConfigs entry's integer value; None when absent or empty."""
-    return int(entry.value) if entry is not None and entry.value else None
 
 
 class Probe:
@@ -172,7 +160,7 @@ class Probe:
         # refresh, and librdkafka sends a client's next broker-less request (a metadata sync of the
         # offsets client) to the broker it used last, so through _ops a paused broker 1 held those
         # for their whole timeout
-        self._configs = admin if admin is not None else AdminClient(ops_conf)
+        self.topic_configs = TopicConfigs(admin if admin is not None else AdminClient(ops_conf), cfg, self._warn_once)
         #: a metadata request that timed out is sent again through a new client (_list_topics)
         self._retry_conf: Optional[dict[str, Any]] = None if admin is not None else {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000), "error_cb": _quiet}
@@ -202,22 +190,6 @@ class Probe:
         self._watched_at: Optional[int] = None
         #: (topic, partition) -> (what was last sent, when it is due again)
         self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
-        self._min_isr: dict[str, Optional[int]] = {}
-        self._min_isr_at: dict[str, float] = {}
-        #: topics whose min.insync.replicas is their own (not the brokers' default)
-        self._min_isr_own: set[str] = set()
-        #: the re-read of topic configurations in flight (ConfigResource -> future), sent when
-        self._min_isr_out: dict[Any, Any] = {}
-        self._min_isr_out_at = 0.0
-        #: the read of one broker's configuration in flight, the brokers' default it last gave,
-        #: and when that last changed
-        self._default_out: dict[Any, Any] = {}
-        self._default_min_isr: Optional[int] = None
-        self._default_changed_at = -1.0
-        self._default_denied = False  # no DESCRIBE_CONFIGS on the Cluster resource: not asked again
-        #: topic configurations read (first reads and re-reads), and changes of a known value seen
-        self.config_reads = 0
-        self.min_isr_changes = 0
         self._started_at = self._now_ms()
         #: what it watches: its patterns and its share of the cluster
         self._scope = ProbeScope(cfg)
@@ -522,7 +494,7 @@ class Probe:
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
                             self.cfg.topics_include, self.cfg.topics_exclude)
-        min_isr = self._topic_min_isr(topics, min(brokers) if brokers else None)
+        min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers else None)
         # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
         # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
         # same object while nothing changed, so "unchanged" is mostly an identity test.
@@ -636,123 +608,6 @@ class Probe:
         if not first or period <= 0:
             return period
         return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
-
-    def _topic_min_isr(self, topics: list[str], broker: Optional[int] = None) -> dict[str, Optional[int]]:
-        """Each topic's min.insync.replicas (DescribeConfigs); None where the broker does not
-        report it (Tansu reports none).
-
-        A topic seen for the first time is read at once, so that its first partition_metadata
-        carries the value.  Later reads do not wait: a request goes out at one refresh and its
-        answer is used at the first refresh after it arrived.
-
-        - The brokers' default (what a topic without a value of its own reports) is read at
-          every refresh from one broker, ``broker`` (one resource: cheap); when it changes,
-          every topic without its own value takes the new one at once.  So a change of the
-          default shows within two intervals on any cluster.
-        - Each topic is read again every ``config_refresh_s`` (10 s: every refresh at the
-          default interval), at most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread
-          first: a topic's own value changed at runtime shows within two intervals up to that
-          many topics, within n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's
-          config (confluent-kafka cannot name the one wanted), about 0.4 ms of this process's
-          CPU per topic (bench/config_cost_bench.py), so this bounds a refresh's share."""
-        now = time.monotonic()
-        for t in set(self._min_isr) - set(topics):
-            self._min_isr.pop(t, None)
-            self._min_isr_at.pop(t, None)
-            self._min_isr_own.discard(t)
-        if self._default_out and all(f.done() for f in self._default_out.values()):
-            out, self._default_out = self._default_out, {}
-            self._read_default(out)
-        if self._min_isr_out and all(f.done() for f in self._min_isr_out.values()):
-            out, self._min_isr_out = self._min_isr_out, {}
-            self._read_min_isr(out, follows_default=self._min_isr_out_at > self._default_changed_at)
-        new = [t for t in topics if t not in self._min_isr_at]
-        if new:
-            for t in new:  # read or not, not asked again before config_refresh_s
-                self._min_isr_at[t] = now
-                self._min_isr.setdefault(t, None)
-            self._read_min_isr(self._describe(ResourceType.TOPIC, new), follows_default=True)
-        if not self._min_isr_out:
-            due = heapq.nsmallest(CONFIG_REREAD_MAX, (t for t in topics if t not in new and now - self._min_isr_at[t]
-                                                      >= self.cfg.config_refresh_s), key=self._min_isr_at.__getitem__)
-            for t in due:
-                self._min_isr_at[t] = now
-            self._min_isr_out, self._min_isr_out_at = self._describe(ResourceType.TOPIC, due), now
-        if not self._default_out and broker is not None and topics and not self._default_denied:
-            self._default_out = self._describe(ResourceType.BROKER, [str(broker)])
-        return {t: self._min_isr.get(t) for t in topics}
-
-    def _describe(self, kind: Any, names: list[str]) -> dict[Any, Any]:
-        """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request:
-        ConfigResource -> future."""
-        futs: dict[Any, Any] = {}
-        for i in range(0, len(names), CONFIG_REREAD_MAX):
-            try:
-                futs.update(self._configs.describe_configs(
-                    [ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
-                    request_timeout=self.cfg.request_timeout_s))
-            except Exception as e:
-                self._warn_once("describe_configs", "describe_configs failed: %s", e)
-        return futs
-
-    def _read_min_isr(self, futs: dict[Any, Any], follows_default: bool) -> None:
-        """Take the topics' answers of :meth:`_describe` (waiting for them); a topic whose read
-        failed keeps the value it had.  ``follows_default`` False: the brokers' default changed
-        after these were sent, so a topic without its own value keeps the newer default."""
-        for res, fut in futs.items():
-            try:
-                entry = fut.result().get("min.insync.replicas")
-            except Exception as e:
-                self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
-                                "unavailable, reported as unknown: %s%s", e,
-                                missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
-                continue
-            t = res.name
-            if t not in self._min_isr_at:  # no longer watched
-                continue
-            self.config_reads += 1
-            own = entry is not None and getattr(entry.source, "value", entry.source) == _TOPIC_CONFIG
-            if own:
-                self._min_isr_own.add(t)
-            else:
-                self._min_isr_own.discard(t)
-                if not follows_default:
-                    continue
-            self._set_min_isr(t, _config_int(entry))
-
-    def _read_default(self, futs: dict[Any, Any]) -> None:
-        """The brokers' min.insync.replicas from one broker's configuration: on a change, every
-        topic without its own value takes it."""
-        for _res, fut in futs.items():
-            try:
-                entry = fut.result().get("min.insync.replicas")
-            except Exception as e:
-                if authorization_resource(e) is not None:  # optional: the topics' re-reads see it too
-                    self._default_denied = True
-                    log.info("the brokers' configuration is not readable (%s): a change of their default "
-                             "min.insync.replicas shows through each topic's re-read instead (DESCRIBE_CONFIGS "
-                             "on the Cluster resource, optional, lets the probe see it within two intervals)", e)
-                else:
-                    self._warn_once("describe_broker_configs", "the brokers' configuration (their default "
-                                    "min.insync.replicas) unavailable: %s", e)
-                continue
-            value = _config_int(entry)
-            if value is None:
-                continue
-            if self._default_min_isr is not None and value != self._default_min_isr:
-                log.info("the brokers' min.insync.replicas changed from %s to %s", self._default_min_isr, value)
-                self._default_changed_at = time.monotonic()
-                for t in list(self._min_isr):
-                    if t not in self._min_isr_own and self._min_isr[t] is not None:
-                        self._set_min_isr(t, value)
-            self._default_min_isr = value
-
-    def _set_min_isr(self, topic: str, value: Optional[int]) -> None:
-        old = self._min_isr.get(topic)
-        if old is not None and value != old:
-            self.min_isr_changes += 1
-            log.info("min.insync.replicas of topic %s changed from %s to %s", topic, old, value)
-        self._min_isr[topic] = value
 
     def _warn_once(self, kind: str, msg: str, *args: Any) -> None:
         """Log a recurring problem once at WARNING, then at DEBUG (it is counted, not repeated)."""
@@ -1287,15 +1142,15 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        pending = ([f for fs in self._lo_out.values() for f in fs] + list(self._min_isr_out.values())
-                   + list(self._default_out.values()))
+        pending = [f for fs in self._lo_out.values() for f in fs] + self.topic_configs.pending()
         if self._listing is not None:
             pending.append(self._listing)
         if pending:  # each ends by its request timeout at the latest
             concurrent.futures.wait(pending, timeout=self.cfg.request_timeout_s + 1)
-            self._lo_out, self._listing, self._min_isr_out, self._default_out = {}, None, {}, {}
+            self._lo_out, self._listing = {}, None
         self._coordinator.close()
-        self._admin = self._ops = self._configs = None
+        self.topic_configs.close()
+        self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
             gc.unfreeze()
             self._gc_cycles = 0

@@ -66,7 +66,7 @@ class ProbeConfig:
     #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
     stats_interval_s: Optional[float] = None
     #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
-    #: refresh, answered by the next (see Probe._topic_min_isr); 10 s: at every refresh at the
+    #: refresh, answered by the next (see monitor.topic_configs); 10 s: at every refresh at the
     #: default interval, and no faster at shorter ones (0: at every refresh)
     config_refresh_s: float = 10.0
     #: a partition's metadata is sent when it changes, and at least this often when it does not
