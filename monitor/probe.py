@@ -59,14 +59,7 @@ heartbeat (``unanswered_brokers``), and a broker or group with a request still o
 another until it ends, so a silent broker never holds more than one cycle's requests.  A metadata
 refresh waits for its leader epochs at most ``EPOCH_WAIT_SHARE`` of the interval.
 
-The probe says when a watched entity is gone, so that the job drops it (and resolves its alerts)
-at once rather than after its TTL: a topic, a group or a group's committed offset on a partition
-that it saw before and that ``GONE_AFTER`` (2) successive complete answers leave out — metadata
-responses, group listings, answers of the group's coordinator; a failed, late or partial answer
-counts neither way — gets one ``partition_gone`` per partition, one ``group_gone`` (from the
-probe that reports the group's state) or one ``group_partition_gone``, and is forgotten.  A
-topic's first absence asks for metadata again (cause ``topic_missing``), so the second comes one
-refresh backoff later.
+The probe says when a watched topic, group or group's committed offset is gone (``monitor.gone``).
 
 The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
 refreshes since the previous observation, and this observation) and ``observation_lag_ms``
@@ -92,19 +85,20 @@ from confluent_kafka.admin import (AdminClient, ListOffsetsResultInfo, OffsetSpe
 
 import confluent_kafka.admin as _ck_admin
 from monitor.contract import (
-    Broker, BrokerState, GroupGone, GroupOffsets, GroupPartitionGone, Heartbeat, MetadataRefresh,
-    PartitionCountChange, PartitionGone, PartitionMetadata, PartitionOffsets, kafka_offset,
+    Broker, BrokerState, GroupOffsets, Heartbeat, MetadataRefresh,
+    PartitionCountChange, PartitionMetadata, PartitionOffsets, kafka_offset,
 )
 from monitor.canary import Canary, CanaryConfig, WritesHeld
 from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
+from monitor.gone import GoneTracker
 from monitor.leader_epochs import LeaderEpochs
 from monitor.topic_configs import TopicConfigs
 from monitor.coordinator import CoordinatorClient, timed_out
 from monitor.probe_config import ProbeConfig, ProbeScope
 from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.cluster_view import ClusterView
-from monitor.metadata import Cause, MetadataCache, Reason, cause_for_error
+from monitor.metadata import MetadataCache, Reason, cause_for_error
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +110,6 @@ _AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
 LIST_OFFSETS_BATCH = 500
 #: a group missing from incomplete group listings is still observed for this long, s
 GROUPS_KEPT_S = 600.0
-#: a topic, group or group's committed offset seen before is gone when this many successive complete
-#: answers leave it out (a failed or partial answer counts neither way): then one partition_gone,
-#: group_gone or group_partition_gone, and it is forgotten (see Probe._note_topics)
-GONE_AFTER = 2
 #: cycles between two full garbage collections, and the watched partitions from which the probe
 #: freezes what survives a cycle (see Probe._gc_settle)
 GC_FULL_EVERY = 60
@@ -205,16 +195,8 @@ class Probe:
         #: group -> its coordinator as last described; the brokers this observation found silent
         self._group_coordinators: dict[str, int] = {}
         self._unanswered: set[int] = set()
-        #: what was seen, for saying when it is gone (GONE_AFTER): each watched topic's partitions
-        #: (the most seen) and, for those absent from the last complete metadata, how many in a row
-        self._topic_parts: dict[str, int] = {}
-        self._topic_misses: dict[str, int] = {}
-        #: every watched group seen -> complete listings in a row without it (0: in the last one)
-        self._group_misses: dict[str, int] = {}
-        #: group -> its partitions (on watched topics) reported in group_offsets; of those its
-        #: coordinator left out of its last answers, how many answers in a row
-        self._gp_known: dict[str, set[tuple[str, int]]] = {}
-        self._gp_misses: dict[str, dict[tuple[str, int], int]] = {}
+        #: what was seen, for saying when it is gone
+        self._gone = GoneTracker(self._emit_rows, self._now_ms, self._scope.owns, self.metadata.request_update)
         self._lo_leaders: list[int] = []
         self.cycles = 0
         self.refresh_retries = 0  # metadata requests sent again through a new client
@@ -522,7 +504,7 @@ class Probe:
             if i not in failed:  # not enqueued: tried again at the next refresh
                 sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=first))
         self._md_sent = sent  # partitions no longer watched are forgotten
-        self._note_topics(view, topics, now)
+        self._gone.note_topics(view, topics, now)
         if watched != self._watched_partitions:
             self._watched_partitions = watched
         if leaders != self._watched_leaders:
@@ -657,7 +639,8 @@ class Probe:
                                 "Group:<name>", self.cfg.groups_include, self.cfg.groups_exclude)
             if not errors:
                 self._groups_seen = dict.fromkeys(wanted, now)
-                self._note_groups(wanted)
+                for g in self._gone.note_groups(wanted):  # deleted
+                    self._group_coordinators.pop(g, None)
                 return sorted(wanted)
             self._groups_seen.update(dict.fromkeys(wanted, now))
         self._groups_seen = {g: t for g, t in self._groups_seen.items() if now - t <= GROUPS_KEPT_S}
@@ -690,7 +673,7 @@ class Probe:
                     # Kafka's add(topic) forces a metadata update
                     self.metadata.add_topic(topic)
                 tps[(topic, partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
-            self._note_offsets(gid, tps, errored)
+            self._gone.note_offsets(gid, tps, errored)
             if tps or self._scope.owns(gid):  # sharing: its offsets on this share's topics, or its state
                 out[gid] = tps
         return out
@@ -701,135 +684,6 @@ class Probe:
             node = self._group_coordinators.get(gid)
             if node is not None:
                 self._unanswered.add(node)
-
-    # -- entities that are gone ------------------------------------------------------------
-
-    def _note_topics(self, view: ClusterView, topics: list[str], now: int) -> None:
-        """After each successful metadata refresh (a complete response: ``view``; ``topics``: the
-        watched ones it answered without an error): a watched topic seen before and absent from
-        ``GONE_AFTER`` responses in a row is deleted, one ``partition_gone`` per partition it had.
-        Its first absence asks for metadata again (cause ``topic_missing``), so that the second
-        comes one refresh backoff later, not a refresh interval.  A topic the response names with
-        an error counts neither way; one that comes back before is seen again.  Per topic, not
-        per partition: a topic's partitions are 0..n-1 (a smaller count, which Kafka does not do,
-        keeps the larger)."""
-        parts, misses, listed = self._topic_parts, self._topic_misses, view.topics
-        for name in topics:
-            n = listed[name].partition_count
-            if parts.get(name, 0) < n:
-                parts[name] = n
-        if misses:  # seen again (an error in the response: not seen, not missed either)
-            for name in [t for t in misses if t in listed and listed[t].error is None]:
-                del misses[name]
-        absent = parts.keys() - listed.keys()
-        if not absent:
-            return
-        gone: list[str] = []
-        first: list[str] = []
-        for name in sorted(absent):
-            n = misses.get(name, 0) + 1
-            if n >= GONE_AFTER:
-                gone.append(name)
-            else:
-                misses[name] = n
-                if n == 1:
-                    first.append(name)
-        if first:
-            self.metadata.request_update(Cause.TOPIC_MISSING)
-            log.info("topic(s) missing from the metadata, asked again to confirm: %s", first[:10])
-        if gone:
-            rows = [(t, p, "topic deleted") for t in gone for p in range(parts[t])]
-            unsent = {rows[i][0] for i in self._emit_rows(PartitionGone, rows, now)}
-            for t in gone:
-                if t in unsent:  # not enqueued: sent again at the next complete response without it
-                    misses[t] = GONE_AFTER - 1
-                else:
-                    del parts[t]
-                    misses.pop(t, None)
-            log.info("topic(s) deleted (absent from %d metadata responses in a row): %s", GONE_AFTER, gone[:10])
-
-    def _note_groups(self, listed: list[str]) -> None:
-        """After each complete group listing (``listed``: the watched groups it named): a group
-        seen before (listed, or answered by its coordinator) and absent from ``GONE_AFTER``
-        complete listings in a row is deleted: one ``group_gone`` when this probe reports its
-        state (its share), and its committed-offset bookkeeping goes with it (the job drops a
-        deleted group's partitions with it: no ``group_partition_gone`` for them)."""
-        misses = self._group_misses
-        seen = dict.fromkeys(listed, 0)
-        gone: list[str] = []
-        for g in misses.keys() - seen.keys():
-            n = misses[g] + 1
-            if n >= GONE_AFTER:
-                gone.append(g)
-            else:
-                seen[g] = n
-        self._group_misses = seen
-        if not gone:
-            return
-        gone.sort()
-        owned = [g for g in gone if self._scope.owns(g)]
-        rows = [(g, "group deleted") for g in owned]
-        unsent = {rows[i][0] for i in self._emit_rows(GroupGone, rows, self._now_ms())}
-        for g in gone:
-            if g in unsent:  # not enqueued: sent again at the next complete listing without it
-                seen[g] = GONE_AFTER - 1
-                continue
-            self._gp_known.pop(g, None)
-            self._gp_misses.pop(g, None)
-            self._group_coordinators.pop(g, None)
-        if owned:
-            log.info("consumer group(s) deleted (absent from %d complete listings in a row): %s", GONE_AFTER,
-                     owned[:10])
-
-    def _note_offsets(self, gid: str, tps: dict[tuple[str, int], Optional[int]],
-                      errored: list[tuple[str, int]]) -> None:
-        """After each answer of a group's coordinator (``tps``: its committed offsets on watched
-        topics; ``errored``: the partitions its answer carried an error for): a partition reported
-        before and left out of ``GONE_AFTER`` answers in a row has lost its committed offset (the
-        group still exists): one ``group_partition_gone``.  An errored partition counts neither
-        way; a coordinator that did not answer is not here at all.  Set operations over the
-        group's partitions (in C), Python work only for what is missing."""
-        known = self._gp_known.get(gid)
-        if known is None:
-            if tps:
-                self._gp_known[gid] = set(tps)
-                self._group_misses.setdefault(gid, 0)  # seen: a later complete listing without it counts
-            return
-        absent = known.difference(tps)
-        if len(known) - len(absent) != len(tps):  # partitions not reported before
-            known.update(tps)
-        misses = self._gp_misses.get(gid)
-        if misses:  # answered again
-            for k in [k for k in misses if k in tps]:
-                del misses[k]
-        if absent and errored:
-            absent.difference_update(errored)
-        if absent:
-            if misses is None:
-                misses = self._gp_misses[gid] = {}
-            gone: list[tuple[str, int]] = []
-            for k in absent:
-                n = misses.get(k, 0) + 1
-                if n >= GONE_AFTER:
-                    gone.append(k)
-                else:
-                    misses[k] = n
-            if gone:
-                gone.sort()
-                rows = [(gid, t, p, "committed offset deleted") for t, p in gone]
-                unsent = {rows[i][1:3] for i in self._emit_rows(GroupPartitionGone, rows, self._now_ms())}
-                for k in gone:
-                    if k in unsent:  # not enqueued: sent again at the next answer without it
-                        misses[k] = GONE_AFTER - 1
-                    else:
-                        known.discard(k)
-                        misses.pop(k, None)
-                log.info("committed offsets of group %s deleted (absent from %d answers in a row): %s", gid,
-                         GONE_AFTER, gone[:10])
-        if misses is not None and not misses:
-            del self._gp_misses[gid]
-        if not known:
-            del self._gp_known[gid]
 
     def _group_states(self, answers: dict[str, Any]) -> None:
         """One ``group_state`` per group from the coordinator's DescribeGroups answer.  The
@@ -846,7 +700,7 @@ class Probe:
                 if len(coordinators) > 100_000:
                     coordinators.clear()
                 coordinators[gid] = d.coordinator
-            self._group_misses.setdefault(gid, 0)  # its state sent: seen (if only partial listings named it)
+            self._gone.seen_group(gid)  # its state sent: seen (if only partial listings named it)
             self._emitter.emit(d, observed_at=at)
 
     def _watermarks(self, partitions: list[tuple[str, int]], sent: Any = None, deadline: Optional[float] = None,
