@@ -85,6 +85,7 @@ GROUP_TOPICS = 10  # topics per consumer group: 1,000 group partitions each
 #: older copy, PROBE_BENCH_CODE, has on Probe what is now in the probe's parts)
 PHASE_METHODS = [
     ("monitor.probe", "Probe", "refresh_metadata", "metadata"),
+    ("monitor.topology", "ProbeTopologyMixin", "refresh_metadata", "metadata"),
     ("monitor.probe", "Probe", "_leader_epochs", "leader_epochs"),
     ("monitor.leader_epochs", "LeaderEpochs", "leader_epochs", "leader_epochs"),
     ("monitor.probe", "Probe", "_on_stats", "stats"),
@@ -92,9 +93,12 @@ PHASE_METHODS = [
     ("monitor.probe", "Probe", "_topic_min_isr", "min_isr"),
     ("monitor.topic_configs", "TopicConfigs", "min_isr", "min_isr"),
     ("monitor.probe", "Probe", "_committed_offsets", "committed"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_committed_offsets", "committed"),
     ("monitor.coordinator", "CoordinatorClient", "collect", "committed"),  # waiting for the child's answers
     ("monitor.probe", "Probe", "_group_states", "group_states"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_group_states", "group_states"),
     ("monitor.probe", "Probe", "_watermarks", "watermarks"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_watermarks", "watermarks"),
     ("monitor.probe", "Probe", "_wait", "idle"),
     ("monitor.emitter", "EventEmitter", "emit", "events"),
     ("monitor.emitter", "EventEmitter", "emit_rows", "events"),

@@ -126,9 +126,10 @@ class LeaderEpochs:
         """Leader epochs as of the metadata response just received.
 
         librdkafka reports a partition's leader epoch only in its statistics, only for topics
-        the client holds a handle for (``list_topics(topic)`` creates one), and only in
-        statistics produced after the metadata response.  So: register new topics once, then
-        wait (at most 2.5 statistics intervals and EPOCH_WAIT_SHARE of the interval) for statistics stamped after now — librdkafka's
+        the client (``admin``, the metadata client) holds a handle for (``list_topics(topic)``
+        creates one), and only in statistics produced after the metadata response.  So: register
+        new topics once, then wait (at most 2.5 statistics intervals and EPOCH_WAIT_SHARE of the
+        interval) for statistics stamped after now — librdkafka's
         ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
         carry no epochs at all (seen once) is not waited for again; epochs then stay null.
         Only that one document is read (``epochs_from_stats``), not every one the client sends.

@@ -134,8 +134,8 @@ class ProbeConfig:
         fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
         costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
         partitions); the probe reads one per refresh, and times its periodic refreshes so
-        that one comes right after each (``Probe._refresh_start_in``), which works when the
-        statistics interval divides the refresh period."""
+        that one comes right after each (``_refresh_start_in`` in monitor/topology.py), which
+        works when the statistics interval divides the refresh period."""
         if self.stats_interval_s is not None:
             return self.stats_interval_s
         k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
