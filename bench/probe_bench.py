@@ -50,6 +50,7 @@ import argparse
 import collections
 import concurrent.futures
 import gc
+import importlib
 import json
 import os
 import pathlib
@@ -72,31 +73,46 @@ sys.path.insert(0, str(ROOT / "bench"))
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
-from monitor import coordinator as coordinator_mod  # noqa: E402
-from monitor import emitter as emitter_mod  # noqa: E402
 from monitor import probe as probe_mod  # noqa: E402
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 TOPIC_PARTITIONS = 100  # partitions per topic: 10,000 partitions = 100 topics
 EVENTS_TOPIC = "kafka-monitor.events"
 GROUP_TOPICS = 10  # topics per consumer group: 1,000 group partitions each
 
-#: (class, method, phase): methods that exist in this version of the code are timed
+#: (module, class, method, phase): methods that exist in this version of the code are timed (an
+#: older copy, PROBE_BENCH_CODE, has on Probe what is now in the probe's parts)
 PHASE_METHODS = [
-    (Probe, "refresh_metadata", "metadata"),
-    (Probe, "_leader_epochs", "leader_epochs"),
-    (Probe, "_on_stats", "stats"),
-    (Probe, "_topic_min_isr", "min_isr"),
-    (Probe, "_committed_offsets", "committed"),
-    (coordinator_mod.CoordinatorClient, "collect", "committed"),  # waiting for the child's answers
-    (Probe, "_group_states", "group_states"),
-    (Probe, "_watermarks", "watermarks"),
-    (Probe, "_wait", "idle"),
-    (emitter_mod.EventEmitter, "emit", "events"),
-    (emitter_mod.EventEmitter, "emit_rows", "events"),
+    ("monitor.probe", "Probe", "refresh_metadata", "metadata"),
+    ("monitor.topology", "ProbeTopologyMixin", "refresh_metadata", "metadata"),
+    ("monitor.probe", "Probe", "_leader_epochs", "leader_epochs"),
+    ("monitor.leader_epochs", "LeaderEpochs", "leader_epochs", "leader_epochs"),
+    ("monitor.probe", "Probe", "_on_stats", "stats"),
+    ("monitor.leader_epochs", "LeaderEpochs", "on_stats", "stats"),
+    ("monitor.probe", "Probe", "_topic_min_isr", "min_isr"),
+    ("monitor.topic_configs", "TopicConfigs", "min_isr", "min_isr"),
+    ("monitor.probe", "Probe", "_committed_offsets", "committed"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_committed_offsets", "committed"),
+    ("monitor.coordinator", "CoordinatorClient", "collect", "committed"),  # waiting for the child's answers
+    ("monitor.probe", "Probe", "_group_states", "group_states"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_group_states", "group_states"),
+    ("monitor.probe", "Probe", "_watermarks", "watermarks"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_watermarks", "watermarks"),
+    ("monitor.probe", "Probe", "_wait", "idle"),
+    ("monitor.emitter", "EventEmitter", "emit", "events"),
+    ("monitor.emitter", "EventEmitter", "emit_rows", "events"),
 ]
 PHASES = ["metadata", "leader_epochs", "stats", "min_isr", "committed", "group_states", "watermarks", "events",
           "delivery", "other", "idle"]
+
+
+def _module(name: str) -> Any:
+    """The module ``name`` of the code measured, or None where that copy has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def child_cpu_s(probe: Probe) -> float:
@@ -161,8 +177,9 @@ class PhaseTimer:
 
     def install(self) -> Callable[[], None]:
         saved = []
-        for cls, attr, name in PHASE_METHODS:
-            fn = cls.__dict__.get(attr)
+        for module, cls_name, attr, name in PHASE_METHODS:
+            cls = getattr(_module(module), cls_name, None)
+            fn = cls.__dict__.get(attr) if cls is not None else None
             if fn is None:
                 continue
             saved.append((cls, attr, fn))

@@ -274,7 +274,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg: Any
         try:
             if args.cmd == "probe":
-                from monitor.probe import Probe, ProbeConfig
+                from monitor.probe import Probe
+                from monitor.probe_config import ProbeConfig
                 ebs = flags.pop("events_bootstrap_servers")
                 flags["events_kafka"] = {"bootstrap.servers": ebs} if ebs else None
                 cfg = build(ProbeConfig, "probe", file_data=read_file(args.config), flags=flags)

@@ -1,7 +1,7 @@
 """Configuration: one TOML file, environment variables and command-line flags, in that order
 of precedence (a flag beats the environment, which beats the file, which beats the default).
 
-    [probe]                      # monitor.probe.ProbeConfig
+    [probe]                      # monitor.probe_config.ProbeConfig
     bootstrap_servers = "broker1:9092"
     interval_s = 10
     [probe.kafka]                # librdkafka properties for every client the probe creates

@@ -363,7 +363,8 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
     ``fault_every_s`` seconds (0: none).  Raises
     ``kafka_monitor.local.kafka_install.KafkaSetupError`` when Java or Maven is missing or Kafka
     cannot be fetched."""
-    from monitor.probe import Probe, ProbeConfig
+    from monitor.probe import Probe
+    from monitor.probe_config import ProbeConfig
     from streaming.job import JobConfig, run
 
     if real_cluster:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from streaming.gcpause import gc_paused
+from monitor.gcpause import gc_paused
 from streaming.sinks.alerts import AlertsTopicSink
 from streaming.sinks.catalogue import ROW_COLUMNS
 from streaming.sinks.exporter import Exporter

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from monitor.contract import LIVENESS_TYPES
+from monitor.gcpause import gc_paused
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
 from streaming.rules import client as rules_client
@@ -30,7 +31,6 @@ from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
 from streaming.rules import produce as rules_produce
 from streaming.rules import topic as rules_topic
-from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
 from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
 from streaming.state.table import event_keys as table_event_keys, keyed_applied

@@ -25,7 +25,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for

@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.local.broker import create_topics
-from monitor.probe import Probe, ProbeConfig, share_of
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state
 from streaming.rules.group import GroupRulesConfig
