@@ -8,7 +8,7 @@ lag in seconds is the age of the record at offset = committed).  Each profile ru
 
 * "before": ``streaming/rules/lag.py`` as of ``--before-rev`` (default: the last commit before
   issue 14), read with ``git show`` into a temporary directory for the run only, and
-* "after": ``streaming/rules/lag.py`` as it is in the working tree,
+* "after": ``streaming/rules/lag.py`` (and the lag_* modules it imports) as in the working tree,
 
 each with its own default ``LagConfig``.  Figures per profile and version:
 

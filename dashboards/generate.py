@@ -40,7 +40,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streaming.rules.base import Alert  # noqa: E402
 from streaming.rules.group import GroupRulesConfig  # noqa: E402
-from streaming.rules.lag import LagConfig  # noqa: E402
+from streaming.rules.lag_config import LagConfig  # noqa: E402
 from streaming.rules.partition import PartitionRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer

@@ -29,7 +29,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming.ingest import parsing
 from streaming.rules import group as rules_group
-from streaming.rules import lag as rules_lag
+from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.read import spark_kafka
@@ -57,7 +57,7 @@ class JobConfigError(ValueError):
 
 
 #: [job.rules.<family>] -> the settings class of that family of rules
-RULE_FAMILIES = {"lag": rules_lag.LagConfig, "partition": rules_partition.PartitionRulesConfig,
+RULE_FAMILIES = {"lag": rules_lag_config.LagConfig, "partition": rules_partition.PartitionRulesConfig,
                  "group": rules_group.GroupRulesConfig, "notify": rules_notify.NotifyConfig}
 #: the families the state function takes (notify is the exporter's: when an open alert pages)
 STATE_FAMILIES = ("lag", "partition", "group")
@@ -137,7 +137,7 @@ class JobConfig:
     stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
     #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group],
-    #: and when alerts opened at once notify, [job.rules.notify] (streaming.rules.lag.LagConfig,
+    #: and when alerts opened at once notify, [job.rules.notify] (streaming.rules.lag_config.LagConfig,
     #: rules_partition.PartitionRulesConfig, rules_group.GroupRulesConfig,
     #: rules_notify.NotifyConfig; docs/settings.md, "Alert rule settings")
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from streaming.ingest import quality
 
 P = "kafka_monitor_"
-#: lag status name -> gauge value (streaming.rules.lag.LagStatus, in severity order)
+#: lag status name -> gauge value (streaming.rules.lag_status.LagStatus, in severity order)
 LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope",

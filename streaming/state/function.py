@@ -28,6 +28,7 @@ from streaming.rules import canary as rules_canary
 from streaming.rules import fetch as rules_fetch
 from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
+from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import partition as rules_partition
 from streaming.rules import produce as rules_produce
 from streaming.rules import topic as rules_topic
@@ -95,7 +96,7 @@ class StateConfig:
     #: identifies this run of the job: an entity's gauges are sent to the exporter when they
     #: change, and once per run (a restarted job starts with an empty exporter)
     run_id: str = ""
-    lag: rules_lag.LagConfig = field(default_factory=rules_lag.LagConfig)
+    lag: rules_lag_config.LagConfig = field(default_factory=rules_lag_config.LagConfig)
     partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
 

@@ -12,7 +12,7 @@ import pytest
 
 from kafka_monitor.config import ConfigError, build
 from streaming.rules import group as rules_group
-from streaming.rules import lag as rules_lag
+from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.job import RULE_FAMILIES, JobConfig, JobConfigError
@@ -32,12 +32,12 @@ def test_file_and_environment_settings_reach_each_family_over_its_defaults():
                    "KAFKA_MONITOR_JOB_RULES_LAG_STALL_AFTER_MS": "120000",
                    "KAFKA_MONITOR_JOB_RULES_NOTIFY_BROKER_DOWN_AFTER_MS": "60000"})
     r = cfg.rule_configs()
-    assert r["lag"] == rules_lag.LagConfig(lag_high_offsets=50_000, lag_high_seconds=None, stall_after_ms=120_000)
+    assert r["lag"] == rules_lag_config.LagConfig(lag_high_offsets=50_000, lag_high_seconds=None, stall_after_ms=120_000)
     assert r["partition"] == rules_partition.PartitionRulesConfig(hw_stall_ms=120_000)
     assert r["group"] == rules_group.GroupRulesConfig(silent_factor=5.0)
     assert r["notify"] == rules_notify.NotifyConfig(isr_shrink_after_ms=30_000, broker_down_after_ms=60_000)
     assert r["notify"].holds_s()["IsrShrink"] == 30.0
-    assert job().rule_configs() == {"lag": rules_lag.LagConfig(), "partition": rules_partition.PartitionRulesConfig(),
+    assert job().rule_configs() == {"lag": rules_lag_config.LagConfig(), "partition": rules_partition.PartitionRulesConfig(),
                                     "group": rules_group.GroupRulesConfig(), "notify": rules_notify.NotifyConfig()}
 
 
