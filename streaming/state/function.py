@@ -21,15 +21,10 @@ import pyarrow.compute as pc
 from monitor.contract import LIVENESS_TYPES
 from streaming.rules import base as rules
 from streaming.rules import group as rules_group
-from streaming.rules import client as rules_client
-from streaming.rules import broker as rules_broker
-from streaming.rules import canary as rules_canary
-from streaming.rules import fetch as rules_fetch
-from streaming.rules import source as rules_source
 from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
-from streaming.rules import produce as rules_produce
 from streaming.rules import topic as rules_topic
+from streaming.rules.dispatch import DUE, EVENTS, TEMPLATES, labels, new_entity
 from streaming.gcpause import gc_paused
 from streaming.state.table import NULL, PartitionTable
 from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
@@ -282,7 +277,7 @@ def active_rows(entities: dict[str, Any]) -> list[dict]:
     out = []
     for s in entities.values():
         for name, o in (s.get("open") or {}).items():
-            severity, lab = o.get("shown") or (rules.SEVERITY[rules.Alert(name)].name.lower(), _labels(s))
+            severity, lab = o.get("shown") or (rules.SEVERITY[rules.Alert(name)].name.lower(), labels(s))
             out.append(_row(kind="open_alert", action="restate", cluster=lab.get("cluster"), topic=lab.get("topic"),
                             partition=lab.get("partition"), consumer_group=lab.get("group"),
                             source=lab.get("source"), broker=lab.get("broker"), alert=name, alert_id=o["id"],
@@ -330,47 +325,6 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
                     count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
                     cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
     return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
-
-
-def _labels(s: dict) -> dict:
-    kind = s["kind"]
-    if kind == "broker":
-        return rules_broker.broker_labels(s)
-    if kind in ("partition", "canary"):
-        return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "client_produce":
-        return {"cluster": s["cluster"], "source": s["source"], "topic": s["topic"], "partition": s["partition"]}
-    if kind in ("group_partition", "client_fetch"):
-        return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "group":
-        return {"cluster": s["cluster"], "group": s["group"]}
-    if kind == "topic":
-        return {"cluster": s["cluster"], "topic": s["topic"]}
-    return {"cluster": s["cluster"], "source": s["source"]}
-
-
-#: a new entity of each kind from its identifying fields (an input row, or a stored entity to
-#: complete after a field was added)
-_TEMPLATES: dict[str, Callable[[dict], Any]] = {
-    "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
-    "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
-    "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
-    "canary": lambda e: rules_canary.new_canary(e["cluster"], e["topic"], e["partition"]),
-    "client_produce": lambda e: rules_produce.new_client_produce(e["cluster"], e["source"], e["topic"], e["partition"]),
-    "broker": lambda e: rules_broker.new_broker(e["cluster"], e.get("node_id") or 0),
-    "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
-    "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
-    "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
-    "topic": lambda e: rules_topic.new_topic(e["cluster"], e["topic"]),
-}
-
-
-def _new(kind: str, r: dict) -> Any:
-    s = _TEMPLATES.get(kind, _TEMPLATES["topic"])(r)
-    s["kind"] = kind
-    s.setdefault("open", {})
-    s.setdefault("last_seen", None)
-    return s
 
 
 #: the string columns of the rows the state function receives: from Arrow they are str or
@@ -701,7 +655,7 @@ def forget(entities: dict[str, Any], key: str, etype: str, r: dict,
         v = entities.get(k)
         if v is None or (v.get("last_seen") is not None and v["last_seen"] > t):
             continue
-        out += rules.gone(v, t, k, _labels(v), reason)
+        out += rules.gone(v, t, k, labels(v), reason)
         rows.append((k, _entity_row(v, action="remove") | {"evidence": REMOVED_REASONS[reason]}))
         del entities[k]
         keys.add(k)
@@ -731,6 +685,14 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
     ``removed`` with their keys."""
     out: list[rules.Transition] = []
     touched: set[str] = set()
+
+    def find(k: str) -> Any:
+        """The entity ``k``, taken into ``entities`` from the table if it is there; or None."""
+        got = entities.get(k)
+        if got is None and take is not None and (got := take(k)) is not None:
+            entities[k] = got
+        return got
+
     frames = [rows] if isinstance(rows, pd.DataFrame) else [f for f in rows if len(f)]
     if not frames:
         return out, touched
@@ -755,10 +717,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         r.update(zip(used, values))
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]
-        s: Any = entities.get(key)
+        s: Any = find(key)
         if etype in GONE:  # not admitted: a repeat finds nothing left to forget
-            if s is None and take is not None and (s := take(key)) is not None:
-                entities[key] = s
             if t is not None:
                 gone, rows, keys = forget(entities, key, etype, r, int(t))
                 out += gone
@@ -767,74 +727,26 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
                     removed += rows
             continue
         if s is None:
-            s = take(key) if take is not None else None
-            if s is None:
-                s = _new(kind, r)
-            else:
-                entities[key] = s
+            s = new_entity(kind, r)
         why = admit(s, etype, r["source"], t, r.get("event_id"))
         if why is not None:
             # a liveness event comes twice by design (monitor/emitter.py): its copy is no loss
             if dropped is not None and not (why == "duplicate" and etype in LIVENESS_TYPES):
                 dropped[why] = dropped.get(why, 0) + 1
             continue
-        if kind in _DUE and t is not None:
+        if kind in DUE and t is not None:
             out += catch_up(s, key, int(t) - 1, cfg)  # what expired before this event
-        if etype == "partition_metadata":
-            out += rules_partition.on_partition_metadata(s, r, t, key, cfg.partition)
-        elif etype == "partition_offsets":
-            out += rules_partition.on_partition_offsets(s, r, t, key, cfg.partition)
-        elif etype == "group_offsets":
-            out += rules_lag.on_group_offsets(s, r, t, key, cfg.lag)
-        elif etype == "group_state":
-            out += rules_group.on_group_state(s, {**r, "state": r["group_state"]}, t, key, cfg.group)
-        elif etype == "rebalance":
-            out += rules_group.on_rebalance(s, {**r, "reason": None}, t, key, cfg.group)
-        elif etype == "metadata_refresh":
-            out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
-        elif etype == "client_fetch":
-            out += rules_fetch.on_client_fetch(s, r, t, key)
-        elif etype == "broker_state":
-            out += rules_broker.on_broker_state(s, r, t, key)
-        elif etype in ("canary", "client_produce"):
-            if etype == "canary":
-                out += rules_canary.on_canary(s, r, t, key)
-                pending = rules_canary.pending_writes(r)
-            else:
-                out += rules_produce.on_client_produce(s, r, t, key)
-                pending = rules_produce.in_flight(r)
-            if t is not None and pending:
-                pkey = f"partition|{r['cluster']}/{r['topic']}/{int(r['partition'])}"
-                ps = entities.get(pkey)
-                if ps is None and take is not None:
-                    ps = take(pkey)
-                    if ps is not None:
-                        entities[pkey] = ps
-                if ps is not None:  # not observed yet: nothing to stall
-                    rules_partition.note_pending_writes(ps, t)
-                    waited = rules.report_int(r, "oldest_pending_ms") if etype == "canary" else None
-                    if waited is not None:
-                        out += rules_partition.note_write_waited(ps, t, waited, pkey, cfg.partition)
-        elif etype == "heartbeat":
-            out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
-        elif etype == "partition_count_change":
-            out += rules_topic.on_partition_count_change(
-                s, {"topic": r["topic"], "old_count": r["old_count"], "new_count": r["new_count"],
-                    "unseen_for_at_most_ms": r["unseen_for_at_most_ms"], "source": r["source"], "seen_at": t},
-                t, key, cfg.partition)
-        else:
+        on = EVENTS.get(etype)
+        if on is None:
             continue
+        out += on.rule(s, r, t, key) if on.family is None else on.rule(s, r, t, key, getattr(cfg, on.family))
+        if on.writes is not None:
+            out += on.writes(r, t, find, cfg.partition)
         if s.get("last_seen") is None or (t is not None and t > s["last_seen"]):
             s["last_seen"] = t
         entities[key] = s
         touched.add(key)
     return out, touched
-
-
-#: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
-#: at the moments they fall due, not at a batch's end (``catch_up``)
-_DUE = {"client": (rules_client.client_due_at, rules_client.tick_client),
-        "source": (rules_source.source_due_at, rules_source.tick_source)}
 
 
 def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Transition]:
@@ -843,14 +755,14 @@ def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Tran
     micro-batch boundaries (before a new event of the entity at t, ``until`` is t - 1; at a
     batch's end, the batch's time).  A job that read the same events in other batches, after a
     restart or a replay, raises the same transitions."""
-    due_at, tick_at = _DUE[s["kind"]]
-    group_cfg = cfg.group
+    timers = DUE[s["kind"]]
+    settings = getattr(cfg, timers.family)
     out: list[rules.Transition] = []
     for _ in range(8):  # each tick settles what fell due; a few suffice (bounded all the same)
-        due = due_at(s, group_cfg)
+        due = timers.due_at(s, settings)
         if due is None or due > until:
             break
-        got = tick_at(s, due, key, group_cfg)
+        got = timers.tick(s, due, key, settings)
         out += got
         if not got:
             break
@@ -874,7 +786,7 @@ def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Tra
             due = rules_group.group_due_at(s, cfg.group)  # None: no timer runs, tick_group would do nothing
             if due is not None and due <= now:
                 out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
-        elif kind in _DUE:
+        elif kind in DUE:
             out += catch_up(s, key, now, cfg)
     return out
 
@@ -918,7 +830,7 @@ def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[r
     out = []
     for key in list(entities):
         s = entities[key]
-        gone = rules.evict(s, now, ttl_ms, key, _labels(s))
+        gone = rules.evict(s, now, ttl_ms, key, labels(s))
         if gone is not None:
             resolved += gone
             out.append(_entity_row(s, action="remove") | {"evidence": REMOVED_REASONS["not observed"]})
@@ -1053,7 +965,7 @@ _MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _fr
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs
 #: has its entities completed (a field added since keeps its new entity's default)
-FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in _TEMPLATES.items()))
+FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in TEMPLATES.items()))
 
 
 def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
@@ -1064,7 +976,7 @@ def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
         if got is not None:
             entities[k] = got
     for e in entities.values():
-        make = _TEMPLATES.get(e.get("kind", ""))
+        make = TEMPLATES.get(e.get("kind", ""))
         if make is None:
             continue
         for name, default in make(e).items():

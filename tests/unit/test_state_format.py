@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from streaming.rules import dispatch
 from streaming.rules import partition as rules_partition
 from streaming.state import function as st
 from tests.support.state_fakes import FakeState, call, pmd, poff, rows
@@ -85,7 +86,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     def new_partition(cluster, topic, partition):
         return {**rules_partition.new_partition(cluster, topic, partition), "added_later": 7}
 
-    monkeypatch.setitem(st._TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
+    monkeypatch.setitem(dispatch.TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
     monkeypatch.setattr(st, "FIELDS", st.FIELDS + (("partition", ("added_later",)),))
     entities, table, _ = st._unpack(s.value[0], "r")
     parts = {k: e for k, e in entities.items() if e["kind"] == "partition"}
