@@ -34,6 +34,8 @@ from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.read import spark_kafka
 from streaming.state import function as st
+from streaming.state.codec import STATE_SCHEMA
+from streaming.state.rows import OUTPUT_SCHEMA
 from streaming.sinks.alerts import AlertsTopicSink
 from streaming.sinks.batch import ExporterSink
 from streaming.sinks.catalogue import GRANULARITIES
@@ -353,8 +355,8 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
         st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
                                               **{f: c for f, c in cfg.rule_configs().items()
                                                  if f in STATE_FAMILIES})),
-        outputStructType=st.OUTPUT_SCHEMA,
-        stateStructType=st.STATE_SCHEMA,
+        outputStructType=OUTPUT_SCHEMA,
+        stateStructType=STATE_SCHEMA,
         outputMode="update",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )

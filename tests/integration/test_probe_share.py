@@ -15,6 +15,7 @@ from kafka_monitor.local.broker import create_topics
 from monitor.probe import Probe, ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state
+from streaming.state import rows as st_rows
 from streaming.rules.group import GroupRulesConfig
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
@@ -129,7 +130,7 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
 
     # each probe's cycle figures, as its last heartbeat gave them, are what /metrics shows
     ex = Exporter()
-    ex.apply(state.changed_entity_rows(entities, [k for k, s in entities.items() if s["kind"] == "source"], "run"),
+    ex.apply(st_rows.changed_entity_rows(entities, [k for k, s in entities.items() if s["kind"] == "source"], "run"),
              batch_id=0)
     text = ex.render().decode()
     for src in sources.values():
