@@ -1,7 +1,8 @@
 """The ``applyInPandasWithState`` function: per bucket of entities, admit each observation once
 and in order, fold the quiet partitions' rows in columns (``table``) and the others through the
-rules, run the time-driven checks, store the bucket (a versioned format), emit the changed
-gauges and the alert transitions.  Layout, restarts, timers and the stored format: docs/state.md.
+rules (``streaming.rules.dispatch`` says which), run the time-driven checks, store the bucket
+(``codec``), emit the changed gauges and the alert transitions (``rows``).  Layout, restarts,
+timers and the stored format: docs/state.md.
 """
 
 from __future__ import annotations
@@ -508,6 +509,58 @@ def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[r
     return resolved, out
 
 
+def on_timeout(state: Any, bucket: int, cfg: StateConfig, compact: bool = True) -> pd.DataFrame:
+    """A bucket woken without events (Spark's processing-time timeout): the time-driven checks
+    and the evictions at the batch's processing time, then the bucket stored."""
+    entities, table, run = _load(state, cfg.run_id)
+    now = int(state.getCurrentProcessingTimeMs())
+    entities.update(table.take_due(now, cfg.entity_ttl_ms))
+    transitions = tick(entities, now, cfg)
+    remember_shown(entities, transitions)
+    gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
+    transitions += gone
+    out += removed_rows(out, now)
+    if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+        out += active_rows(entities)
+    out.append(_store(state, entities, table, cfg, compact, bucket))
+    return _frame(_transition_columns(transitions), out)
+
+
+def on_batch(pdfs: Iterator[pd.DataFrame], state: Any, bucket: int, cfg: StateConfig,
+             compact: bool = True) -> pd.DataFrame:
+    """A bucket's rows of one micro-batch: the quiet and new partitions' in columns, the others
+    through the rules in event order, then the time-driven checks and the evictions at the
+    batch's latest event time, then the bucket stored."""
+    frames = [f for f in pdfs if len(f)]
+    entities, table, run = _load(state, cfg.run_id)
+    now = int(max(f["observed_at"].max() for f in frames))
+    dropped: dict[str, int] = {}
+    # quiet rows first (the table is empty unless compact): fold_new then looks at the few rows
+    # left, not at every row of the bucket; it takes no row fold_quiet would
+    frames, quiet = fold_quiet(table, frames)
+    born = np.empty(0, np.int64)
+    if compact:
+        frames, born = fold_new(table, entities, frames, cfg)
+    quiet = np.concatenate([born, quiet])
+    forgotten: list[tuple[str, dict]] = []
+    transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
+    entities.update(table.take_due(now, cfg.entity_ttl_ms))
+    transitions += tick(entities, now, cfg)
+    remember_shown(entities, transitions)
+    out = changed_entity_rows(entities, touched, cfg.run_id)
+    if len(quiet):
+        out.append(pack_block(table.gauge_columns(quiet)))
+    gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
+    transitions += gone
+    # an entity forgotten and then seen again in this batch (re-created) keeps its series
+    removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
+    after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
+    if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+        after += active_rows(entities)
+    after.append(_store(state, entities, table, cfg, compact, bucket))
+    return _frame(_transition_columns(transitions), out, after)
+
+
 def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Callable[..., Iterator[pd.DataFrame]]:
     """The function handed to ``applyInPandasWithState`` (a closure over its settings).
     ``compact_partitions=False`` keeps every partition a dict and folds every row through the
@@ -515,55 +568,13 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
     table against."""
 
     def update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        with gc_paused():
-            yield from _update_bucket(key, pdfs, state)
-
-    def _update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
-        if state.hasTimedOut:
-            entities, table, run = _load(state, cfg.run_id)
-            now = int(state.getCurrentProcessingTimeMs())
-            entities.update(table.take_due(now, cfg.entity_ttl_ms))
-            transitions = tick(entities, now, cfg)
-            remember_shown(entities, transitions)
-            gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
-            transitions += gone
-            out += removed_rows(out, now)
-            if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
-                out += active_rows(entities)
-            out.append(_store(state, entities, table, cfg, compact_partitions, bucket))
-            yield _frame(_transition_columns(transitions), out)
-            return
-        if bucket == QUARANTINE_BUCKET:
-            yield _frame(quarantine_rows(pdfs))
-            return
-        frames = [f for f in pdfs if len(f)]
-        entities, table, run = _load(state, cfg.run_id)
-        now = int(max(f["observed_at"].max() for f in frames))
-        dropped: dict[str, int] = {}
-        # quiet rows first (the table is empty unless compact_partitions): fold_new then looks at
-        # the few rows left, not at every row of the bucket; it takes no row fold_quiet would
-        frames, quiet = fold_quiet(table, frames)
-        born = np.empty(0, np.int64)
-        if compact_partitions:
-            frames, born = fold_new(table, entities, frames, cfg)
-        quiet = np.concatenate([born, quiet])
-        forgotten: list[tuple[str, dict]] = []
-        transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
-        entities.update(table.take_due(now, cfg.entity_ttl_ms))
-        transitions += tick(entities, now, cfg)
-        remember_shown(entities, transitions)
-        out = changed_entity_rows(entities, touched, cfg.run_id)
-        if len(quiet):
-            out.append(pack_block(table.gauge_columns(quiet)))
-        gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
-        transitions += gone
-        # an entity forgotten and then seen again in this batch (re-created) keeps its series
-        removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
-        after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
-        if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
-            after += active_rows(entities)
-        after.append(_store(state, entities, table, cfg, compact_partitions, bucket))
-        yield _frame(_transition_columns(transitions), out, after)
+        with gc_paused():
+            if state.hasTimedOut:
+                yield on_timeout(state, bucket, cfg, compact_partitions)
+            elif bucket == QUARANTINE_BUCKET:
+                yield _frame(quarantine_rows(pdfs))
+            else:
+                yield on_batch(pdfs, state, bucket, cfg, compact_partitions)
 
     return update_bucket
