@@ -79,7 +79,7 @@ def _rebalance(s: dict, r: dict, t: int, key: str, cfg: group.GroupRulesConfig) 
     return group.on_rebalance(s, {**r, "reason": None}, t, key, cfg)
 
 
-def _metadata_refresh(s: dict, r: dict, t: int, key: str, cfg: group.GroupRulesConfig) -> list[Transition]:
+def _metadata_refresh(s: dict, r: dict, t: int, key: str, cfg: client.ClientRulesConfig) -> list[Transition]:
     return client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg)
 
 
@@ -108,12 +108,12 @@ EVENTS: dict[str, On] = {
     "group_offsets": On(lag.on_group_offsets, "lag"),
     "group_state": On(_group_state, "group"),
     "rebalance": On(_rebalance, "group"),
-    "metadata_refresh": On(_metadata_refresh, "group"),
+    "metadata_refresh": On(_metadata_refresh, "client"),
     "client_fetch": On(fetch.on_client_fetch),
     "broker_state": On(broker.on_broker_state),
     "canary": On(canary.on_canary, writes=_canary_writes),
     "client_produce": On(produce.on_client_produce, writes=_produce_writes),
-    "heartbeat": On(source.on_heartbeat, "group"),
+    "heartbeat": On(source.on_heartbeat, "source"),
     "partition_count_change": On(_partition_count_change, "partition"),
 }
 
@@ -129,5 +129,5 @@ class Due(NamedTuple):
 
 #: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
 #: at the moments they fall due, not at a batch's end (``state.function.catch_up``)
-DUE = {"client": Due(client.client_due_at, client.tick_client, "group"),
-       "source": Due(source.source_due_at, source.tick_source, "group")}
+DUE = {"client": Due(client.client_due_at, client.tick_client, "client"),
+       "source": Due(source.source_due_at, source.tick_source, "source")}

@@ -19,9 +19,11 @@ import pandas as pd
 from monitor.contract import LIVENESS_TYPES
 from streaming.gcpause import gc_paused
 from streaming.rules import base as rules
+from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
 from streaming.rules import lag as rules_lag
 from streaming.rules import partition as rules_partition
+from streaming.rules import source as rules_source
 from streaming.rules import topic as rules_topic
 from streaming.rules.dispatch import DUE, EVENTS, labels, new_entity
 from streaming.state.codec import _load, _store
@@ -49,6 +51,8 @@ class StateConfig:
     lag: rules_lag.LagConfig = field(default_factory=rules_lag.LagConfig)
     partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
+    client: rules_client.ClientRulesConfig = field(default_factory=rules_client.ClientRulesConfig)
+    source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
 
 
 #: event ids remembered per (entity, type, source) at its latest event time

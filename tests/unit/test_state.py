@@ -7,7 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from streaming.rules.group import GroupRulesConfig
+from streaming.rules.client import ClientRulesConfig
+from streaming.rules.source import SourceRulesConfig
 
 from streaming.state import function as st
 from streaming.state import codec
@@ -295,7 +296,8 @@ def test_timers_expire_at_their_moment_whatever_the_batches():
     events = [mr(i, t) for i, t in enumerate(times)] + [hb(100 + i, t) for i, t in enumerate([0, 1000, 5000, 6000])]
     events.sort(key=lambda e: e["observed_at"])
 
-    cfg = st.StateConfig(group=GroupRulesConfig(silence_grace_ms=0))  # the factors' limits alone
+    cfg = st.StateConfig(client=ClientRulesConfig(silence_grace_ms=0),  # the factors' limits alone
+                         source=SourceRulesConfig(silence_grace_ms=0))
 
     def run(batches):
         ents, out = {}, []
