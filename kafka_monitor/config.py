@@ -9,7 +9,7 @@ of precedence (a flag beats the environment, which beats the file, which beats t
 
     [job]                        # streaming.job.JobConfig
     checkpoint_dir = "/var/lib/kafka-monitor/checkpoint"
-    [job.rules.lag]              # the alert rules' thresholds: lag, partition, group
+    [job.rules.lag]              # the alert rules' thresholds: lag, partition, group, client, source
     lag_high_offsets = 50000
 
 Environment: ``KAFKA_MONITOR_<SECTION>_<SETTING>`` for a setting

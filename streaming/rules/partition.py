@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, TypedDict
+from typing import Any, Callable, Optional, TypedDict
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
 
@@ -679,3 +679,26 @@ def on_partition_offsets(state: PartitionState, obs: dict, now: int, entity: str
     """Fold one ``partition_offsets`` observation: the offsets, HighWatermarkStalled, being
     observed."""
     return _offsets(state, obs, now) + _progress(state, obs, now, entity, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Partition: writes another entity's report says are pending (canary, client_produce)
+# ---------------------------------------------------------------------------------------------
+
+
+def on_pending_writes(obs: dict, now: Optional[int], pending: bool, waited_ms: Optional[int],
+                      find: Callable[[str], Optional[PartitionState]],
+                      cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+    """A canary's or an instrumented producer's report ``obs`` at ``now`` says writes are
+    ``pending`` on its partition (a canary's also how long the oldest has waited, ``waited_ms``):
+    the partition's state (``find(key)``; None while it is not observed: nothing to stall) notes
+    them (``note_pending_writes``), and the wait may open HighWatermarkStalled
+    (``note_write_waited``)."""
+    if now is None or not pending:
+        return []
+    key = f"partition|{obs['cluster']}/{obs['topic']}/{int(obs['partition'])}"
+    state = find(key)
+    if state is None:
+        return []
+    note_pending_writes(state, now)
+    return [] if waited_ms is None else note_write_waited(state, now, waited_ms, key, cfg)

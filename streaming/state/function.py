@@ -1,12 +1,12 @@
 """The ``applyInPandasWithState`` function: per bucket of entities, admit each observation once
 and in order, fold the quiet partitions' rows in columns (``table``) and the others through the
-rules, run the time-driven checks, store the bucket (a versioned format), emit the changed
-gauges and the alert transitions.  Layout, restarts, timers and the stored format: docs/state.md.
+rules (``streaming.rules.dispatch`` says which), run the time-driven checks, store the bucket
+(``codec``), emit the changed gauges and the alert transitions (``rows``).  Layout, restarts,
+timers and the stored format: docs/state.md.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import operator
 import pickle
@@ -15,77 +15,29 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from monitor.contract import LIVENESS_TYPES
 from monitor.gcpause import gc_paused
 from streaming.rules import base as rules
-from streaming.rules import group as rules_group
 from streaming.rules import client as rules_client
-from streaming.rules import broker as rules_broker
-from streaming.rules import canary as rules_canary
-from streaming.rules import fetch as rules_fetch
-from streaming.rules import source as rules_source
-from streaming.rules import lag as rules_lag
+from streaming.rules import group as rules_group
 from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import partition as rules_partition
-from streaming.rules import produce as rules_produce
+from streaming.rules import source as rules_source
 from streaming.rules import topic as rules_topic
+from streaming.rules.dispatch import DUE, EVENTS, labels, new_entity
+from streaming.state.codec import _load, _store
+from streaming.state.rows import (REMOVED_REASONS, _TEXT_COLUMNS, _column, _entity_row, _frame, _transition_columns,
+                                  active_rows, changed_entity_rows, dropped_rows, pack_block, quarantine_rows,
+                                  remember_shown, removed_rows)
 from streaming.state.table import NULL, PartitionTable
-from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
-from streaming.state.table import event_keys as table_event_keys, keyed_applied
+from streaming.state.table import event_keys as table_event_keys
 from streaming.state.table import CODED as TABLE_CODED, HOT as TABLE_HOT, PLAIN as TABLE_INTS, apply_writes
 from streaming.state.table import compact as table_compact, cold_keys as table_cold_keys
-from streaming.ingest.schema import FLAT_COLUMNS
 
 log = logging.getLogger(__name__)
 
 QUARANTINE_BUCKET = -1
-
-#: the rows the state function emits (one schema for gauges, removals, alerts and quarantine)
-OUTPUT_COLUMNS: list[tuple[str, str]] = [
-    ("kind", "string"),          # partition | partition_block | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped
-    ("action", "string"),        # upsert | remove | open | resolve | count
-    ("cluster", "string"),
-    ("topic", "string"),
-    ("partition", "long"),
-    ("consumer_group", "string"),
-    ("source", "string"),
-    ("leader", "long"),
-    ("replicas", "long"),
-    ("isr", "long"),
-    ("high_watermark", "long"),
-    ("log_start_offset", "long"),
-    ("last_stable_offset", "long"),
-    ("committed_offset", "long"),
-    ("lag", "long"),
-    ("read_committed_lag", "long"),  # kind group_partition: lag to the last stable offset
-    ("alert", "string"),
-    ("alert_id", "string"),
-    ("severity", "string"),
-    ("evidence", "string"),
-    ("at", "long"),
-    ("count", "long"),
-    ("interval_ms", "long"),
-    ("lag_seconds", "double"),
-    ("lag_status", "string"),
-    ("group_state", "string"),
-    ("members", "long"),
-    ("last_ok_at", "long"),
-    ("cycle_duration_ms", "long"),   # kind source: the last heartbeat's cycle, and how late it started
-    ("observation_lag_ms", "long"),
-    ("position", "long"),         # kind client_fetch: the consumer's position
-    ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
-    ("report", "string"),         # kinds canary, client_produce: the report as JSON (parsing.REPORT_FIELDS)
-    ("broker", "long"),           # kind broker, and the alerts on one: the broker id
-    ("leader_partitions", "long"),     # kind broker: partitions it leads
-    ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
-    ("registered", "long"),       # kind broker: 1 while listed in the metadata, else 0
-    ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
-]
-OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
-STATE_SCHEMA = "entities binary"
 
 
 @dataclass(frozen=True)
@@ -99,284 +51,9 @@ class StateConfig:
     lag: rules_lag_config.LagConfig = field(default_factory=rules_lag_config.LagConfig)
     partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
+    client: rules_client.ClientRulesConfig = field(default_factory=rules_client.ClientRulesConfig)
+    source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
 
-
-_EMPTY_ROW = dict.fromkeys(n for n, _ in OUTPUT_COLUMNS)
-
-
-def _row(**kw: Any) -> dict:
-    """An output row: ``kw`` over all-None (a copy and an update: C speed, no per-name loop)."""
-    r = _EMPTY_ROW.copy()
-    r.update(kw)
-    return r
-
-
-def _frame(*parts: Any) -> pd.DataFrame:
-    """Output rows as a frame built column by column, from ``parts`` in order: lists of row
-    dicts, or dicts of output columns (numpy arrays or lists, ints ``NULL`` for missing; a column that
-    is absent is all null), as ``PartitionTable.gauge_columns`` makes them.  The string columns
-    then share one object block: PySpark's output path ``pd.concat``s the frame, and pandas
-    checks an object block that is all null element by element in Python (a column per block,
-    as ``df[c] = df[c].astype(object)`` leaves them, cost ~0.2 s per 7k-row bucket)."""
-    sizes = [len(p) if isinstance(p, list) else len(p["kind"]) for p in parts]
-    n = sum(sizes)
-    cols: dict[str, Any] = {}
-    for name, t in OUTPUT_COLUMNS:
-        if t == "long":
-            values = np.empty(n, np.int64)
-            missing = np.ones(n, bool)
-        elif t == "double":
-            values = np.full(n, np.nan)
-        else:
-            values = np.full(n, None, dtype=object)
-        at = 0
-        for p, size in zip(parts, sizes):
-            if isinstance(p, list):
-                got = list(map(operator.itemgetter(name), p))
-                if t == "long":
-                    objs = np.array(got, dtype=object)
-                    mask = objs == None  # noqa: E711  (elementwise, in C)
-                    if mask.any():
-                        objs[mask] = 0
-                        missing[at:at + size] = mask
-                    else:
-                        missing[at:at + size] = False
-                    values[at:at + size] = objs
-                elif t == "double":
-                    values[at:at + size] = np.array(got, dtype=np.float64)  # None -> NaN
-                else:
-                    values[at:at + size] = got
-            elif name in p:
-                if t == "long":
-                    values[at:at + size] = p[name]
-                    missing[at:at + size] = p[name] == NULL
-                else:
-                    values[at:at + size] = p[name]
-            at += size
-        if t == "long":
-            values[missing] = 0
-            cols[name] = pd.arrays.IntegerArray(values, missing)
-        else:
-            cols[name] = values
-    return pd.DataFrame(cols)
-
-
-#: the columns of a packed block: a ``partition`` upsert row's (``PartitionTable.gauge_columns``)
-BLOCK_COLUMNS = ("kind", "action", "cluster", "topic", "partition", "leader", "replicas", "isr", "high_watermark",
-                 "log_start_offset", "last_stable_offset", "at")
-_TYPES = dict(OUTPUT_COLUMNS)
-BLOCK_SCHEMA = pa.schema([(n, pa.int64() if _TYPES[n] == "long" else pa.string()) for n in BLOCK_COLUMNS])
-
-
-#: a block's buffers compressed on their way through the JVM to the driver: its labels and most
-#: of its numbers repeat (at 300,000 partitions a batch's blocks: 15 MB plain, 3.4 MB in lz4)
-_BLOCK_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
-
-
-def pack_block(gauges: dict[str, Any]) -> dict:
-    """The ``partition`` upsert rows of a bucket's quiet partitions (``gauge_columns``: up to
-    ~7,000 a bucket, one per partition whose offsets moved) as one ``partition_block`` output
-    row, its columns in an Arrow IPC stream.  Each output row costs its 28 columns' conversion
-    from pandas to Arrow in the worker, then Spark's own rows and the driver's collect: as rows
-    these were ~1 s of a 216k-event batch at 100,000 partitions."""
-    arrays = [pa.array(gauges[n], pa.int64(), mask=gauges[n] == NULL) if t == pa.int64() else pa.array(gauges[n], t)
-              for n, t in zip(BLOCK_COLUMNS, BLOCK_SCHEMA.types)]
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, BLOCK_SCHEMA, options=_BLOCK_IPC) as w:
-        w.write_table(pa.Table.from_arrays(arrays, schema=BLOCK_SCHEMA))
-    n = len(gauges["kind"])
-    return _row(kind="partition_block", action="upsert", count=n, block=sink.getvalue().to_pybytes())
-
-
-def unpack_block(block: bytes) -> pa.Table:
-    """A ``partition_block`` row's rows (``BLOCK_COLUMNS``)."""
-    return pa.ipc.open_stream(block).read_all()
-
-
-def expand_blocks(out: pd.DataFrame) -> pd.DataFrame:
-    """The output with each ``partition_block`` row replaced, where it stands, by the
-    ``partition`` rows it packs, as the function emitted them before it packed them (tests and
-    debugging)."""
-    packed = np.flatnonzero((out["kind"] == "partition_block").to_numpy())
-    if not len(packed):
-        return out
-    parts, at = [], 0
-    for i in packed.tolist():
-        if i > at:
-            parts.append(out.iloc[at:i])
-        t = unpack_block(out["block"].iloc[i])
-        parts.append(_frame({n: (pc.fill_null(t.column(n), NULL).to_numpy() if BLOCK_SCHEMA.field(n).type == pa.int64()
-                                 else t.column(n).to_numpy(zero_copy_only=False)) for n in BLOCK_COLUMNS}))
-        at = i + 1
-    if at < len(out):
-        parts.append(out.iloc[at:])
-    return pd.concat(parts, ignore_index=True)
-
-
-def _opt(v: Any) -> Any:
-    """pandas/numpy missing values -> None, numpy scalars -> Python scalars, arrays -> lists."""
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float) and v != v:
-        return None
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    return v
-
-
-def _column(col: pd.Series, text: bool = False) -> list:
-    """A column as Python values with None for missing ones (column-wise: much cheaper than
-    converting row by row).  ``text``: a string column from Arrow (str or None already)."""
-    if col.dtype == object:
-        values = col.tolist()
-        # strings (and None) pass as they are; only arrays and NaN/NA need converting
-        if text or all(v is None or type(v) is str for v in values):
-            return values
-        return [_opt(v) for v in values]
-    missing = col.isna().to_numpy()
-    if not missing.any():
-        return col.tolist()
-    values = col.to_numpy(dtype=object)  # the values tolist() gives, as objects
-    values[missing] = None
-    return values.tolist()
-
-
-#: an alert's evidence as text (keys sorted, what JSON cannot hold as its str); one encoder for
-#: all (``json.dumps`` with options makes one per call)
-_EVIDENCE = json.JSONEncoder(sort_keys=True, default=str)
-_SEVERITY_TEXT = {s: s.name.lower() for s in rules.Severity}
-
-
-def _transition_columns(ts: list[rules.Transition]) -> dict[str, Any]:
-    """The ``alert`` rows of ``ts`` as output columns (``_frame``'s dict part): only the columns an
-    alert fills, not a dict of every output column per transition (~13,000 a batch at 300,000
-    partitions in the job benchmark)."""
-    labs = [t.labels for t in ts]
-
-    def text(name: str) -> list:
-        return [lab.get(name) for lab in labs]
-
-    def ints(values: Any) -> np.ndarray:
-        return np.array([NULL if v is None else v for v in values], np.int64)
-
-    return {"kind": ["alert"] * len(ts), "action": [t.action for t in ts], "cluster": text("cluster"),
-            "topic": text("topic"), "partition": ints(text("partition")), "consumer_group": text("group"),
-            "source": text("source"), "broker": ints(text("broker")), "alert": [t.alert.value for t in ts],
-            "alert_id": [t.alert_id for t in ts], "severity": [_SEVERITY_TEXT[t.severity] for t in ts],
-            "evidence": [_EVIDENCE.encode(t.evidence) for t in ts], "at": ints(t.at for t in ts)}
-
-
-def remember_shown(entities: dict[str, Any], transitions: list[rules.Transition]) -> None:
-    """Keep, with each alert opened, the labels and severity it was shown with: a new run of the
-    job restates it from them (``active_rows``)."""
-    for t in transitions:
-        if t.action == "open":
-            o = entities.get(t.entity, {}).get("open", {}).get(t.alert.value)
-            if o is not None and o["id"] == t.alert_id:
-                o["shown"] = (t.severity.name.lower(), t.labels)
-
-
-def active_rows(entities: dict[str, Any]) -> list[dict]:
-    """An ``open_alert`` row per open alert of the bucket: what the alerts topic said was opened
-    and not yet resolved, for a new run's exporter (which starts empty).  Not a transition:
-    never published, never counted."""
-    out = []
-    for s in entities.values():
-        for name, o in (s.get("open") or {}).items():
-            severity, lab = o.get("shown") or (rules.SEVERITY[rules.Alert(name)].name.lower(), _labels(s))
-            out.append(_row(kind="open_alert", action="restate", cluster=lab.get("cluster"), topic=lab.get("topic"),
-                            partition=lab.get("partition"), consumer_group=lab.get("group"),
-                            source=lab.get("source"), broker=lab.get("broker"), alert=name, alert_id=o["id"],
-                            severity=severity, at=o["since"]))
-    return out
-
-
-def _entity_row(s: dict, action: str = "upsert") -> dict:
-    kind = s["kind"]
-    if kind == "partition":
-        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
-                    leader=s["leader"], replicas=None if s["replicas"] is None else len(s["replicas"]),
-                    isr=None if s["isr"] is None else len(s["isr"]), high_watermark=s["hw"],
-                    log_start_offset=s["log_start"], last_stable_offset=s["lso"], at=s["last_seen"])
-    if kind == "group_partition":
-        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
-                    consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
-                    lag=s["lag"], lag_seconds=s.get("lag_seconds"), lag_status=s.get("status"),
-                    read_committed_lag=s.get("rc_lag"), at=s["last_seen"])
-    if kind == "client_fetch":
-        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
-                    consumer_group=s["group"], source=s["source"], fetch_state=s["fetch_state"],
-                    position=s["position"], committed_offset=s["committed"], high_watermark=s["hw"],
-                    last_stable_offset=s["lso"], log_start_offset=s["log_start"], lag=s["lag"], leader=s["leader"],
-                    at=s["last_seen"])
-    if kind == "broker":
-        return _row(kind=kind, action=action, cluster=s["cluster"], broker=s["broker"], source=s["source"],
-                    registered=None if s["registered"] is None else int(bool(s["registered"])), leader_partitions=s["leader_partitions"],
-                    replicas=s["replica_partitions"], out_of_sync_replicas=s["out_of_sync_replicas"],
-                    at=s["last_seen"])
-    if kind == "client_produce":
-        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], topic=s["topic"],
-                    partition=s["partition"], leader=s["leader"], report=s["report"], at=s["last_seen"])
-    if kind == "canary":
-        return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
-                    source=s["source"], leader=s["leader"], report=s["report"], at=s["last_seen"])
-    if kind == "group":
-        return _row(kind=kind, action=action, cluster=s["cluster"], consumer_group=s["group"],
-                    group_state=s.get("state"), members=s.get("members"), at=s.get("last_seen"))
-    if kind == "client":
-        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"],
-                    last_ok_at=s.get("last_success_at"), at=s.get("last_seen"))
-    if kind == "source":
-        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
-                    count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
-                    cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
-    return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
-
-
-def _labels(s: dict) -> dict:
-    kind = s["kind"]
-    if kind == "broker":
-        return rules_broker.broker_labels(s)
-    if kind in ("partition", "canary"):
-        return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "client_produce":
-        return {"cluster": s["cluster"], "source": s["source"], "topic": s["topic"], "partition": s["partition"]}
-    if kind in ("group_partition", "client_fetch"):
-        return {"cluster": s["cluster"], "group": s["group"], "topic": s["topic"], "partition": s["partition"]}
-    if kind == "group":
-        return {"cluster": s["cluster"], "group": s["group"]}
-    if kind == "topic":
-        return {"cluster": s["cluster"], "topic": s["topic"]}
-    return {"cluster": s["cluster"], "source": s["source"]}
-
-
-#: a new entity of each kind from its identifying fields (an input row, or a stored entity to
-#: complete after a field was added)
-_TEMPLATES: dict[str, Callable[[dict], Any]] = {
-    "partition": lambda e: rules_partition.new_partition(e["cluster"], e["topic"], e["partition"]),
-    "group_partition": lambda e: rules_lag.new_group_partition(e["cluster"], e["group"], e["topic"], e["partition"]),
-    "client_fetch": lambda e: rules_fetch.new_client_fetch(e["cluster"], e["group"], e["topic"], e["partition"]),
-    "canary": lambda e: rules_canary.new_canary(e["cluster"], e["topic"], e["partition"]),
-    "client_produce": lambda e: rules_produce.new_client_produce(e["cluster"], e["source"], e["topic"], e["partition"]),
-    "broker": lambda e: rules_broker.new_broker(e["cluster"], e.get("node_id") or 0),
-    "group": lambda e: rules_group.new_group(e["cluster"], e["group"]),
-    "client": lambda e: rules_client.new_client(e["cluster"], e["source"]),
-    "source": lambda e: rules_source.new_source(e["cluster"], e["source"]),
-    "topic": lambda e: rules_topic.new_topic(e["cluster"], e["topic"]),
-}
-
-
-def _new(kind: str, r: dict) -> Any:
-    s = _TEMPLATES.get(kind, _TEMPLATES["topic"])(r)
-    s["kind"] = kind
-    s.setdefault("open", {})
-    s.setdefault("last_seen", None)
-    return s
-
-
-#: the string columns of the rows the state function receives: from Arrow they are str or
-#: None, nothing to convert
-_TEXT_COLUMNS = frozenset(n for n, t in FLAT_COLUMNS if t == "string")
 
 #: event ids remembered per (entity, type, source) at its latest event time
 DEDUP_IDS = 16
@@ -646,10 +323,6 @@ def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, keys:
 #: the contract's types that say an entity is gone -> the reason its alerts resolve with
 GONE = {"partition_gone": "topic deleted", "group_gone": "group deleted",
         "group_partition_gone": "committed offset deleted"}
-#: why an entity left the state -> the ``reason`` label of kafka_monitor_entities_removed_total
-REMOVED_REASONS = {"topic deleted": "topic_deleted", "group deleted": "group_deleted",
-                   "committed offset deleted": "offset_deleted", "not observed": "not_observed"}
-
 
 def _gone_with(entities: dict[str, Any], key: str, etype: str, r: dict) -> list[str]:
     """The keys a gone event takes away with its entity (in this bucket, which holds them): a
@@ -680,23 +353,11 @@ def forget(entities: dict[str, Any], key: str, etype: str, r: dict,
         v = entities.get(k)
         if v is None or (v.get("last_seen") is not None and v["last_seen"] > t):
             continue
-        out += rules.gone(v, t, k, _labels(v), reason)
+        out += rules.gone(v, t, k, labels(v), reason)
         rows.append((k, _entity_row(v, action="remove") | {"evidence": REMOVED_REASONS[reason]}))
         del entities[k]
         keys.add(k)
     return out, rows, keys
-
-
-def removed_rows(rows: list[dict], at: Optional[int]) -> list[dict]:
-    """The count rows of a bucket's remove rows, by entity kind and reason (their ``evidence``,
-    a ``REMOVED_REASONS`` value)."""
-    n: dict[tuple[str, str], int] = {}
-    for r in rows:
-        if r["action"] == "remove":
-            k = (r["kind"], r["evidence"] or "not_observed")
-            n[k] = n.get(k, 0) + 1
-    return [_row(kind="removed", action="count", alert=kind, evidence=why, count=c, at=at)
-            for (kind, why), c in sorted(n.items())]
 
 
 def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
@@ -710,6 +371,14 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
     ``removed`` with their keys."""
     out: list[rules.Transition] = []
     touched: set[str] = set()
+
+    def find(k: str) -> Any:
+        """The entity ``k``, taken into ``entities`` from the table if it is there; or None."""
+        got = entities.get(k)
+        if got is None and take is not None and (got := take(k)) is not None:
+            entities[k] = got
+        return got
+
     frames = [rows] if isinstance(rows, pd.DataFrame) else [f for f in rows if len(f)]
     if not frames:
         return out, touched
@@ -734,10 +403,8 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
         r.update(zip(used, values))
         key, etype, t = r["entity"], r["type"], r["observed_at"]
         kind = key.split("|", 1)[0]
-        s: Any = entities.get(key)
+        s: Any = find(key)
         if etype in GONE:  # not admitted: a repeat finds nothing left to forget
-            if s is None and take is not None and (s := take(key)) is not None:
-                entities[key] = s
             if t is not None:
                 gone, rows, keys = forget(entities, key, etype, r, int(t))
                 out += gone
@@ -746,74 +413,26 @@ def fold(entities: dict[str, Any], rows: Any, cfg: StateConfig,
                     removed += rows
             continue
         if s is None:
-            s = take(key) if take is not None else None
-            if s is None:
-                s = _new(kind, r)
-            else:
-                entities[key] = s
+            s = new_entity(kind, r)
         why = admit(s, etype, r["source"], t, r.get("event_id"))
         if why is not None:
             # a liveness event comes twice by design (monitor/emitter.py): its copy is no loss
             if dropped is not None and not (why == "duplicate" and etype in LIVENESS_TYPES):
                 dropped[why] = dropped.get(why, 0) + 1
             continue
-        if kind in _DUE and t is not None:
+        if kind in DUE and t is not None:
             out += catch_up(s, key, int(t) - 1, cfg)  # what expired before this event
-        if etype == "partition_metadata":
-            out += rules_partition.on_partition_metadata(s, r, t, key, cfg.partition)
-        elif etype == "partition_offsets":
-            out += rules_partition.on_partition_offsets(s, r, t, key, cfg.partition)
-        elif etype == "group_offsets":
-            out += rules_lag.on_group_offsets(s, r, t, key, cfg.lag)
-        elif etype == "group_state":
-            out += rules_group.on_group_state(s, {**r, "state": r["group_state"]}, t, key, cfg.group)
-        elif etype == "rebalance":
-            out += rules_group.on_rebalance(s, {**r, "reason": None}, t, key, cfg.group)
-        elif etype == "metadata_refresh":
-            out += rules_client.on_metadata_refresh(s, {**r, "reason": r["refresh_reason"]}, t, key, cfg.group)
-        elif etype == "client_fetch":
-            out += rules_fetch.on_client_fetch(s, r, t, key)
-        elif etype == "broker_state":
-            out += rules_broker.on_broker_state(s, r, t, key)
-        elif etype in ("canary", "client_produce"):
-            if etype == "canary":
-                out += rules_canary.on_canary(s, r, t, key)
-                pending = rules_canary.pending_writes(r)
-            else:
-                out += rules_produce.on_client_produce(s, r, t, key)
-                pending = rules_produce.in_flight(r)
-            if t is not None and pending:
-                pkey = f"partition|{r['cluster']}/{r['topic']}/{int(r['partition'])}"
-                ps = entities.get(pkey)
-                if ps is None and take is not None:
-                    ps = take(pkey)
-                    if ps is not None:
-                        entities[pkey] = ps
-                if ps is not None:  # not observed yet: nothing to stall
-                    rules_partition.note_pending_writes(ps, t)
-                    waited = rules.report_int(r, "oldest_pending_ms") if etype == "canary" else None
-                    if waited is not None:
-                        out += rules_partition.note_write_waited(ps, t, waited, pkey, cfg.partition)
-        elif etype == "heartbeat":
-            out += rules_source.on_heartbeat(s, r, t, key, cfg.group)
-        elif etype == "partition_count_change":
-            out += rules_topic.on_partition_count_change(
-                s, {"topic": r["topic"], "old_count": r["old_count"], "new_count": r["new_count"],
-                    "unseen_for_at_most_ms": r["unseen_for_at_most_ms"], "source": r["source"], "seen_at": t},
-                t, key, cfg.partition)
-        else:
+        on = EVENTS.get(etype)
+        if on is None:
             continue
+        out += on.rule(s, r, t, key) if on.family is None else on.rule(s, r, t, key, getattr(cfg, on.family))
+        if on.writes is not None:
+            out += on.writes(r, t, find, cfg.partition)
         if s.get("last_seen") is None or (t is not None and t > s["last_seen"]):
             s["last_seen"] = t
         entities[key] = s
         touched.add(key)
     return out, touched
-
-
-#: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
-#: at the moments they fall due, not at a batch's end (``catch_up``)
-_DUE = {"client": (rules_client.client_due_at, rules_client.tick_client),
-        "source": (rules_source.source_due_at, rules_source.tick_source)}
 
 
 def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Transition]:
@@ -822,14 +441,14 @@ def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Tran
     micro-batch boundaries (before a new event of the entity at t, ``until`` is t - 1; at a
     batch's end, the batch's time).  A job that read the same events in other batches, after a
     restart or a replay, raises the same transitions."""
-    due_at, tick_at = _DUE[s["kind"]]
-    group_cfg = cfg.group
+    timers = DUE[s["kind"]]
+    settings = getattr(cfg, timers.family)
     out: list[rules.Transition] = []
     for _ in range(8):  # each tick settles what fell due; a few suffice (bounded all the same)
-        due = due_at(s, group_cfg)
+        due = timers.due_at(s, settings)
         if due is None or due > until:
             break
-        got = tick_at(s, due, key, group_cfg)
+        got = timers.tick(s, due, key, settings)
         out += got
         if not got:
             break
@@ -853,42 +472,9 @@ def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Tra
             due = rules_group.group_due_at(s, cfg.group)  # None: no timer runs, tick_group would do nothing
             if due is not None and due <= now:
                 out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
-        elif kind in _DUE:
+        elif kind in DUE:
             out += catch_up(s, key, now, cfg)
     return out
-
-
-def _exported(s: dict) -> Optional[tuple]:
-    """What the exporter shows of a partition or a group partition (everything in its row but
-    ``at``), cheap to compare; None for the other kinds (few entities: always sent)."""
-    kind = s["kind"]
-    if kind == "partition":
-        return (s["leader"], None if s["replicas"] is None else len(s["replicas"]),
-                None if s["isr"] is None else len(s["isr"]), s["hw"], s["log_start"], s["lso"])
-    if kind == "group_partition":
-        return (s["committed"], s["hw"], s["lag"], s.get("lag_seconds"), s.get("status"), s.get("rc_lag"))
-    return None
-
-
-def changed_entity_rows(entities: dict[str, Any], keys: Any, run_id: str) -> list[dict]:
-    """Upsert rows for the touched entities whose exported values changed since they were last
-    sent in this run.  Sending only changes keeps the sink's work (collect to the driver, the
-    exporter) following change, not the number of partitions."""
-    out = []
-    for k in sorted(keys):
-        s = entities[k]
-        shown = _exported(s)
-        if shown is not None:
-            sig = (run_id, shown)
-            if s.get("sent") == sig:
-                continue
-            s["sent"] = sig
-        out.append(_entity_row(s))
-    return out
-
-
-def dropped_rows(dropped: dict[str, int], at: Optional[int]) -> list[dict]:
-    return [_row(kind="dropped", action="count", alert=why, count=n, at=at) for why, n in sorted(dropped.items()) if n]
 
 
 def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[rules.Transition], list[dict]]:
@@ -897,7 +483,7 @@ def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[r
     out = []
     for key in list(entities):
         s = entities[key]
-        gone = rules.evict(s, now, ttl_ms, key, _labels(s))
+        gone = rules.evict(s, now, ttl_ms, key, labels(s))
         if gone is not None:
             resolved += gone
             out.append(_entity_row(s, action="remove") | {"evidence": REMOVED_REASONS["not observed"]})
@@ -905,203 +491,56 @@ def evict_stale(entities: dict[str, Any], now: int, ttl_ms: int) -> tuple[list[r
     return resolved, out
 
 
-#: the quarantine_event rows of one batch carry samples of at most this many characters in all
-#: (each is at most parsing.RAW_SAMPLE_CHARS); past it, events are listed and counted without one
-QUARANTINE_SAMPLE_BUDGET = 4 << 20
+def on_timeout(state: Any, bucket: int, cfg: StateConfig, compact: bool = True) -> pd.DataFrame:
+    """A bucket woken without events (Spark's processing-time timeout): the time-driven checks
+    and the evictions at the batch's processing time, then the bucket stored."""
+    entities, table, run = _load(state, cfg.run_id)
+    now = int(state.getCurrentProcessingTimeMs())
+    entities.update(table.take_due(now, cfg.entity_ttl_ms))
+    transitions = tick(entities, now, cfg)
+    remember_shown(entities, transitions)
+    gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
+    transitions += gone
+    out += removed_rows(out, now)
+    if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+        out += active_rows(entities)
+    out.append(_store(state, entities, table, cfg, compact, bucket))
+    return _frame(_transition_columns(transitions), out)
 
 
-def _event_time(v: Any) -> Optional[int]:
-    """A refused row's ``observed_at`` as an int, or None when it is no usable time (a refused
-    row may hold anything: 2**63 - 1 arrives as the float 2**63 and overflowed the output)."""
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        return None
-    return int(v) if abs(v) <= (1 << 53) else None
-
-
-def quarantine_rows(frames: Any) -> list[dict]:
-    """One ``quarantine_event`` row per refused event (its reason, a sample of its raw text in
-    ``evidence`` while the batch's ``QUARANTINE_SAMPLE_BUDGET`` lasts, the size of the whole
-    value in ``count``; for the quarantine sink) and one ``quarantine`` count per reason (for
-    the metric).  ``frames``: a frame or an iterable of frames, read one at a time (the
-    quarantine bucket gets every refused row of a batch)."""
-    budget = QUARANTINE_SAMPLE_BUDGET
-    out: list[dict] = []
-    counts: dict[str, int] = {}
-    samples: dict[str, str] = {}
-    latest: dict[str, Optional[int]] = {}
-    for f in [frames] if isinstance(frames, pd.DataFrame) else frames:
-        n = len(f)
-        if not n:
-            continue
-        none = [None] * n
-        cols = [_column(f[c], text=c in _TEXT_COLUMNS) if c in f.columns else none
-                for c in ("reason", "raw", "raw_bytes", "observed_at")]
-        for reason, raw, size, at in zip(*cols):
-            reason = str(reason)
-            at = _event_time(at)
-            if raw is not None:
-                if len(raw) <= budget:
-                    budget -= len(raw)
-                else:
-                    raw = None
-            if reason not in counts:
-                counts[reason], samples[reason], latest[reason] = 0, "" if raw is None else raw[:300], at
-            counts[reason] += 1
-            prev = latest[reason]
-            if at is not None and (prev is None or at > prev):
-                latest[reason] = at
-            out.append(_row(kind="quarantine_event", action="count", alert=reason, evidence=raw, count=size, at=at))
-    for reason, n in counts.items():
-        out.append(_row(kind="quarantine", action="count", alert=reason, count=n, at=latest[reason],
-                        evidence=json.dumps({"reason": reason, "sample": samples[reason]})))
-    return out
-
-
-#: The stored layout of a bucket, by format (docs/state.md "Stored format"):
-#:   1  {entity key: entity dict} (before the partition table)
-#:   2  {"format": 2, "entities": {key: dict}, "partitions": table state, "run": the job run
-#:      that last restated the bucket's open alerts}
-#:   3  format 2 plus "fields": the entity field signature (``FIELDS``) it was written with
-#:   4  format 3 compressed (``_ENVELOPE``), the table's columns encoded (``table.encode``), its
-#:      metadata signatures as their ``repr``
-#:   5  format 4, the table's keys and cold parts in Arrow arrays, its sources, signatures and
-#:      labels as codes into per-table lists, event ids (``admit``'s, everywhere) as their
-#:      64-bit keys (``table.from_lists``, ``table.event_keys``)
-#:   6  format 5, its table's int columns each in the narrowest type that holds them, its cold
-#:      parts without the partition's cluster, topic and number (columns already), dictionary-encoded
-#: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
-_FORMAT = 6
-
-#: a format 4+ bucket: this prefix, the pickle's length (8 bytes, little endian), the pickle
-#: compressed with zstd (at 300,000 partitions a bucket's pickle is ~2 MB, ~0.6 MB compressed:
-#: Spark's state store moves and writes every bucket each batch)
-_ENVELOPE = b"KMZ\x04"
-_CODEC = pa.Codec("zstd")
-
-
-def encode_state(v: dict) -> bytes:
-    """A bucket's value (today's format) as it is stored."""
-    v = {**v, "partitions": table_encode(v["partitions"])}
-    raw = pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-    return _ENVELOPE + len(raw).to_bytes(8, "little") + _CODEC.compress(raw, asbytes=True)
-
-
-def decode_state(value: bytes) -> dict:
-    """A stored bucket's value in the format it was written in (1: a dict of entities)."""
-    if value[:len(_ENVELOPE)] == _ENVELOPE:
-        at = len(_ENVELOPE)
-        size = int.from_bytes(value[at:at + 8], "little")
-        v = pickle.loads(_CODEC.decompress(value[at + 8:], decompressed_size=size, asbytes=True))
-        return {**v, "partitions": table_decode(v["partitions"])}
-    return pickle.loads(value)
-
-
-class StateFormatError(RuntimeError):
-    """A stored bucket this version cannot read (written by a newer kafka-monitor)."""
-
-
-def _from_1(v: dict) -> dict:
-    return {"format": 2, "entities": v, "partitions": None, "run": None}
-
-
-def _from_2(v: dict) -> dict:
-    return {**v, "format": 3, "fields": None}  # fields unknown: completed on load
-
-
-def _from_3(v: dict) -> dict:
-    t = v["partitions"]  # the table's signatures are their repr from format 4 on
-    if t:
-        t = {**t, "objs": {**t["objs"], "sig": [None if x is None else repr(x) for x in t["objs"]["sig"]]}}
-    return {**v, "format": 4, "partitions": t}
-
-
-def _from_4(v: dict) -> dict:
-    for e in v["entities"].values():  # admit remembers event ids by their key from format 5 on
-        if e.get("applied"):
-            e["applied"] = keyed_applied(e["applied"])
-    return {**v, "format": 5, "partitions": table_from_lists(v["partitions"])}
-
-
-def _from_5(v: dict) -> dict:
-    return {**v, "format": 6}  # decode widens the columns; a cold part's names are overwritten by the columns'
-
-
-#: format N -> the function that turns it into format N + 1
-_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
-
-_SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
-#: the fields every new entity starts with, per kind: a stored bucket whose signature differs
-#: has its entities completed (a field added since keeps its new entity's default)
-FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in _TEMPLATES.items()))
-
-
-def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
-    """Give every entity the fields a new one of its kind has (defaults for those it lacks);
-    the table's partitions become dicts for it (the next store compacts them again)."""
-    for k in table.live_keys():
-        got = table.take(k)
-        if got is not None:
-            entities[k] = got
-    for e in entities.values():
-        make = _TEMPLATES.get(e.get("kind", ""))
-        if make is None:
-            continue
-        for name, default in make(e).items():
-            e.setdefault(name, default)
-        e.setdefault("open", {})
-        e.setdefault("last_seen", None)
-
-
-def _unpack(value: bytes, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
-    v = decode_state(value)
-    fmt: int = v["format"] if isinstance(v.get("format"), int) else 1
-    if fmt > _FORMAT:
-        raise StateFormatError(
-            f"a bucket's state has format {fmt}, written by a newer kafka-monitor; this one reads formats "
-            f"1..{_FORMAT}: run the newer version, or start from a new checkpoint directory (alerts open "
-            f"in the old one are then raised again)")
-    while fmt < _FORMAT:
-        v = _MIGRATIONS[fmt](v)
-        fmt = v["format"]
-    entities = v["entities"]
-    table = PartitionTable(v["partitions"], run_id=run_id)
-    if v.get("fields") != FIELDS:
-        _complete(entities, table)
-    return entities, table, v.get("run")
-
-
-def _load(state: Any, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
-    return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id), run_id)
-
-
-def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True,
-           bucket: int = 0) -> dict:
-    """Write the bucket back; ``compact``: quiet dict partitions go into the table.  Returns the
-    bucket's ``state`` row: its entities by kind (``report``, JSON) and stored bytes (``count``)."""
-    partitions = table.state(entities if compact else {}, cfg.partition)
-    kinds: dict[str, int] = {}
-    for v in entities.values():
-        kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
-    size = 0
-    if entities or len(partitions["keys"]):
-        value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
-                              "fields": FIELDS})
-        size = len(value)
-        state.update((value,))
-        state.setTimeoutDuration(cfg.tick_ms)
-        if len(partitions["keys"]):
-            kinds["partition"] = kinds.get("partition", 0) + len(partitions["keys"])
-    else:
-        state.remove()
-    return _row(kind="state", action="count", count=size,
-                report=json.dumps({"bucket": bucket, "entities": kinds}, sort_keys=True))
-
-
-def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:
-    """Every entity of a stored bucket state as a dict, the table's partitions included (for
-    tests and debugging)."""
-    entities, table, _ = _unpack(value, run_id)
-    return {**entities, **{k: table.peek(k) for k in table.live_keys()}}
+def on_batch(pdfs: Iterator[pd.DataFrame], state: Any, bucket: int, cfg: StateConfig,
+             compact: bool = True) -> pd.DataFrame:
+    """A bucket's rows of one micro-batch: the quiet and new partitions' in columns, the others
+    through the rules in event order, then the time-driven checks and the evictions at the
+    batch's latest event time, then the bucket stored."""
+    frames = [f for f in pdfs if len(f)]
+    entities, table, run = _load(state, cfg.run_id)
+    now = int(max(f["observed_at"].max() for f in frames))
+    dropped: dict[str, int] = {}
+    # quiet rows first (the table is empty unless compact): fold_new then looks at the few rows
+    # left, not at every row of the bucket; it takes no row fold_quiet would
+    frames, quiet = fold_quiet(table, frames)
+    born = np.empty(0, np.int64)
+    if compact:
+        frames, born = fold_new(table, entities, frames, cfg)
+    quiet = np.concatenate([born, quiet])
+    forgotten: list[tuple[str, dict]] = []
+    transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
+    entities.update(table.take_due(now, cfg.entity_ttl_ms))
+    transitions += tick(entities, now, cfg)
+    remember_shown(entities, transitions)
+    out = changed_entity_rows(entities, touched, cfg.run_id)
+    if len(quiet):
+        out.append(pack_block(table.gauge_columns(quiet)))
+    gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
+    transitions += gone
+    # an entity forgotten and then seen again in this batch (re-created) keeps its series
+    removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
+    after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
+    if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
+        after += active_rows(entities)
+    after.append(_store(state, entities, table, cfg, compact, bucket))
+    return _frame(_transition_columns(transitions), out, after)
 
 
 def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Callable[..., Iterator[pd.DataFrame]]:
@@ -1111,55 +550,13 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
     table against."""
 
     def update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        with gc_paused():
-            yield from _update_bucket(key, pdfs, state)
-
-    def _update_bucket(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         bucket = int(key[0])
-        if state.hasTimedOut:
-            entities, table, run = _load(state, cfg.run_id)
-            now = int(state.getCurrentProcessingTimeMs())
-            entities.update(table.take_due(now, cfg.entity_ttl_ms))
-            transitions = tick(entities, now, cfg)
-            remember_shown(entities, transitions)
-            gone, out = evict_stale(entities, now, cfg.entity_ttl_ms)
-            transitions += gone
-            out += removed_rows(out, now)
-            if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
-                out += active_rows(entities)
-            out.append(_store(state, entities, table, cfg, compact_partitions, bucket))
-            yield _frame(_transition_columns(transitions), out)
-            return
-        if bucket == QUARANTINE_BUCKET:
-            yield _frame(quarantine_rows(pdfs))
-            return
-        frames = [f for f in pdfs if len(f)]
-        entities, table, run = _load(state, cfg.run_id)
-        now = int(max(f["observed_at"].max() for f in frames))
-        dropped: dict[str, int] = {}
-        # quiet rows first (the table is empty unless compact_partitions): fold_new then looks at
-        # the few rows left, not at every row of the bucket; it takes no row fold_quiet would
-        frames, quiet = fold_quiet(table, frames)
-        born = np.empty(0, np.int64)
-        if compact_partitions:
-            frames, born = fold_new(table, entities, frames, cfg)
-        quiet = np.concatenate([born, quiet])
-        forgotten: list[tuple[str, dict]] = []
-        transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
-        entities.update(table.take_due(now, cfg.entity_ttl_ms))
-        transitions += tick(entities, now, cfg)
-        remember_shown(entities, transitions)
-        out = changed_entity_rows(entities, touched, cfg.run_id)
-        if len(quiet):
-            out.append(pack_block(table.gauge_columns(quiet)))
-        gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
-        transitions += gone
-        # an entity forgotten and then seen again in this batch (re-created) keeps its series
-        removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
-        after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
-        if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
-            after += active_rows(entities)
-        after.append(_store(state, entities, table, cfg, compact_partitions, bucket))
-        yield _frame(_transition_columns(transitions), out, after)
+        with gc_paused():
+            if state.hasTimedOut:
+                yield on_timeout(state, bucket, cfg, compact_partitions)
+            elif bucket == QUARANTINE_BUCKET:
+                yield _frame(quarantine_rows(pdfs))
+            else:
+                yield on_batch(pdfs, state, bucket, cfg, compact_partitions)
 
     return update_bucket

@@ -17,6 +17,7 @@ import pytest
 from streaming.rules import partition as rules_partition
 from streaming.state import table as pt
 from streaming.state import function as st
+from streaming.state import codec
 from tests.support.partition_table import _rows, _state, counting_table_paths
 from tests.support.state_fakes import FakeState, call, rows
 
@@ -147,7 +148,7 @@ def test_an_upsert_comes_before_the_removal_of_the_same_partition():
                       "high_watermark": 5, "event_id": "a"}), s)
     call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 2, "observed_at": 2000,
                       "high_watermark": 6, "event_id": "b"}), s)
-    assert "partition|k/t/0" in pt.PartitionTable(st._load(s, "r")[1].state({}, st.StateConfig().partition), "r")
+    assert "partition|k/t/0" in pt.PartitionTable(codec._load(s, "r")[1].state({}, st.StateConfig().partition), "r")
     # partition 0 moves once more, long before another partition's observation ends the batch
     out = call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 3, "observed_at": 3000,
                             "high_watermark": 7, "event_id": "c"},
@@ -164,13 +165,13 @@ def test_a_state_stored_before_the_table_is_read():
     fn = st.make_state_function(st.StateConfig(run_id="r"), compact_partitions=False)
     call(fn, 0, rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
                       "seq": 1, "observed_at": 1000, "topic": "t", "partition": 0, "high_watermark": 5}), old)
-    entities = st.stored_entities(old.value[0])
+    entities = codec.stored_entities(old.value[0])
     old.value = (pickle.dumps(entities),)  # the layout before the table
     out = call(st.make_state_function(st.StateConfig(run_id="r")), 0,
                rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
                      "seq": 2, "observed_at": 2000, "topic": "t", "partition": 0, "high_watermark": 9}), old)
     assert list(out[out.kind == "partition"].high_watermark) == [9]
-    assert st.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
+    assert codec.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
 
 
 def test_a_probe_restarted_under_a_new_name_takes_over_the_columns():
