@@ -42,7 +42,7 @@ from streaming.rules.base import Alert  # noqa: E402
 from streaming.rules.client import ClientRulesConfig  # noqa: E402
 from streaming.rules.group import GroupRulesConfig  # noqa: E402
 from streaming.rules.lag_config import LagConfig  # noqa: E402
-from streaming.rules.partition import PartitionRulesConfig  # noqa: E402
+from streaming.rules.partition_config import PartitionRulesConfig  # noqa: E402
 from streaming.rules.source import SourceRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer

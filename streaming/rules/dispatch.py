@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-from streaming.rules import broker, canary, client, fetch, group, lag, partition, produce, source, topic
+from streaming.rules import broker, canary, client, fetch, group, lag, partition, partition_config, produce, source, topic
 from streaming.rules.base import Transition, report_int
 
 #: a new entity of each kind from its identifying fields (an input row, or a stored entity to
@@ -84,7 +84,7 @@ def _metadata_refresh(s: dict, r: dict, t: int, key: str, cfg: client.ClientRule
 
 
 def _partition_count_change(s: dict, r: dict, t: int, key: str,
-                            cfg: partition.PartitionRulesConfig) -> list[Transition]:
+                            cfg: partition_config.PartitionRulesConfig) -> list[Transition]:
     return topic.on_partition_count_change(
         s, {"topic": r["topic"], "old_count": r["old_count"], "new_count": r["new_count"],
             "unseen_for_at_most_ms": r["unseen_for_at_most_ms"], "source": r["source"], "seen_at": t},
@@ -92,12 +92,12 @@ def _partition_count_change(s: dict, r: dict, t: int, key: str,
 
 
 def _canary_writes(r: dict, t: Optional[int], find: Callable[[str], Any],
-                   cfg: partition.PartitionRulesConfig) -> list[Transition]:
+                   cfg: partition_config.PartitionRulesConfig) -> list[Transition]:
     return partition.on_pending_writes(r, t, canary.pending_writes(r), report_int(r, "oldest_pending_ms"), find, cfg)
 
 
 def _produce_writes(r: dict, t: Optional[int], find: Callable[[str], Any],
-                    cfg: partition.PartitionRulesConfig) -> list[Transition]:
+                    cfg: partition_config.PartitionRulesConfig) -> list[Transition]:
     return partition.on_pending_writes(r, t, produce.in_flight(r), None, find, cfg)
 
 

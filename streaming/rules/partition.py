@@ -10,62 +10,14 @@ functions of (entity state, one observation, now): the conventions of
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypedDict
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
 
 
-class PartitionRulesConfigError(ValueError):
-    """An invalid ``PartitionRulesConfig``; the message names the setting."""
-
-
-@dataclass(frozen=True)
-class PartitionRulesConfig:
-    """Thresholds of the partition and topic rules (milliseconds unless said otherwise)."""
-
-    #: LeaderChanged resolves after this long without a further change.  5 min: an election and
-    #: the clients' metadata refresh after it (metadata.max.age.ms defaults to 5 min) settle well
-    #: within it, and a rolling restart's successive moves of one partition stay one episode.
-    leader_quiet_ms: int = 300_000
-    #: leader changes kept as evidence per LeaderChanged episode (the count is always exact).
-    leader_history_max: int = 20
-    #: consecutive observations with a lower leader epoch before they are believed (a re-created
-    #: topic) rather than ignored as a stale view.
-    epoch_reset_after: int = 3
-    #: PreferredLeaderImbalance opens after the leader has not been the preferred replica this
-    #: long.  5 min = Kafka's leader.imbalance.check.interval.seconds (300): an election briefly
-    #: moves leadership, and auto.leader.rebalance.enable would have moved it back by then.
-    imbalance_after_ms: int = 300_000
-    #: HighWatermarkStalled: how long writes may be pending with a flat HW.  10 s: an acks=all
-    #: write takes milliseconds; a follower that stops fetching holds it (and the HW) until the
-    #: leader drops it from the ISR after replica.lag.time.max.ms (30 s by default), so the
-    #: stall says so before IsrShrink does.
-    hw_stall_ms: int = 10_000
-    #: PartitionUnobserved window when the observing source's interval is unknown.  60 s = 3 x a
-    #: 20 s interval: twice the probe's default interval (10 s) with room for a slow refresh.
-    unobserved_after_ms: int = 60_000
-    #: PartitionUnobserved window in observation intervals when the interval is known (3 =
-    #: SourceSilent's convention: three missed rounds).
-    unobserved_intervals: int = 3
-    #: PartitionCountChanged stays open (collecting clients' catch-up times) this long.  15 min:
-    #: longer than the slowest default refresh among Kafka clients (the old producer's
-    #: topic.metadata.refresh.interval.ms = 10 min; metadata.max.age.ms = 5 min).
-    count_change_window_ms: int = 900_000
-    #: clients listed per PartitionCountChanged episode; further clients are only counted.
-    count_change_clients_max: int = 50
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise PartitionRulesConfigError(f"partition_rules.{f.name}: must be an integer, got {v!r}")
-            if v < 1:
-                raise PartitionRulesConfigError(f"partition_rules.{f.name}: must be >= 1, got {v}")
-
-
-DEFAULT_CONFIG = PartitionRulesConfig()
+from streaming.rules.partition_config import DEFAULT_CONFIG, PartitionRulesConfig
+from streaming.rules.writes import (CHANGED_AT, CONFIRMED, GIVEN, INTS, LATEST, TIME, TIME_KINDS, VALUE, Write, write,
+                                    write_ints)
 
 _UNDER, _AT = Alert.UNDER_MIN_ISR, Alert.AT_MIN_ISR
 _LC, _PLI = Alert.LEADER_CHANGED, Alert.PREFERRED_LEADER_IMBALANCE
@@ -149,35 +101,13 @@ def _is_open(state: PartitionState, alert: Alert) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# What an observation writes into a partition's fields, declared once: the rules below apply
-# these to one partition's dict (``write``); the partition table applies the same declarations
-# to many quiet partitions' columns (streaming/state/table.py ``PartitionTable.apply``), and
-# builds new healthy partitions from them (``fold_new``).  A change to what a field records
-# is a change to one line here.
+# What an observation writes into a partition's fields, declared once (``Write``s, their kinds
+# in streaming/rules/writes.py): the rules below apply them to one partition's dict
+# (``write``); the partition table applies the same declarations to many quiet partitions'
+# columns (streaming/state/table.py ``apply_writes``) and builds new settled partitions from
+# them (streaming/state/function.py ``fold_new``).  A change to what a field records is a
+# change to one line here.
 # ---------------------------------------------------------------------------------------------
-
-#: how a write takes its value from an observation (``obs``, at time ``now``):
-VALUE = "value"            # the observation's ``input`` as an int (None stays None)
-INTS = "ints"              # the observation's ``input``, a list, as a list of ints
-GIVEN = "given"            # like VALUE, but an observation without one leaves the field as it was
-TIME = "time"              # ``now``
-LATEST = "latest"          # ``now`` when later than the field (the field only moves forward)
-CHANGED_AT = "changed_at"  # ``now`` when ``input`` differs from the field ``of`` (or ``of`` is None)
-CONFIRMED = "confirmed"    # ``input`` capped at ``now``, when later than the field (never back)
-#: the kinds whose value is a time the column path computes (the others it takes as repeated)
-TIME_KINDS = frozenset({TIME, LATEST, CHANGED_AT, CONFIRMED})
-
-
-@dataclass(frozen=True)
-class Write:
-    """One field an observation writes: ``field`` from ``input`` (an observation field) as
-    ``how`` says; ``of``: the field CHANGED_AT compares ``input`` with."""
-
-    field: str
-    how: str
-    input: str = ""
-    of: str = ""
-
 
 #: every admitted observation of the partition, either type (``on_partition_observed``)
 OBSERVED_WRITES = (Write("observed_at", LATEST),)
@@ -202,42 +132,6 @@ QUIET_WRITES = {"partition_offsets": OFFSETS_WRITES + PROGRESS_WRITES + OBSERVED
                                             if w.how in TIME_KINDS)}
 #: the fields the partition table holds as columns: what quiet observations change
 QUIET_FIELDS = tuple(dict.fromkeys(w.field for ws in QUIET_WRITES.values() for w in ws))
-
-
-def write_ints(v: Any) -> list[int]:
-    """An INTS write's value: a list of ints."""
-    return [int(x) for x in v]
-
-
-def write(state: Any, writes: tuple[Write, ...], obs: dict, now: int) -> None:
-    """Apply ``writes`` of one observation ``obs`` at ``now`` to ``state`` (mutated)."""
-    for w in writes:
-        how, f = w.how, w.field
-        if how == VALUE:
-            state[f] = _int(obs.get(w.input))
-        elif how == TIME:
-            state[f] = now
-        elif how == LATEST:
-            if state.get(f) is None or now > state[f]:
-                state[f] = now
-        elif how == INTS:
-            state[f] = write_ints(obs[w.input])
-        elif how == GIVEN:
-            v = obs.get(w.input)
-            if v is not None:
-                state[f] = int(v)
-        elif how == CHANGED_AT:
-            prev = state.get(w.of)
-            if prev is None or _int(obs.get(w.input)) != prev:
-                state[f] = now
-        elif how == CONFIRMED:
-            v = _int(obs.get(w.input))
-            if v is not None:
-                v = min(v, now)
-                if state.get(f) is None or v > state[f]:
-                    state[f] = v
-        else:
-            raise ValueError(f"unknown write {how!r} of {f}")
 
 
 def settled_view(leader: Any, replicas: Any, isr: Any, min_isr: Any) -> Optional[tuple[list[int], list[int]]]:

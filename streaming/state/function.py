@@ -23,6 +23,8 @@ from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
 from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import partition as rules_partition
+from streaming.rules import writes as W
+from streaming.rules import partition_config as rules_partition_config
 from streaming.rules import source as rules_source
 from streaming.rules import topic as rules_topic
 from streaming.rules.dispatch import DUE, EVENTS, labels, new_entity
@@ -49,7 +51,7 @@ class StateConfig:
     #: change, and once per run (a restarted job starts with an empty exporter)
     run_id: str = ""
     lag: rules_lag_config.LagConfig = field(default_factory=rules_lag_config.LagConfig)
-    partition: rules_partition.PartitionRulesConfig = field(default_factory=rules_partition.PartitionRulesConfig)
+    partition: rules_partition_config.PartitionRulesConfig = field(default_factory=rules_partition_config.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
     client: rules_client.ClientRulesConfig = field(default_factory=rules_client.ClientRulesConfig)
     source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
@@ -295,13 +297,13 @@ def _stamp(table: PartitionTable, cfg: StateConfig, obj: dict, ints: dict, keys:
     start = R.new_partition("", "", 0)
     values: dict[str, list] = {}
     for w in R.VIEW_WRITES + R.LEADER_WRITES:
-        if w.how in R.TIME_KINDS:
+        if w.how in W.TIME_KINDS:
             continue
-        if w.how == R.INTS:
-            values[w.field] = [R.write_ints(v) for v in obj[w.input][im]]
+        if w.how == W.INTS:
+            values[w.field] = [W.write_ints(v) for v in obj[w.input][im]]
         else:  # VALUE, GIVEN: an int or none (GIVEN: none leaves the start's value)
             got = ints[w.input][im].tolist()
-            missing = None if w.how == R.VALUE else start.get(w.field)
+            missing = None if w.how == W.VALUE else start.get(w.field)
             values[w.field] = [missing if v == NULL else v for v in got]
     columns = [values[k] if k in values else [template[k]] * n for k in cold_keys]
     cold = [pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for v in zip(*columns)]

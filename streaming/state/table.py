@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming.rules import partition as rules_partition
+from streaming.rules import writes as W
+from streaming.rules import partition_config as rules_partition_config
 
 NULL = np.iinfo(np.int64).min  # a missing int in the columns (None in the dicts)
 _OFFSETS, _METADATA = "partition_offsets", "partition_metadata"
@@ -101,7 +103,7 @@ def cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
     return got
 
 
-def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition.PartitionRulesConfig,
+def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition_config.PartitionRulesConfig,
             layouts: dict[tuple, int]) -> Optional[tuple]:
     """The row for partition state ``s`` if it is quiet (see the module docstring), else None:
     (ints in ``_PLAIN`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
@@ -142,30 +144,29 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     return ints, sent_ok, objects
 
 
-def apply_writes(c: dict[str, np.ndarray], writes: tuple[rules_partition.Write, ...], rows: dict[str, np.ndarray],
+def apply_writes(c: dict[str, np.ndarray], writes: tuple[W.Write, ...], rows: dict[str, np.ndarray],
                  order: np.ndarray, p: np.ndarray, first: np.ndarray, starts: np.ndarray, last: np.ndarray) -> None:
-    """``rules.partition.write`` in columns: apply ``writes`` of the rows ``order`` (grouped by
+    """``rules.writes.write`` in columns: apply ``writes`` of the rows ``order`` (grouped by
     partition, each group in event order: ``p`` their positions in ``c``'s columns, ``first``
     whether each starts its group, ``starts`` / ``last`` the groups' first and last rows) to the
     columns ``c``, as the rules would apply them one row at a time.  Value kinds take the last
     row's value: a quiet metadata row repeats them (``QUIET_WRITES``)."""
-    R = rules_partition
     ent, lr = p[starts], order[last]
     t = rows["observed_at"]
     for w in writes:
         f, how = w.field, w.how
-        if how == R.VALUE:
+        if how == W.VALUE:
             c[f][ent] = rows[w.input][lr]
-        elif how == R.TIME:
+        elif how == W.TIME:
             c[f][ent] = t[lr]
-        elif how == R.LATEST:
+        elif how == W.LATEST:
             c[f][ent] = np.maximum(c[f][ent], t[lr])
-        elif how == R.CHANGED_AT:  # the group's first row compares with the stored field
+        elif how == W.CHANGED_AT:  # the group's first row compares with the stored field
             v, tt = rows[w.input][order], t[order]
             prev = np.where(first, c[w.of][p], np.roll(v, 1))  # a NULL stored field differs
             changed = np.maximum.reduceat(np.where(v != prev, tt, NULL), starts)
             c[f][ent] = np.where(changed != NULL, changed, c[f][ent])
-        elif how == R.CONFIRMED:
+        elif how == W.CONFIRMED:
             v, tt = rows[w.input][order], t[order]
             c[f][ent] = np.maximum(c[f][ent], np.maximum.reduceat(np.where(v == NULL, NULL, np.minimum(v, tt)), starts))
         else:
@@ -416,7 +417,7 @@ class PartitionTable:
         """The code of each value in coded column ``name`` (-1: not in its list)."""
         return pd.Index(self.uniq[name], dtype=object).get_indexer(values)
 
-    def state(self, entities: dict[str, Any], cfg: rules_partition.PartitionRulesConfig) -> dict:
+    def state(self, entities: dict[str, Any], cfg: rules_partition_config.PartitionRulesConfig) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is
         quiet again (those are removed from ``entities``)."""
         rows = []

@@ -9,6 +9,7 @@ import dataclasses
 from streaming.job import ENTITY_OF_TYPE
 from streaming.rules import dispatch
 from streaming.rules import partition as rp
+from streaming.rules import partition_config as rpc
 from streaming.rules.base import Alert
 from streaming.state import function as st
 
@@ -46,10 +47,10 @@ def test_pending_writes_are_noted_on_an_observed_partition_only():
         return p if key == "partition|k/t/0" else None
 
     on = dispatch.EVENTS["canary"]
-    assert on.writes(canary_row(0), 1_000, find, rp.DEFAULT_CONFIG) == [] and asked == []  # nothing pending
-    assert on.writes(canary_row(2), None, find, rp.DEFAULT_CONFIG) == [] and asked == []   # no time
-    assert on.writes(canary_row(2, part=1), 1_000, find, rp.DEFAULT_CONFIG) == []          # not observed
-    assert on.writes(canary_row(2), 2_000, find, rp.DEFAULT_CONFIG) == []
+    assert on.writes(canary_row(0), 1_000, find, rpc.DEFAULT_CONFIG) == [] and asked == []  # nothing pending
+    assert on.writes(canary_row(2), None, find, rpc.DEFAULT_CONFIG) == [] and asked == []   # no time
+    assert on.writes(canary_row(2, part=1), 1_000, find, rpc.DEFAULT_CONFIG) == []          # not observed
+    assert on.writes(canary_row(2), 2_000, find, rpc.DEFAULT_CONFIG) == []
     assert asked == ["partition|k/t/1", "partition|k/t/0"] and p["pending_writes_at"] == 2_000
-    (opened,) = on.writes(canary_row(1, oldest=rp.DEFAULT_CONFIG.hw_stall_ms), 3_000, find, rp.DEFAULT_CONFIG)
+    (opened,) = on.writes(canary_row(1, oldest=rpc.DEFAULT_CONFIG.hw_stall_ms), 3_000, find, rpc.DEFAULT_CONFIG)
     assert (opened.alert, opened.action, opened.entity) == (Alert.HIGH_WATERMARK_STALLED, "open", "partition|k/t/0")

@@ -15,7 +15,7 @@ from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
 from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import notify as rules_notify
-from streaming.rules import partition as rules_partition
+from streaming.rules import partition_config as rules_partition_config
 from streaming.rules import source as rules_source
 from streaming.job import MOVED_RULES, RULE_FAMILIES, STATE_FAMILIES, JobConfig, JobConfigError
 
@@ -37,13 +37,13 @@ def test_file_and_environment_settings_reach_each_family_over_its_defaults():
                    "KAFKA_MONITOR_JOB_RULES_NOTIFY_BROKER_DOWN_AFTER_MS": "60000"})
     r = cfg.rule_configs()
     assert r["lag"] == rules_lag_config.LagConfig(lag_high_offsets=50_000, lag_high_seconds=None, stall_after_ms=120_000)
-    assert r["partition"] == rules_partition.PartitionRulesConfig(hw_stall_ms=120_000)
+    assert r["partition"] == rules_partition_config.PartitionRulesConfig(hw_stall_ms=120_000)
     assert r["group"] == rules_group.GroupRulesConfig(stuck_after_ms=60_000)
     assert r["client"] == rules_client.ClientRulesConfig(metadata_stale_factor=4.0, silence_grace_ms=0)
     assert r["source"] == rules_source.SourceRulesConfig(silent_factor=5.0)
     assert r["notify"] == rules_notify.NotifyConfig(isr_shrink_after_ms=30_000, broker_down_after_ms=60_000)
     assert r["notify"].holds_s()["IsrShrink"] == 30.0
-    assert job().rule_configs() == {"lag": rules_lag_config.LagConfig(), "partition": rules_partition.PartitionRulesConfig(),
+    assert job().rule_configs() == {"lag": rules_lag_config.LagConfig(), "partition": rules_partition_config.PartitionRulesConfig(),
                                     "group": rules_group.GroupRulesConfig(), "client": rules_client.ClientRulesConfig(),
                                     "source": rules_source.SourceRulesConfig(), "notify": rules_notify.NotifyConfig()}
 
@@ -87,7 +87,7 @@ def test_the_job_hands_the_settings_to_the_state_function(spark, monkeypatch):
     job_module.stateful(spark.createDataFrame([], parsing.FLAT_DDL), cfg)
     assert seen["cfg"].lag.lag_high_offsets == 123 and seen["cfg"].group.stuck_after_ms == 60_000
     assert seen["cfg"].client.refresh_storm_max == 20 and seen["cfg"].source.silent_factor == 4.0
-    assert seen["cfg"].partition == rules_partition.PartitionRulesConfig()
+    assert seen["cfg"].partition == rules_partition_config.PartitionRulesConfig()
     assert set(STATE_FAMILIES) == set(RULE_FAMILIES) - {"notify"}
 
 
