@@ -9,7 +9,7 @@ keeps it (the stored bytes).  A batch is half a cycle (the job's 5 s trigger aga
 
 - ``state``: the state function over every bucket (one core's work is about half of it);
 - per phase inside it (cumulative seconds, from the stages ``update_bucket`` calls): load,
-  fold_quiet, fold (dict rules), tick/evict, output rows, store;
+  fold_columns (quiet and new partitions), fold (dict rules), tick/evict, output rows, store;
 - ``output_to_arrow``: the output frames to Arrow (PySpark does it in the workers);
 - ``sink``: ``sinks.batch.sink_rows``, ``Exporter.apply`` (the driver).
 
@@ -50,7 +50,7 @@ from streaming.state import function as st  # noqa: E402
 from streaming.state import rows as st_rows  # noqa: E402
 from tests.support.state_fakes import FakeState  # noqa: E402  (the part of GroupState the function uses)
 
-PHASES = ("_load", "fold_quiet", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
+PHASES = ("_load", "fold_columns", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
 
 
 @contextmanager

@@ -128,6 +128,6 @@ class Due(NamedTuple):
 
 
 #: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
-#: at the moments they fall due, not at a batch's end (``state.function.catch_up``)
+#: at the moments they fall due, not at a batch's end (``state.fold.catch_up``)
 DUE = {"client": Due(client.client_due_at, client.tick_client, "client"),
        "source": Due(source.source_due_at, source.tick_source, "source")}

@@ -105,7 +105,7 @@ def _is_open(state: PartitionState, alert: Alert) -> bool:
 # in streaming/rules/writes.py): the rules below apply them to one partition's dict
 # (``write``); the partition table applies the same declarations to many quiet partitions'
 # columns (streaming/state/table.py ``apply_writes``) and builds new settled partitions from
-# them (streaming/state/function.py ``fold_new``).  A change to what a field records is a
+# them (streaming/state/columns.py ``fold_new``).  A change to what a field records is a
 # change to one line here.
 # ---------------------------------------------------------------------------------------------
 

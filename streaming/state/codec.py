@@ -119,7 +119,7 @@ def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
         e.setdefault("last_seen", None)
 
 
-def _unpack(value: bytes, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
+def _unpack(value: bytes, run_id: str, cfg: Optional[StateConfig] = None) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
     v = decode_state(value)
     fmt: int = v["format"] if isinstance(v.get("format"), int) else 1
     if fmt > _FORMAT:
@@ -131,37 +131,47 @@ def _unpack(value: bytes, run_id: str) -> tuple[dict[str, Any], PartitionTable, 
         v = _MIGRATIONS[fmt](v)
         fmt = v["format"]
     entities = v["entities"]
-    table = PartitionTable(v["partitions"], run_id=run_id)
+    table = _table(v["partitions"], run_id, cfg)
     if v.get("fields") != FIELDS:
         _complete(entities, table)
     return entities, table, v.get("run")
 
 
-def _load(state: Any, run_id: str) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
-    return _unpack(state.get[0], run_id) if state.exists else ({}, PartitionTable(run_id=run_id), run_id)
+def _table(stored: Optional[dict], run_id: str, cfg: Optional[StateConfig]) -> PartitionTable:
+    if cfg is None:
+        return PartitionTable(stored, run_id=run_id)
+    return PartitionTable(stored, run_id=run_id, cfg=cfg.partition, ttl_ms=cfg.entity_ttl_ms)
 
 
-def _store(state: Any, entities: dict, table: PartitionTable, cfg: StateConfig, compact: bool = True,
-           bucket: int = 0) -> dict:
-    """Write the bucket back; ``compact``: quiet dict partitions go into the table.  Returns the
-    bucket's ``state`` row: its entities by kind (``report``, JSON) and stored bytes (``count``)."""
-    partitions = table.state(entities if compact else {}, cfg.partition)
+def _load(state: Any, cfg: StateConfig) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
+    """A bucket's entities, partition table (with ``cfg``'s settings) and the run that last
+    restated its alerts; an empty bucket for a new one."""
+    if state.exists:
+        return _unpack(state.get[0], cfg.run_id, cfg)
+    return {}, _table(None, cfg.run_id, cfg), cfg.run_id
+
+
+def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = True, bucket: int = 0) -> tuple[dict, bool]:
+    """Write the bucket back (or remove it when empty); ``compact``: quiet dict partitions go
+    into the table.  Returns (the bucket's ``state`` row: its entities by kind, ``report``,
+    JSON, and its stored bytes, ``count``; whether anything is stored: the caller then sets
+    its timeout)."""
+    partitions = table.state(entities if compact else {})
     kinds: dict[str, int] = {}
     for v in entities.values():
         kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
     size = 0
     if entities or len(partitions["keys"]):
-        value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": cfg.run_id,
+        value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": table.run_id,
                               "fields": FIELDS})
         size = len(value)
         state.update((value,))
-        state.setTimeoutDuration(cfg.tick_ms)
         if len(partitions["keys"]):
             kinds["partition"] = kinds.get("partition", 0) + len(partitions["keys"])
     else:
         state.remove()
     return _row(kind="state", action="count", count=size,
-                report=json.dumps({"bucket": bucket, "entities": kinds}, sort_keys=True))
+                report=json.dumps({"bucket": bucket, "entities": kinds}, sort_keys=True)), size > 0
 
 
 def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:

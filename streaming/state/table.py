@@ -301,7 +301,11 @@ class PartitionTable:
     Python object per row: keys, event ids and cold parts are Arrow arrays, shared values codes
     (so storing and reading the table moves buffers, docs/state.md "Stored format")."""
 
-    def __init__(self, state: Optional[dict] = None, run_id: str = ""):
+    def __init__(self, state: Optional[dict] = None, run_id: str = "",
+                 cfg: rules_partition_config.PartitionRulesConfig = rules_partition_config.DEFAULT_CONFIG,
+                 ttl_ms: int = 900_000):
+        """``cfg``: the partition rules' settings (what is quiet); ``ttl_ms``: the entity TTL."""
+        self.cfg, self.ttl_ms = cfg, ttl_ms
         st = state or {}
         self.keys: pa.Array = st.get("keys", pa.array([], pa.string()))
         n = len(self.keys)
@@ -402,11 +406,11 @@ class PartitionTable:
                                        _o(c["sent_hw"][i]), _o(c["sent_ls"][i]), _o(c["sent_lso"][i])))
         return s
 
-    def take_due(self, now: int, ttl_ms: int) -> dict[str, rules_partition.PartitionState]:
+    def take_due(self, now: int) -> dict[str, rules_partition.PartitionState]:
         """Take out the partitions the time-driven checks or the eviction have work for: the
         unobserved window is reached (``due``), or the entity is past its TTL."""
         c = self.ints
-        due = np.flatnonzero(self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > ttl_ms)))
+        due = np.flatnonzero(self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > self.ttl_ms)))
         out = {}
         for i, key in zip(due.tolist(), self.keys.take(pa.array(due, pa.int64())).to_pylist()):
             self.alive[i] = False
@@ -417,13 +421,13 @@ class PartitionTable:
         """The code of each value in coded column ``name`` (-1: not in its list)."""
         return pd.Index(self.uniq[name], dtype=object).get_indexer(values)
 
-    def state(self, entities: dict[str, Any], cfg: rules_partition_config.PartitionRulesConfig) -> dict:
+    def state(self, entities: dict[str, Any]) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is
         quiet again (those are removed from ``entities``)."""
         rows = []
         layouts = {k: i for i, k in enumerate(self.layouts)}
         for key in [k for k, s in entities.items() if s.get("kind") == "partition"]:
-            r = compact(entities[key], self.run_id, cfg, layouts)
+            r = compact(entities[key], self.run_id, self.cfg, layouts)
             if r is not None:
                 rows.append((key, r))
                 del entities[key]

@@ -16,6 +16,7 @@ from monitor.probe import Probe
 from monitor.probe_config import ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state
+from streaming.state import fold as state_fold
 from streaming.state import rows as st_rows
 from streaming.rules.client import ClientRulesConfig
 from streaming.rules.source import SourceRulesConfig
@@ -117,7 +118,7 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
     entities: dict[str, dict] = {}
     # events captured in memory: nothing holds them back, no silence grace (docs/rules.md)
     cfg = state.StateConfig(client=ClientRulesConfig(silence_grace_ms=0), source=SourceRulesConfig(silence_grace_ms=0))
-    opened, _ = state.fold(entities, rows, cfg)
+    opened, _ = state_fold.fold(entities, rows, cfg)
     for s in entities.values():
         if s["kind"] in ("partition", "group_partition", "group"):
             observers = {src for (etype, src) in s["applied"] if etype != "metadata_refresh"}
@@ -126,7 +127,7 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
     last_b = max(e.observed_at for e in evs if e.type == "heartbeat" and e.source == sources[2])
     now = max(e.observed_at for e in evs if e.type == "heartbeat" and e.source == sources[1])
     assert now - last_b > cfg.source.silent_factor * 1000  # probe a went on for longer than b's silent limit
-    silent = [t for t in opened + state.tick(entities, now, cfg) if t.alert.value == "SourceSilent"]
+    silent = [t for t in opened + state_fold.tick(entities, now, cfg) if t.alert.value == "SourceSilent"]
     assert [(t.action, t.labels["source"], t.labels["cluster"]) for t in silent] == [("open", sources[2], "shared")]
     assert silent[0].evidence["last_heartbeat_at"] == last_b
 

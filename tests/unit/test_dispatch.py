@@ -12,11 +12,12 @@ from streaming.rules import partition as rp
 from streaming.rules import partition_config as rpc
 from streaming.rules.base import Alert
 from streaming.state import function as st
+from streaming.state import fold as sfold
 
 
 def test_every_kept_type_has_a_rule_or_is_a_gone_event():
-    assert set(dispatch.EVENTS) | set(st.GONE) == set(ENTITY_OF_TYPE)
-    assert not set(dispatch.EVENTS) & set(st.GONE)
+    assert set(dispatch.EVENTS) | set(sfold.GONE) == set(ENTITY_OF_TYPE)
+    assert not set(dispatch.EVENTS) & set(sfold.GONE)
 
 
 def test_every_family_is_a_setting_of_the_state_function():

@@ -17,6 +17,7 @@ import pytest
 from streaming.rules import partition as rules_partition
 from streaming.state import table as pt
 from streaming.state import function as st
+from streaming.state import columns
 from streaming.state import codec
 from tests.support.partition_table import _rows, _state, counting_table_paths
 from tests.support.state_fakes import FakeState, call, rows
@@ -148,7 +149,7 @@ def test_an_upsert_comes_before_the_removal_of_the_same_partition():
                       "high_watermark": 5, "event_id": "a"}), s)
     call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 2, "observed_at": 2000,
                       "high_watermark": 6, "event_id": "b"}), s)
-    assert "partition|k/t/0" in pt.PartitionTable(codec._load(s, "r")[1].state({}, st.StateConfig().partition), "r")
+    assert "partition|k/t/0" in pt.PartitionTable(codec._load(s, st.StateConfig(run_id="r"))[1].state({}), "r")
     # partition 0 moves once more, long before another partition's observation ends the batch
     out = call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 3, "observed_at": 3000,
                             "high_watermark": 7, "event_id": "c"},
@@ -278,9 +279,9 @@ def test_the_column_path_for_new_partitions_defers_to_the_rules_when_they_disagr
     writes left empty, so ``md_at`` stays unset) sends them all there, with a warning, and the
     result is still the dict rules'."""
     monkeypatch.setitem(rules_partition.QUIET_WRITES, "partition_metadata", ())
-    monkeypatch.setattr(st, "_new_warned", False)
+    monkeypatch.setattr(columns, "_new_warned", False)
     batch = [r for p in range(4) for r in _first_sight(p, 1 + 2 * p, 1000)]
-    with counting_table_paths() as counts, caplog.at_level("WARNING", logger=st.__name__):
+    with counting_table_paths() as counts, caplog.at_level("WARNING", logger=columns.__name__):
         got_out, got_states = _run([("batch", batch)], compact=True)
     want_out, want_states = _run([("batch", batch)], compact=False)
     assert counts["born"] == 0

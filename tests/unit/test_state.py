@@ -11,6 +11,7 @@ from streaming.rules.client import ClientRulesConfig
 from streaming.rules.source import SourceRulesConfig
 
 from streaming.state import function as st
+from streaming.state import fold as sfold
 from streaming.state import codec
 from streaming.state import rows as st_rows
 from streaming.job import FLAT_COLUMNS
@@ -144,16 +145,16 @@ def test_quarantine_bucket_counts_by_reason_and_keeps_no_state():
 def test_admit(applied, etype, source, t, event_id, expected):
     s: dict = {}
     for a in applied:
-        assert st.admit(s, *a) is None
-    assert st.admit(s, etype, source, t, event_id) == expected
+        assert sfold.admit(s, *a) is None
+    assert sfold.admit(s, etype, source, t, event_id) == expected
 
 
 def test_memory_of_ids_per_entity_is_bounded():
     s: dict = {}
     for i in range(100):
-        st.admit(s, "partition_offsets", "p", 1000, f"e{i}")
-    assert len(s["applied"][("partition_offsets", "p")][1]) == st.DEDUP_IDS
-    st.admit(s, "partition_offsets", "p", 2000, "x")
+        sfold.admit(s, "partition_offsets", "p", 1000, f"e{i}")
+    assert len(s["applied"][("partition_offsets", "p")][1]) == sfold.DEDUP_IDS
+    sfold.admit(s, "partition_offsets", "p", 2000, "x")
     assert s["applied"][("partition_offsets", "p")] == (2000, ["x"])
 
 
@@ -162,14 +163,14 @@ def test_sources_remembered_per_entity_are_bounded():
     MAX_SOURCES per type, forgetting the one that reported longest ago; the others keep their
     clocks, and another type's sources are not touched."""
     s: dict = {}
-    assert st.admit(s, "partition_metadata", "old", 500, "m") is None
-    for i in range(st.MAX_SOURCES + 3):
-        assert st.admit(s, "partition_offsets", f"probe-{i}", 1000 + i, f"e{i}") is None
+    assert sfold.admit(s, "partition_metadata", "old", 500, "m") is None
+    for i in range(sfold.MAX_SOURCES + 3):
+        assert sfold.admit(s, "partition_offsets", f"probe-{i}", 1000 + i, f"e{i}") is None
     offsets = sorted(src for typ, src in s["applied"] if typ == "partition_offsets")
-    assert offsets == sorted(f"probe-{i}" for i in range(3, st.MAX_SOURCES + 3))
+    assert offsets == sorted(f"probe-{i}" for i in range(3, sfold.MAX_SOURCES + 3))
     assert ("partition_metadata", "old") in s["applied"]
-    assert st.admit(s, "partition_offsets", "probe-5", 1004, "x") == "out_of_order"  # still remembered
-    assert st.admit(s, "partition_offsets", "probe-0", 900, "y") is None  # forgotten: a new source again
+    assert sfold.admit(s, "partition_offsets", "probe-5", 1004, "x") == "out_of_order"  # still remembered
+    assert sfold.admit(s, "partition_offsets", "probe-0", 900, "y") is None  # forgotten: a new source again
 
 
 def test_a_replayed_event_changes_nothing_and_is_counted():
@@ -210,7 +211,7 @@ def test_unchanged_entities_are_not_sent_again_within_a_run():
 
 def test_the_change_signature_covers_every_exported_field():
     ents: dict = {}
-    st.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
+    sfold.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
                        {**goff(3, 1000, 4, 9), "event_id": "c"}), st.StateConfig())
     fields = {"partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
               "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status",
@@ -302,9 +303,9 @@ def test_timers_expire_at_their_moment_whatever_the_batches():
     def run(batches):
         ents, out = {}, []
         for b in batches:
-            got, _ = st.fold(ents, rows(*b), cfg)
+            got, _ = sfold.fold(ents, rows(*b), cfg)
             out += got
-            out += st.tick(ents, max(e["observed_at"] for e in b), cfg)
+            out += sfold.tick(ents, max(e["observed_at"] for e in b), cfg)
         return sorted((t.at, t.alert.value, t.action) for t in out)
 
     whole = run([events])

@@ -94,7 +94,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     assert len(parts) == 3 and len(table) == 0
     assert all(e["added_later"] == 7 for e in parts.values())
     # stored again with the new signature: read as it is the next time
-    codec._store(s, entities, table, st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
+    codec._store(s, entities, table)
     assert codec.decode_state(s.value[0])["fields"] == codec.FIELDS
 
 
