@@ -18,7 +18,7 @@ from streaming.state.table import decode as table_decode, encode as table_encode
 from streaming.state.table import keyed_applied
 
 if TYPE_CHECKING:
-    from streaming.state.function import StateConfig
+    from streaming.state.config import StateConfig
 
 
 #: the state's schema for ``applyInPandasWithState``: a bucket is one binary value

@@ -23,7 +23,7 @@ from streaming.state.table import CODED as TABLE_CODED, HOT as TABLE_HOT, PLAIN 
 from streaming.state.table import compact as table_compact, cold_keys as table_cold_keys
 
 if TYPE_CHECKING:
-    from streaming.state.function import StateConfig
+    from streaming.state.config import StateConfig
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from streaming.state.table import NULL
 from streaming.state.table import event_keys as table_event_keys
 
 if TYPE_CHECKING:
-    from streaming.state.function import StateConfig
+    from streaming.state.config import StateConfig
 
 #: event ids remembered per (entity, type, source) at its latest event time
 DEDUP_IDS = 16

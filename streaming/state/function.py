@@ -8,39 +8,19 @@ docs/state.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import pandas as pd
 
 from monitor.gcpause import gc_paused
-from streaming.rules import client as rules_client
-from streaming.rules import group as rules_group
-from streaming.rules import lag_config as rules_lag_config
-from streaming.rules import partition_config as rules_partition_config
-from streaming.rules import source as rules_source
 from streaming.state.codec import _load, _store
+from streaming.state.config import StateConfig
 from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
                                   pack_block, quarantine_rows, remember_shown, removed_rows)
 
 QUARANTINE_BUCKET = -1
-
-
-@dataclass(frozen=True)
-class StateConfig:
-    entity_ttl_ms: int = 900_000
-    #: how often a bucket without new events is woken to run the time-driven checks
-    tick_ms: int = 30_000
-    #: identifies this run of the job: an entity's gauges are sent to the exporter when they
-    #: change, and once per run (a restarted job starts with an empty exporter)
-    run_id: str = ""
-    lag: rules_lag_config.LagConfig = field(default_factory=rules_lag_config.LagConfig)
-    partition: rules_partition_config.PartitionRulesConfig = field(default_factory=rules_partition_config.PartitionRulesConfig)
-    group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)
-    client: rules_client.ClientRulesConfig = field(default_factory=rules_client.ClientRulesConfig)
-    source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
 
 
 def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: StateConfig,
