@@ -15,7 +15,8 @@ State per group-partition (plain JSON values, every list bounded): ``history`` (
 points, thinned geometrically with age), ``anchor`` (``[committed, written_at]``), ``stuck``
 (``[t, committed, hw]``), ``waits`` (at most :data:`CADENCE_SAMPLES` ms), ``trend`` (at most
 :data:`TREND_POINTS` ``[t, lag_ms]``), ``high_since`` and ``first_seen`` (ms), ``lag_seconds``,
-``lag_seconds_basis``, ``status``.
+``lag_seconds_basis``, ``status``, ``rewound`` (``[first seen at, from, to]`` of the last
+rewind, while ``rewind_hold_ms`` holds it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from streaming.rules import base as rules
 from streaming.rules.base import Alert, Severity, Transition
 from streaming.rules.lag_config import DEFAULT_CONFIG, TREND_POINTS, TREND_STEP_MS, LagConfig
 from streaming.rules.lag_estimate import LagSeconds, Point, add_mark, written_at
-from streaming.rules.lag_status import LagStatus, _lag, evaluate
+from streaming.rules.lag_status import RULE_REWIND, LagStatus, _lag, evaluate
 
 #: rules 3-4: the commit cadence is the longest of the last this-many waits
 CADENCE_SAMPLES = 8
@@ -156,7 +157,7 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
                  rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
-                       ("trend", []), ("high_since", None)):
+                       ("trend", []), ("high_since", None), ("rewound", None)):
         state.setdefault(key, empty)
     if hw is None:
         state.update(lag_seconds=None, lag_seconds_basis=None)
@@ -191,8 +192,15 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
           and (not trend or now - trend[-1][0] >= TREND_STEP_MS)):
         state["trend"] = (trend + [[int(now), int(round(est.seconds * 1000))]])[-TREND_POINTS:]
     previous = state["status"]
+    rewound = state["rewound"]
     verdict = evaluate(history, cfg, now, old_stuck, state["waits"], state["trend"],
-                       stalled=previous in (_STALL, _STOP), warned=previous == _WARN)
+                       stalled=previous in (_STALL, _STOP), warned=previous == _WARN, rewound=rewound)
+    if verdict.rule == RULE_REWIND:  # held from when this rewind was first seen
+        d = verdict.detail
+        if rewound is None or rewound[2] != d["to_offset"] or now - rewound[0] >= cfg.rewind_hold_ms:
+            state["rewound"] = [int(now), int(d["from_offset"]), int(d["to_offset"])]
+    elif rewound is not None and now - rewound[0] >= cfg.rewind_hold_ms:
+        state["rewound"] = None
     if verdict.blips:  # recognised blips are forgotten: once the point before them leaves the
         gone = {p[0] for p in verdict.blips}  # window, they would look like a real older offset
         history[:] = [p for p in history if p[0] not in gone]

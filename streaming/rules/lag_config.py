@@ -40,6 +40,9 @@ class LagConfig:
     - ``rewind_confirmations`` 2 and ``blip_max_ms`` 30 000: a lower commit seen at 2
       observations is a rewind; one that is back before that is a blip only if it cannot have
       lasted longer than ``blip_max_ms`` (the observations around it are that close).
+    - ``rewind_hold_ms`` 120 000: a confirmed rewind stays REWIND at least this long after it
+      was first seen, even when the consumer is back (or caught up) at the next observation:
+      long enough for several scrapes and micro-batches to show it (0: no hold).
     - ``warn_min_rise_ms`` 30 000: WARN needs the lag in seconds to have risen by this much
       over its commit samples (3 probe intervals: above the estimate's error).
     - ``min_points`` 3: a least-squares trend needs a residual to tell a rise from noise.
@@ -58,6 +61,7 @@ class LagConfig:
     cadence_factor: float = 3.0
     rewind_confirmations: int = 2
     blip_max_ms: int = 30_000
+    rewind_hold_ms: int = 120_000
     warn_min_rise_ms: int = 30_000
     min_points: int = 3
     hw_marks: int = 32
@@ -91,6 +95,7 @@ class LagConfig:
         if not _is_int(self.rewind_confirmations) or not 1 <= self.rewind_confirmations < self.window:
             raise bad("rewind_confirmations", f"must be an integer within 1..window-1 ({self.window - 1})")
         non_negative_int("blip_max_ms")
+        non_negative_int("rewind_hold_ms")
         non_negative_int("warn_min_rise_ms")
         if not _is_int(self.min_points) or not 3 <= self.min_points <= TREND_POINTS:
             raise bad("min_points", f"must be an integer within 3..{TREND_POINTS}")

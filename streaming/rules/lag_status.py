@@ -6,6 +6,8 @@ and commit samples ``streaming.rules.lag`` keeps in the state.  How and why:
 
 Rules of :func:`evaluate` (first match wins; the verdict names its rule):
 
+0. ``2-rewind-held`` a rewind first seen less than ``rewind_hold_ms`` ago → REWIND, even when
+   the consumer is back or caught up since (so every scrape and batch in between shows it).
 1. ``1-caught-up``  lag 0 at the latest point → OK.
 2. ``2-rewind``     the committed offset went back, confirmed → REWIND.
 3. ``3-stop``       committed unchanged with lag > 0 for longer than the stop limit → STOP.
@@ -32,6 +34,7 @@ TREND_NOISE_FACTOR = 2.0
 
 RULE_CAUGHT_UP = "1-caught-up"
 RULE_REWIND = "2-rewind"
+RULE_REWIND_HELD = "2-rewind-held"
 RULE_STOP = "3-stop"
 RULE_STALL = "4-stall"
 RULE_KEPT_UP = "5-kept-up"
@@ -178,7 +181,7 @@ def _trend(samples: Sequence[Sequence[float]]) -> dict:
 
 def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional[Sequence[int]] = None,
              waits: Optional[Sequence[int]] = None, trend: Optional[Sequence[Sequence[int]]] = None,
-             stalled: bool = False, warned: bool = False) -> Verdict:
+             stalled: bool = False, warned: bool = False, rewound: Optional[Sequence[int]] = None) -> Verdict:
     """:func:`evaluate_status` with everything it found (for evidence and the state).
 
     ``stuck``: the state's stuck run from the previous observation; ``waits``: the recent
@@ -188,7 +191,8 @@ def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional
     the previous observation was already STALL or STOP in this same stuck run (a STALL is not
     taken back while the run lasts); ``warned``: the previous observation was WARN (WARN then
     holds while the lag in seconds still rises at all: a producer speeding up for a minute
-    does not end it)."""
+    does not end it); ``rewound``: the last confirmed rewind, ``[first seen at, from offset,
+    to offset]`` (rule 0 holds it)."""
     if not history:
         return Verdict(LagStatus.OK, RULE_FEW_POINTS, [], [], [], None, {})
     view, blips, pending, rewind = _scan(history, cfg.rewind_confirmations, cfg.blip_max_ms)
@@ -197,6 +201,10 @@ def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional
     def v(status: LagStatus, rule: str, **detail: Any) -> Verdict:
         return Verdict(status, rule, view, blips + pending, blips, new_stuck, detail)
 
+    # 0. a rewind seen less than rewind_hold_ms ago, now recovered or out of the window
+    if rewind is None and rewound is not None and now - rewound[0] < cfg.rewind_hold_ms:
+        return v(LagStatus.REWIND, RULE_REWIND_HELD, rewound_at=rewound[0], from_offset=rewound[1],
+                 to_offset=rewound[2], held_until=rewound[0] + cfg.rewind_hold_ms)
     # 1. caught up at the latest point (or at the latest point before an unconfirmed lower commit)
     if _lag(history[-1]) == 0 or _lag(view[-1]) == 0:
         return v(LagStatus.OK, RULE_CAUGHT_UP)

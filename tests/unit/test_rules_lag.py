@@ -124,6 +124,8 @@ REWIND = moving(6, 50) + [(60 + 10 * k, 100 * k, 6050 + 1000 * k) for k in range
 REWIND_RECOVERS = moving(6, 50) + [(60, 1000, 6050), (70, 3000, 7050), (80, 8000, 8050), (90, 9000, 9050)]
 # reset, and the re-read is so fast it is caught up at the next observation
 REWIND_CAUGHT_UP = moving(6, 50) + [(60, 1000, 6050), (70, 7050, 7050)]
+# reset confirmed (two lower observations), then caught up at the next one
+REWIND_CONFIRMED_CAUGHT_UP = moving(6, 50) + [(60, 1000, 6050), (70, 2000, 7050), (80, 8050, 8050)]
 # A consumer at 80 % of its producers' speed (8 of 10 records/s), caught up at 0 s: its lag in
 # seconds grows 0.2 s per second (2i - 0.05 s at observation i).  Once it is more than the
 # window (90 s) behind, its commit samples (every 30 s) show a 54 s rise: WARN.
@@ -179,18 +181,28 @@ STATUS_CASES = [
      SLOW_COMMITTER, CFG, "OK*150"),
     ("broker deploy: one lower commit then back within 20 s: a blip, not REWIND", BLIP, CFG, "OK*20"),
     ("one lower commit at the latest observation is held, not REWIND yet", BLIP_LAST, CFG, "OK*7"),
-    ("a lower commit that may have stood for 110 s (HW unknown meanwhile): REWIND when seen back",
-     DROP_WITH_GAP, CFG, "OK*15 REWIND OK"),
-    ("probe every 60 s: a lower commit seen once, back 120 s after the observation before it: REWIND once",
-     DROP_SPARSE, CFG, "OK*4 REWIND OK"),
-    ("real rewind (reset to an earlier offset, persisted): REWIND from the confirmation while the drop is "
-     "in the window, then the re-read's growing lag in seconds is WARN", REWIND, CFG, "OK*7 REWIND*8 WARN*6"),
-    ("rewind_confirmations=3 needs three lower observations", REWIND, LagConfig(rewind_confirmations=3),
-     "OK*8 REWIND*7 WARN*6"),
-    ("rewind_confirmations=1: the first lower commit is a rewind", REWIND, LagConfig(rewind_confirmations=1),
-     "OK*6 REWIND*9 WARN*6"),
-    ("rewind then back past the old offset: REWIND ends", REWIND_RECOVERS, CFG, "OK*7 REWIND OK*2"),
+    ("a lower commit that may have stood for 110 s (HW unknown meanwhile): REWIND when seen back, held "
+     "(rewind_hold_ms 120 s)", DROP_WITH_GAP, CFG, "OK*15 REWIND*2"),
+    ("... without the hold: REWIND for the one observation that shows it", DROP_WITH_GAP,
+     LagConfig(rewind_hold_ms=0), "OK*15 REWIND OK"),
+    ("probe every 60 s: a lower commit seen once, back 120 s after the observation before it: REWIND, "
+     "held at the next observation", DROP_SPARSE, CFG, "OK*4 REWIND*2"),
+    ("real rewind (reset to an earlier offset, persisted): REWIND from the confirmation, held 120 s, then "
+     "the re-read's growing lag in seconds is WARN", REWIND, CFG, "OK*7 REWIND*12 WARN*2"),
+    ("... without the hold: REWIND while the drop is in the window", REWIND, LagConfig(rewind_hold_ms=0),
+     "OK*7 REWIND*8 WARN*6"),
+    ("rewind_confirmations=3 needs three lower observations", REWIND,
+     LagConfig(rewind_confirmations=3, rewind_hold_ms=0), "OK*8 REWIND*7 WARN*6"),
+    ("rewind_confirmations=1: the first lower commit is a rewind", REWIND,
+     LagConfig(rewind_confirmations=1, rewind_hold_ms=0), "OK*6 REWIND*9 WARN*6"),
+    ("rewind then back past the old offset at the next observations: REWIND held", REWIND_RECOVERS, CFG,
+     "OK*7 REWIND*3"),
+    ("... without the hold: REWIND ends", REWIND_RECOVERS, LagConfig(rewind_hold_ms=0), "OK*7 REWIND OK*2"),
     ("rewind but caught up: rule 1 wins", REWIND_CAUGHT_UP, CFG, "OK*8"),
+    ("a confirmed rewind, caught up at the next observation: still REWIND (held), not OK",
+     REWIND_CONFIRMED_CAUGHT_UP, CFG, "OK*7 REWIND*2"),
+    ("... without the hold: caught up wins", REWIND_CONFIRMED_CAUGHT_UP, LagConfig(rewind_hold_ms=0),
+     "OK*7 REWIND OK"),
     ("consumer at 80 % of its producers' speed: WARN once more than the window behind with a 54 s rise",
      FALLING_BEHIND, CFG, "OK*46 WARN*14"),
     ("falling behind, then stops committing: WARN -> STALL -> STOP", WARN_THEN_STOP, CFG,
@@ -234,13 +246,15 @@ TRANSITION_CASES = [
     ("slow committer: nothing", SLOW_COMMITTER, CFG, []),
     ("broker deploy blip: nothing", BLIP, CFG, []),
     ("flat noisy lag: nothing", FLAT_NOISY, CFG, []),
-    ("a lower commit that may have stood 110 s: REWIND (critical) opened and resolved", DROP_WITH_GAP, CFG,
+    ("a lower commit that may have stood 110 s: REWIND (critical) opened, held past the run's end",
+     DROP_WITH_GAP, CFG, [(150, STATUS, "open", C, "REWIND")]),
+    ("... resolved at the next observation without the hold", DROP_WITH_GAP, LagConfig(rewind_hold_ms=0),
      [(150, STATUS, "open", C, "REWIND"), (160, STATUS, "resolve", C, "OK")]),
-    ("real rewind: REWIND (critical), then REWIND -> WARN; ConsumerLagHigh once the lag in offsets has been "
-     "over 10 000 for 60 s (110 -> 170 s)", REWIND, CFG,
+    ("real rewind: REWIND (critical), held 120 s, then REWIND -> WARN; ConsumerLagHigh once the lag in "
+     "offsets has been over 10 000 for 60 s (110 -> 170 s)", REWIND, CFG,
      [(70, STATUS, "open", C, "REWIND"),
-      (150, STATUS, "resolve", C, "WARN"), (150, STATUS, "open", W, "WARN"),
-      (170, HIGH, "open", W, None)]),
+      (170, HIGH, "open", W, None),
+      (190, STATUS, "resolve", C, "WARN"), (190, STATUS, "open", W, "WARN")]),
     ("falling behind: WARN", FALLING_BEHIND, CFG, [(460, STATUS, "open", W, "WARN")]),
     ("falling behind then stops: WARN -> STALL -> STOP; ConsumerLagHigh after 300 s + 60 s", WARN_THEN_STOP, CFG,
      [(460, STATUS, "open", W, "WARN"),
