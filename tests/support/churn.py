@@ -89,8 +89,11 @@ class Churn:
         self.rates = rates or Rates()
         self._rnd = random.Random(seed)
         self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        # allow.auto.create.topics off: a librdkafka producer refreshes the metadata of every
+        # topic it ever wrote to (every 5 min) and, on a broker with auto.create.topics.enable
+        # (Kafka's default), that refresh re-creates a deleted one with 1 partition
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "log_level": 0,
-                                   "message.timeout.ms": 30000})
+                                   "message.timeout.ms": 30000, "allow.auto.create.topics": False})
         self.topics: dict[str, _Topic] = {}
         self.groups: dict[str, _Group] = {}
         self.counts = Counts()
