@@ -12,12 +12,12 @@ partitions would only slow the setup) and times, ``--repeats`` times each:
   value was read.  The broker answers every config entry of each topic (33 on Kafka 4): the
   protocol can name the keys wanted, but confluent-kafka's ``describe_configs`` does not send
   them (``ConfigResource(set_config=...)`` still gets all 33);
-- the probe's re-reads as its refreshes run them (``Probe._topic_min_isr``, ``config_refresh_s``
+- the probe's re-reads as its refreshes run them (``TopicConfigs.min_isr``, ``config_refresh_s``
   0: at every call, at most ``CONFIG_REREAD_MAX`` topics, the answer used at the next call):
   the calls until every topic was read again once, the longest call (what a refresh waits),
   and the CPU of the round (``time.process_time``: this process, librdkafka's threads
   included), per topic;
-- the probe's first read of every topic (``_topic_min_isr`` with nothing read yet: it waits).
+- the probe's first read of every topic (``min_isr`` with nothing read yet: it waits).
 
 Medians are printed and written to ``bench/results/config-cost.json``.
 
@@ -43,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # noqa: E402
 
 from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
-from monitor.probe import CONFIG_REREAD_MAX, Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
+from monitor.topic_configs import CONFIG_REREAD_MAX  # noqa: E402
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], list[float], Any]:
@@ -103,25 +105,26 @@ def main() -> int:
 
         probe = Probe(ProbeConfig(bootstrap_servers=c.bootstrap_servers, events_topic="cfg.events",
                                   config_refresh_s=0.0))
+        configs = probe.topic_configs
         try:
             def probe_call() -> dict:
-                probe._min_isr_at.clear()
-                return probe._topic_min_isr(names)
+                configs._read_at.clear()
+                return configs.min_isr(names)
 
             def reread_round() -> dict:
                 """The probe's re-reads as its refreshes run them (config_refresh_s 0): calls of
-                _topic_min_isr, 0.2 s apart, until every topic was read again once."""
-                reads0, calls, call_s = probe.config_reads, 0, []
-                while probe.config_reads - reads0 < len(names):
+                min_isr, 0.2 s apart, until every topic was read again once."""
+                reads0, calls, call_s = configs.config_reads, 0, []
+                while configs.config_reads - reads0 < len(names):
                     w = time.perf_counter()
-                    probe._topic_min_isr(names, 1)
+                    configs.min_isr(names, 1)
                     call_s.append(time.perf_counter() - w)
                     calls += 1
                     time.sleep(0.2)
                 return {"calls": calls, "call_s_max": round(max(call_s), 4)}
 
             results: dict[str, Any] = {}
-            probe._topic_min_isr(names, 1)  # the first reads
+            configs.min_isr(names, 1)  # the first reads
             walls, cpus, out = timed(reread_round, args.repeats)
             sleeps = [0.2 * r["calls"] for r in [out]]
             results["probe_reread_round"] = {

@@ -949,7 +949,7 @@ class Bench:
     def main(self) -> dict:
         from kafka_monitor.local.broker import TansuBroker, create_topics, free_port
         from kafka_monitor.local.kafka_cluster import KafkaCluster
-        from monitor.probe import ProbeConfig
+        from monitor.probe_config import ProbeConfig
         from streaming.sinks.exporter import Exporter
         from streaming.job import JobConfig, run, spark_session, stop_spark
 

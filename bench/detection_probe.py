@@ -17,7 +17,8 @@ import threading
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 
 def main() -> int:

@@ -92,16 +92,16 @@ def _rule_settings() -> dict:
     try:
         from streaming.rules import broker as rules_broker
         from streaming.rules import group as rules_group
-        from streaming.rules import lag as rules_lag
+        from streaming.rules import lag_config as rules_lag_config
         from streaming.rules import partition as rules_partition
-        pc, lc, gc = rules_partition.PartitionRulesConfig(), rules_lag.LagConfig(), rules_group.GroupRulesConfig()
+        pc, lc, gc = rules_partition.PartitionRulesConfig(), rules_lag_config.LagConfig(), rules_group.GroupRulesConfig()
         out.update(leader_quiet_s=pc.leader_quiet_ms / 1000, imbalance_after_s=pc.imbalance_after_ms / 1000,
                    count_change_window_s=pc.count_change_window_ms / 1000,
                    lag_high_offsets=lc.lag_high_offsets, lag_high_seconds=lc.lag_high_seconds,
                    lag_high_for_s=getattr(lc, "lag_high_for_ms", 0) / 1000,
                    stall_after_s=getattr(lc, "stall_after_ms", 0) / 1000, stop_after_s=lc.stop_after_ms / 1000,
                    # WARN: commit samples of the lag in seconds at least TREND_STEP_MS apart, min_points of them
-                   warn_trend_s=(getattr(rules_lag, "TREND_STEP_MS", 0) / 1000) * (lc.min_points - 1),
+                   warn_trend_s=(getattr(rules_lag_config, "TREND_STEP_MS", 0) / 1000) * (lc.min_points - 1),
                    storm_min=gc.storm_min_rebalances, storm_window_s=gc.storm_window_ms / 1000,
                    empty_with_lag_s=gc.empty_with_lag_after_ms / 1000, stuck_after_s=gc.stuck_after_ms / 1000,
                    hw_stall_s=pc.hw_stall_ms / 1000, stalling_after_s=rules_broker.STALLING_AFTER_MS / 1000,

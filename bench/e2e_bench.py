@@ -49,7 +49,8 @@ from probe_bench import (EVENTS_TOPIC, GROUP_TOPICS, TOPIC_PARTITIONS, MockClust
 def probe_child(bootstrap: str, n_topics: int, interval_s: float) -> int:
     """The probe as ``kafka-monitor probe`` runs it, with the group listing the mock lacks
     answered as bench/probe_bench.py does; stops on SIGTERM."""
-    from monitor.probe import Probe, ProbeConfig
+    from monitor.probe import Probe
+    from monitor.probe_config import ProbeConfig
     probe = Probe(ProbeConfig(bootstrap_servers=bootstrap, interval_s=interval_s, source="e2e-probe",
                               cluster="bench", topics_include="^bench-", request_timeout_s=120))
     answer_groups(probe, _groups(n_topics, GROUP_TOPICS))

@@ -526,7 +526,7 @@ def main() -> int:
         state.make_state_function = timed_state_function(state.make_state_function)
         if args.state == "silent":
             state.make_state_function = silent_state_function(state.make_state_function)
-    from monitor.probe import ProbeConfig
+    from monitor.probe_config import ProbeConfig
     snapshot_cycles = (1 if args.metadata == "every-cycle"
                        else max(1, round(ProbeConfig(bootstrap_servers="-").metadata_snapshot_s / args.cycle_s)))
 

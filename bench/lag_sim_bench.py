@@ -1,14 +1,15 @@
 """Lag rules on simulated consumers, before and after issue 14: alerts per simulated hour on
 healthy consumers, the error of the lag in seconds, and how soon dead consumers are called.
 
-The simulator is the one of ``tests/unit/test_lag_simulation.py`` (seeded; records written with
+The simulator is ``tests/support/lag_simulation.py`` (the one ``tests/unit/test_lag_simulation.py`` asserts on) (seeded; records written with
 a wandering rate, consumers that auto-commit every 5 s or every 1 000 records, observed as the
 probe observes them: every 10 s, the committed offset read a few ms before the HW; the true
 lag in seconds is the age of the record at offset = committed).  Each profile runs against
 
-* "before": ``streaming/rules/lag.py`` as of ``--before-rev`` (default: the last commit before
-  issue 14), read with ``git show`` into a temporary directory for the run only, and
-* "after": ``streaming/rules/lag.py`` as it is in the working tree,
+* "before": the lag rules as of ``--before-rev`` (default: the last commit before issue 14),
+  imported with that revision's ``streaming`` and ``monitor`` from a temporary copy
+  (``git archive``) for the run only, and
+* "after": ``streaming/rules/lag.py`` (and the lag_* modules it imports) as in the working tree,
 
 each with its own default ``LagConfig``.  Figures per profile and version:
 
@@ -51,7 +52,7 @@ import numpy as np  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
 from streaming.rules import lag as rules_lag  # noqa: E402
-from tests.unit import test_lag_simulation as sim  # noqa: E402
+from tests.support import lag_simulation as sim  # noqa: E402
 
 #: the last commit of streaming/rules/lag.py before issue 14
 BEFORE_REV = "0f1c80a1ab61c42a7749569496efa0318505bbfa"
@@ -81,17 +82,34 @@ STRESS = [
 ]
 
 
+def _ours(name: str) -> bool:
+    return name.split(".", 1)[0] in ("streaming", "monitor")
+
+
 def load_before(rev: str, tmp: pathlib.Path) -> ModuleType:
-    """``streaming/rules/lag.py`` at ``rev``, imported from a temporary copy (never committed)."""
-    src = subprocess.run(["git", "show", f"{rev}:streaming/rules/lag.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    path = tmp / "rules_lag_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("rules_lag_before", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["rules_lag_before"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    """The lag rules module of ``rev`` (``streaming/rules/lag.py``, or ``streaming/rules_lag.py``
+    before the rules became a package), imported with the rest of that revision's ``streaming``
+    and ``monitor`` from a temporary copy (``git archive``; never committed).  Today's modules
+    are set aside while it imports and put back afterwards: the old module keeps its own."""
+    archive = subprocess.run(["git", "archive", rev, "streaming", "monitor"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    tmp.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    name = next((n for n, f in (("streaming.rules.lag", "streaming/rules/lag.py"),
+                                ("streaming.rules_lag", "streaming/rules_lag.py")) if (tmp / f).exists()), None)
+    if name is None:
+        raise SystemExit(f"lag_sim_bench: {rev} has neither streaming/rules/lag.py nor streaming/rules_lag.py")
+    saved = {k: m for k, m in sys.modules.items() if _ours(k)}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(tmp))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp))
+        for k in [k for k in sys.modules if _ours(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
 
 
 def _q(values: list, p: float) -> Optional[float]:
@@ -203,7 +221,6 @@ def main() -> None:
             dead[p.name] = {"what": p.what, **{v: dead_figures(p, m, args.dead_runs) for v, m in versions.items()}}
         falling = {"what": sim.FALLING.what, **{v: falling_figures(m, args.dead_runs) for v, m in versions.items()}}
         cost = {v: cost_us(m) for v, m in versions.items()}
-        sys.modules.pop("rules_lag_before", None)
 
     print(f"{'profile':30s} {'alerts/h before':>16s} {'after':>8s}  {'|err| p99 s before':>19s} {'after':>7s}")
     for group in (healthy, stress):

@@ -37,8 +37,8 @@ that is ~2-3% of its cost); ``--no-phases`` measures without them.
 
     python bench/probe_bench.py                                  # 10k, 30k, 100k; 3 runs x 5 cycles
     python bench/probe_bench.py --partitions 10000 --runs 1 --cycles 3
-    python bench/probe_bench.py --label before --out bench/results/probe-before.json
-    python bench/probe_bench.py --baseline bench/results/probe-before.json   # adds the before figures
+    python bench/probe_bench.py --label before --out /tmp/probe-before.json
+    python bench/probe_bench.py --baseline /tmp/probe-before.json   # adds the before figures to probe.json
     PROBE_BENCH_CODE=/tmp/old python bench/probe_bench.py ...   # measure the monitor/ package in /tmp/old
 
 Prints a table and writes ``bench/results/probe.json``.
@@ -50,6 +50,7 @@ import argparse
 import collections
 import concurrent.futures
 import gc
+import importlib
 import json
 import os
 import pathlib
@@ -72,31 +73,46 @@ sys.path.insert(0, str(ROOT / "bench"))
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
-from monitor import coordinator as coordinator_mod  # noqa: E402
-from monitor import emitter as emitter_mod  # noqa: E402
 from monitor import probe as probe_mod  # noqa: E402
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 TOPIC_PARTITIONS = 100  # partitions per topic: 10,000 partitions = 100 topics
 EVENTS_TOPIC = "kafka-monitor.events"
 GROUP_TOPICS = 10  # topics per consumer group: 1,000 group partitions each
 
-#: (class, method, phase): methods that exist in this version of the code are timed
+#: (module, class, method, phase): methods that exist in this version of the code are timed (an
+#: older copy, PROBE_BENCH_CODE, has on Probe what is now in the probe's parts)
 PHASE_METHODS = [
-    (Probe, "refresh_metadata", "metadata"),
-    (Probe, "_leader_epochs", "leader_epochs"),
-    (Probe, "_on_stats", "stats"),
-    (Probe, "_topic_min_isr", "min_isr"),
-    (Probe, "_committed_offsets", "committed"),
-    (coordinator_mod.CoordinatorClient, "collect", "committed"),  # waiting for the child's answers
-    (Probe, "_group_states", "group_states"),
-    (Probe, "_watermarks", "watermarks"),
-    (Probe, "_wait", "idle"),
-    (emitter_mod.EventEmitter, "emit", "events"),
-    (emitter_mod.EventEmitter, "emit_rows", "events"),
+    ("monitor.probe", "Probe", "refresh_metadata", "metadata"),
+    ("monitor.topology", "ProbeTopologyMixin", "refresh_metadata", "metadata"),
+    ("monitor.probe", "Probe", "_leader_epochs", "leader_epochs"),
+    ("monitor.leader_epochs", "LeaderEpochs", "leader_epochs", "leader_epochs"),
+    ("monitor.probe", "Probe", "_on_stats", "stats"),
+    ("monitor.leader_epochs", "LeaderEpochs", "on_stats", "stats"),
+    ("monitor.probe", "Probe", "_topic_min_isr", "min_isr"),
+    ("monitor.topic_configs", "TopicConfigs", "min_isr", "min_isr"),
+    ("monitor.probe", "Probe", "_committed_offsets", "committed"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_committed_offsets", "committed"),
+    ("monitor.coordinator", "CoordinatorClient", "collect", "committed"),  # waiting for the child's answers
+    ("monitor.probe", "Probe", "_group_states", "group_states"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_group_states", "group_states"),
+    ("monitor.probe", "Probe", "_watermarks", "watermarks"),
+    ("monitor.offsets", "ProbeOffsetsMixin", "_watermarks", "watermarks"),
+    ("monitor.probe", "Probe", "_wait", "idle"),
+    ("monitor.emitter", "EventEmitter", "emit", "events"),
+    ("monitor.emitter", "EventEmitter", "emit_rows", "events"),
 ]
 PHASES = ["metadata", "leader_epochs", "stats", "min_isr", "committed", "group_states", "watermarks", "events",
           "delivery", "other", "idle"]
+
+
+def _module(name: str) -> Any:
+    """The module ``name`` of the code measured, or None where that copy has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def child_cpu_s(probe: Probe) -> float:
@@ -161,8 +177,9 @@ class PhaseTimer:
 
     def install(self) -> Callable[[], None]:
         saved = []
-        for cls, attr, name in PHASE_METHODS:
-            fn = cls.__dict__.get(attr)
+        for module, cls_name, attr, name in PHASE_METHODS:
+            cls = getattr(_module(module), cls_name, None)
+            fn = cls.__dict__.get(attr) if cls is not None else None
             if fn is None:
                 continue
             saved.append((cls, attr, fn))
@@ -431,7 +448,8 @@ def main() -> int:
     extra: dict[str, Any] = {}
     if args.baseline:
         base = json.loads(pathlib.Path(args.baseline).read_text())
-        extra["baseline"] = {"file": os.path.relpath(args.baseline, ROOT), "label": base.get("label"),
+        # report.write makes the path portable (relative to the checkout, or <tmp>/...)
+        extra["baseline"] = {"file": str(pathlib.Path(args.baseline).resolve()), "label": base.get("label"),
                              "when": base.get("when"), "note": base.get("note"),
                              "results": [{k: v for k, v in r.items() if k != "runs"} for r in base["results"]]}
     results: list[dict] = PARTIAL["results"]

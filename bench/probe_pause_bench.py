@@ -39,13 +39,15 @@ sys.path.insert(0, str(ROOT))
 
 from kafka_monitor.local.kafka_cluster import KafkaCluster  # noqa: E402
 from kafka_monitor.local.workload import consume_loop, produce_loop  # noqa: E402
-from monitor.probe import Probe, ProbeConfig  # noqa: E402
+from monitor.probe import Probe  # noqa: E402
+from monitor.probe_config import ProbeConfig  # noqa: E402
 
 EVENTS = "kafka-monitor.events"
 TOPIC = "pause.orders"
 GROUP = "pause-app"
+#: (method, phase): a method of the probe, or of one of its parts ("part.method")
 PHASES = [("_committed_offsets", "committed"), ("_group_states", "group_states"), ("_watermarks", "watermarks"),
-          ("refresh_metadata", "metadata"), ("_topic_min_isr", "min_isr")]
+          ("refresh_metadata", "metadata"), ("topic_configs.min_isr", "min_isr")]
 
 
 class Recorder:
@@ -94,7 +96,9 @@ class Recorder:
         probe.observe, probe.refresh_metadata = timed_observe, timed_refresh
 
     def _wrap(self, probe: Any, method: str, phase: str) -> None:
-        fn: Callable[..., Any] = getattr(probe, method)
+        part, _, method = method.rpartition(".")
+        owner = getattr(probe, part) if part else probe
+        fn: Callable[..., Any] = getattr(owner, method)
 
         def timed(*a: Any, **kw: Any) -> Any:
             t0 = time.monotonic()
@@ -102,7 +106,7 @@ class Recorder:
                 return fn(*a, **kw)
             finally:
                 self._phases[phase] += time.monotonic() - t0
-        setattr(probe, method, timed)
+        setattr(owner, method, timed)
 
 
 def coordinator_of(cluster: KafkaCluster, group: str, timeout: float = 60.0) -> int:

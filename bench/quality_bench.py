@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from monitor.gcpause import gc_paused  # noqa: E402
 from streaming.ingest import quality as q  # noqa: E402
-from streaming.gcpause import gc_paused  # noqa: E402
 
 BATCH_S = 3.0
 CORES = 2

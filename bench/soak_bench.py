@@ -22,11 +22,13 @@ last half.
 
     python bench/soak_bench.py                         # 2 h, a day at 12x
     python bench/soak_bench.py --hours 0.1 --speed 120 # a 6-minute smoke run of the same plan
+    python bench/soak_bench.py --compare OLD.json NEW.json  # two runs' verdicts side by side
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import queue
@@ -281,7 +283,28 @@ def plot(samples: list[dict], events: list[tuple[float, str]], path: pathlib.Pat
     return path
 
 
+def compare(before_path: str, after_path: str) -> int:
+    """Print two soak results' verdicts side by side (markdown), per series."""
+    runs = [json.loads(pathlib.Path(p).read_text()) for p in (before_path, after_path)]
+    names = [n for n, _, _ in SERIES if any(n in r.get("verdicts", {}) for r in runs)]
+    print("| series | before: verdict, 1st / 2nd half max | after: verdict, 1st / 2nd half max |")
+    print("|---|---|---|")
+    for n in names:
+        cells = []
+        for r in runs:
+            v = r.get("verdicts", {}).get(n)
+            cells.append("-" if v is None else
+                         f"{v['verdict']}, {v['first_half_max']:,.1f} / {v['last_half_max']:,.1f} {v['unit']}".rstrip())
+        print(f"| {n} | {cells[0]} | {cells[1]} |")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--compare"]:
+        if len(sys.argv) != 4:
+            print("usage: soak_bench.py --compare BEFORE.json AFTER.json", file=sys.stderr)
+            return 2
+        return compare(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hours", type=float, default=2.0, help="wall-clock length of the run (default 2)")
     ap.add_argument("--speed", type=float, default=12.0, help="simulated seconds per wall second (default 12: a day in 2 h)")

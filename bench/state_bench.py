@@ -9,7 +9,7 @@ keeps it (the stored bytes).  A batch is half a cycle (the job's 5 s trigger aga
 
 - ``state``: the state function over every bucket (one core's work is about half of it);
 - per phase inside it (cumulative seconds, from the stages ``update_bucket`` calls): load,
-  fold_quiet, fold (dict rules), tick/evict, output rows, store;
+  fold_columns (quiet and new partitions), fold (dict rules), tick/evict, output rows, store;
 - ``output_to_arrow``: the output frames to Arrow (PySpark does it in the workers);
 - ``sink``: ``sinks.batch.sink_rows``, ``Exporter.apply`` (the driver).
 
@@ -47,9 +47,10 @@ from streaming.sinks.batch import sink_rows  # noqa: E402
 from streaming.ingest import parsing  # noqa: E402
 from streaming.sinks.exporter import Exporter  # noqa: E402
 from streaming.state import function as st  # noqa: E402
+from streaming.state import rows as st_rows  # noqa: E402
 from tests.support.state_fakes import FakeState  # noqa: E402  (the part of GroupState the function uses)
 
-PHASES = ("_load", "fold_quiet", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
+PHASES = ("_load", "fold_columns", "fold", "tick", "evict_stale", "_frame", "pack_block", "_store")
 
 
 @contextmanager
@@ -111,7 +112,7 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) ->
             # the output frames to Arrow, as PySpark does in the workers
             t = time.perf_counter()
             schema = pa.schema([(n, {"long": pa.int64(), "double": pa.float64(), "string": pa.string(),
-                                     "binary": pa.binary()}[ty]) for n, ty in st.OUTPUT_COLUMNS])
+                                     "binary": pa.binary()}[ty]) for n, ty in st_rows.OUTPUT_COLUMNS])
             table = pa.concat_tables([pa.Table.from_pandas(o, schema=schema, preserve_index=False) for o in outs])
             spent["output_to_arrow"] = time.perf_counter() - t
             t = time.perf_counter()

@@ -39,9 +39,11 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streaming.rules.base import Alert  # noqa: E402
+from streaming.rules.client import ClientRulesConfig  # noqa: E402
 from streaming.rules.group import GroupRulesConfig  # noqa: E402
-from streaming.rules.lag import LagConfig  # noqa: E402
-from streaming.rules.partition import PartitionRulesConfig  # noqa: E402
+from streaming.rules.lag_config import LagConfig  # noqa: E402
+from streaming.rules.partition_config import PartitionRulesConfig  # noqa: E402
+from streaming.rules.source import SourceRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
 #: versions migrate it on load)
@@ -76,7 +78,8 @@ HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
 ALERT_ACTIVE = "kafka_monitor_alert_active"
 
 def default_rules() -> dict[str, Any]:
-    return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig()}
+    return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig(),
+            "client": ClientRulesConfig(), "source": SourceRulesConfig()}
 
 
 #: the job's rule settings the panels draw and name (build() sets them; defaults here)
@@ -329,8 +332,8 @@ def last_batch_age() -> dict:
 
 def silent_sources() -> dict:
     return stat("Silent sources", "Probes and instrumented clients the job calls silent (SourceSilent: no "
-                f"heartbeat for {RULES['group'].silent_factor:g} of the intervals each announced and the silence "
-                f"grace of {RULES['group'].silence_grace_ms / 1000:g} s, judged without "
+                f"heartbeat for {RULES['source'].silent_factor:g} of the intervals each announced and the silence "
+                f"grace of {RULES['source'].silence_grace_ms / 1000:g} s, judged without "
                 "the pipeline's delay): the monitor is blind to their clusters meanwhile.",
                 [target(open_count("SourceSilent", "cluster, source", CLUSTER, f"{HEARTBEAT}{{{CLUSTER}}}"))],
                 decimals=0, th=GREEN_RED_AT_1)
@@ -689,7 +692,7 @@ def rebalances() -> dict:
 
 def client_metadata() -> dict:
     g = Grid()
-    grp = RULES["group"]
+    cli, src = RULES["client"], RULES["source"]
     clients = f"max by (cluster, source) ({METADATA_REFRESH}{{{CLUSTER}}})"
     partitions_watched = per_partition(REPLICAS, CLUSTER)
     topics_watched = f"max by (cluster, topic) ({REPLICAS}{{{CLUSTER}}})"
@@ -699,20 +702,20 @@ def client_metadata() -> dict:
           (stat("Clients reporting", "Probes and instrumented clients that report metadata refreshes.",
                 [target(f"count({clients})")]), 4),
           (stat("Oldest metadata", "Seconds since the client with the oldest metadata last refreshed it "
-                f"successfully (MetadataStale opens after {grp.metadata_stale_factor:g} x its metadata.max.age.ms "
-                f"and the silence grace of {grp.silence_grace_ms / 1000:g} s, "
-                f"{minutes(grp.metadata_stale_factor * grp.metadata_max_age_default_ms + grp.silence_grace_ms)} "
+                f"successfully (MetadataStale opens after {cli.metadata_stale_factor:g} x its metadata.max.age.ms "
+                f"and the silence grace of {cli.silence_grace_ms / 1000:g} s, "
+                f"{minutes(cli.metadata_stale_factor * cli.metadata_max_age_default_ms + cli.silence_grace_ms)} "
                 "when it announces none; "
                 "orange from one max age).",
                 [target(f"time() - min({clients})")], unit="s", decimals=0,
-                th=thresholds((None, "green"), (grp.metadata_max_age_default_ms / 1000, "orange"),
-                              ((grp.metadata_stale_factor * grp.metadata_max_age_default_ms + grp.silence_grace_ms)
+                th=thresholds((None, "green"), (cli.metadata_max_age_default_ms / 1000, "orange"),
+                              ((cli.metadata_stale_factor * cli.metadata_max_age_default_ms + cli.silence_grace_ms)
                                / 1000, "red"))), 4),
           (stat("MetadataStale open", f"The job's MetadataStale alert. {no_source}",
                 [target(open_count("MetadataStale", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
           (stat("MetadataRefreshStorm open", "The job's MetadataRefreshStorm alert: more than "
-                f"{grp.refresh_storm_max} invalidation-driven refreshes within "
-                f"{minutes(grp.refresh_storm_window_ms)}. {no_source}",
+                f"{cli.refresh_storm_max} invalidation-driven refreshes within "
+                f"{minutes(cli.refresh_storm_window_ms)}. {no_source}",
                 [target(open_count("MetadataRefreshStorm", "cluster", CLUSTER, clients))], th=GREEN_RED_AT_1), 4),
           (stat("Leader changes open", "Partitions with the job's LeaderChanged episode open (a leader or "
                 "leader-epoch change within the last "
@@ -730,8 +733,8 @@ def client_metadata() -> dict:
                       "that keeps rising is a client that cannot refresh.",
                       [target(f"time() - {clients}", legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12),
           (timeseries("Heartbeat age per source", "Seconds since each probe or instrumented client last sent a "
-                      f"heartbeat (SourceSilent fires after {grp.silent_factor:g} of its intervals and the silence "
-                      f"grace of {grp.silence_grace_ms / 1000:g} s).",
+                      f"heartbeat (SourceSilent fires after {src.silent_factor:g} of its intervals and the silence "
+                      f"grace of {src.silence_grace_ms / 1000:g} s).",
                       [target(f"time() - max by (cluster, source) ({HEARTBEAT}{{{CLUSTER}}})",
                               legend="{{source}} ({{cluster}})")], unit="s", min_=0), 12))
     g.row(8,

@@ -247,7 +247,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     if args.cmd == "demo":
         from kafka_monitor.local.kafka_install import KafkaSetupError
-        from kafka_monitor.demo import FAULT_EVERY_S, run_demo
+        from kafka_monitor.demo import run_demo
+        from kafka_monitor.demo_faults import FAULT_EVERY_S
         from streaming.job import JobFailed
         if args.fault_every is not None and not args.real_cluster:
             print("error: --fault-every needs --real-cluster (the plain demo injects no faults)", file=sys.stderr)
@@ -274,7 +275,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg: Any
         try:
             if args.cmd == "probe":
-                from monitor.probe import Probe, ProbeConfig
+                from monitor.probe import Probe
+                from monitor.probe_config import ProbeConfig
                 ebs = flags.pop("events_bootstrap_servers")
                 flags["events_kafka"] = {"bootstrap.servers": ebs} if ebs else None
                 cfg = build(ProbeConfig, "probe", file_data=read_file(args.config), flags=flags)

@@ -1,7 +1,7 @@
 """Configuration: one TOML file, environment variables and command-line flags, in that order
 of precedence (a flag beats the environment, which beats the file, which beats the default).
 
-    [probe]                      # monitor.probe.ProbeConfig
+    [probe]                      # monitor.probe_config.ProbeConfig
     bootstrap_servers = "broker1:9092"
     interval_s = 10
     [probe.kafka]                # librdkafka properties for every client the probe creates
@@ -9,7 +9,7 @@ of precedence (a flag beats the environment, which beats the file, which beats t
 
     [job]                        # streaming.job.JobConfig
     checkpoint_dir = "/var/lib/kafka-monitor/checkpoint"
-    [job.rules.lag]              # the alert rules' thresholds: lag, partition, group
+    [job.rules.lag]              # the alert rules' thresholds: lag, partition, group, client, source
     lag_high_offsets = 50000
 
 Environment: ``KAFKA_MONITOR_<SECTION>_<SETTING>`` for a setting

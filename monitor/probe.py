@@ -1,80 +1,35 @@
 """The probe: watches one cluster and reports what it sees as contract events.
 
-Metadata follows the Java client's rules (``monitor.metadata.MetadataCache``): a refresh runs at
-start (bootstrap), every ``metadata_max_age_s`` (periodic, default: every interval), and as soon
-as the refresh backoff allows after something invalidated the metadata — a failed connection,
-a timed-out request, a partition without a leader, an error such as NOT_LEADER_OR_FOLLOWER in
-any response the probe gets, a topic it has not seen (new_topic).  Each attempt is one
-``metadata_refresh`` event with its reason and cause.  After a successful one, a watched
-partition gets a ``partition_metadata`` when its leader, leader epoch, replicas, ISR, offline
-replicas, min.insync.replicas or error differ from what the probe last sent for it, and at least
-every ``metadata_snapshot_s`` even when nothing changed (a job started on an empty checkpoint,
-or one that missed an event, has the whole view within that time).  The first snapshots are
-spread over that period, so a large cluster's partitions do not all come due in one refresh.
-Sending changes only is what keeps the job's work following change: at 100,000 partitions a
-full view every 10 s is 100,000 events that say nothing new.  Each ``partition_offsets``
-carries ``metadata_at``, the time of the refresh that last confirmed the partition's view, so
-the job knows the view it holds is current without receiving it again.
+``Probe`` runs the loop (``run``): a metadata refresh as soon as the metadata cache says one is
+due, an observation every ``interval_s``, the events through one emitter.  Its parts:
+
+- ``monitor.probe_config``: its settings, and its share when several probes split a cluster;
+- ``monitor.topology`` (``ProbeTopologyMixin``): the metadata refreshes, ``partition_metadata``
+  and ``broker_state``, with ``monitor.leader_epochs`` (leader epochs, from the client's
+  statistics) and ``monitor.topic_configs`` (each topic's min.insync.replicas);
+- ``monitor.offsets`` (``ProbeOffsetsMixin``): the group listing, committed offsets, group
+  states and watermarks of an observation, and the deadline it waits for them;
+- ``monitor.gone``: saying when a watched topic, group or group's committed offset is gone.
 
 Every ``interval_s``, one observation:
 1. the committed offsets of every matching consumer group (and a ``group_state`` per group);
-3. the watermarks of every watched partition (``partition_offsets``), read *after* the commits
+2. the watermarks of every watched partition (``partition_offsets``), read *after* the commits
    so that, for one observation, HW >= committed (a lag computed from them is never negative
    because of the order of reads);
-4. one ``group_offsets`` per group and partition with the committed offset and that HW;
-5. a ``heartbeat``.
-
-Watermarks come from one of two places (``offsets_via``):
-- ``list_offsets`` (default): ListOffsets earliest/latest through the admin client — cheap,
-  right on Apache Kafka;
-- ``fetch``: a tail consumer assigned to every watched partition keeps fetching and the HW is
-  taken from the fetch responses (``get_watermark_offsets(cached=True)``).  It reads every new
-  record once, so it costs the topic's throughput, but it is right on brokers whose ListOffsets
-  is not — Tansu answers "latest" with the base offset of the last record batch + 1, so a
-  partition whose last batch holds several records looks shorter than it is.  The embedded
-  default uses ``fetch`` for that reason.
+3. one ``group_offsets`` per group and partition with the committed offset and that HW;
+4. a ``heartbeat``.
 
 What a cycle costs (``bench/probe_bench.py``, ``bench/README.md``): at 100,000 partitions about
 4 s of work and 0.045 CPU-s per 1,000 partitions per interval, where it took minutes before.
 What it takes: two admin clients — one for the metadata refresh, holding a handle per watched
 topic for their leader epochs in its statistics, and one for everything else, whose broker
 threads do not walk 100,000 partition objects each time they wake; ListOffsets in requests of
-``LIST_OFFSETS_BATCH`` partitions with one future each (librdkafka merges a request's answers
+``offsets.LIST_OFFSETS_BATCH`` partitions with one future each (librdkafka merges a request's answers
 in quadratic time); a cluster view that takes over what did not change from the previous one,
 so that "changed since sent" is an identity test; one statistics document read per refresh,
 by a text scan, every ``stats_interval()`` (5 s by default: each document costs ~2 us per
 partition to write), with periodic refreshes timed to land just before one; events serialized
 in bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
-
-Sharing a cluster (``share = "i/n"``): n probes, each with its own ``source``, split one cluster
-by a stable hash of names, crc32 of the UTF-8 name modulo n (``share_of``; not Python's
-``hash()``, which differs between processes).  Probe i watches the topics whose share is i — their
-partitions' metadata and offsets, and every group's committed offsets on them (``group_offsets``
-are read with the high watermarks of the same probe, so HW >= committed still holds within one
-observation) — and describes the groups whose share is i (``group_state``).  So every partition,
-every group partition and every group is reported by exactly one probe; each still lists the
-cluster's metadata and every matching group's committed offsets, and keeps only its share.  The
-heartbeat carries ``share``; when one probe stops, the job's SourceSilent names it, and the
-partitions of its share go unobserved.
-
-A broker that does not answer (paused, overloaded) must not blind the probe to the others: an
-observation sends the committed-offset and group requests (through the coordinator child) and
-the ListOffsets (one request per leader) at once and waits for them until one deadline,
-``observe_wait_s()`` (half the interval, at least 2 s, at most the request timeout); the group
-listing, which every broker answers, gets a third of it, and a late or incomplete one keeps the
-groups listed before.  What is late is missing from that cycle, its brokers are named in the
-heartbeat (``unanswered_brokers``), and a broker or group with a request still out is not sent
-another until it ends, so a silent broker never holds more than one cycle's requests.  A metadata
-refresh waits for its leader epochs at most ``EPOCH_WAIT_SHARE`` of the interval.
-
-The probe says when a watched entity is gone, so that the job drops it (and resolves its alerts)
-at once rather than after its TTL: a topic, a group or a group's committed offset on a partition
-that it saw before and that ``GONE_AFTER`` (2) successive complete answers leave out — metadata
-responses, group listings, answers of the group's coordinator; a failed, late or partial answer
-counts neither way — gets one ``partition_gone`` per partition, one ``group_gone`` (from the
-probe that reports the group's state) or one ``group_partition_gone``, and is forgotten.  A
-topic's first absence asks for metadata again (cause ``topic_missing``), so the second comes one
-refresh backoff later.
 
 The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
 refreshes since the previous observation, and this observation) and ``observation_lag_ms``
@@ -84,264 +39,43 @@ is logged at WARNING (then at most every 5 minutes while it lasts).
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import contextlib
 import gc
-import heapq
-import json
 import logging
-import math
-import re
-import socket
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, KafkaException,
-                             TopicPartition)
-from confluent_kafka.admin import (AdminClient, ConfigResource, ConfigSource, ListOffsetsResultInfo, OffsetSpec,
-                                  ResourceType)
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
-import confluent_kafka.admin as _ck_admin
-from monitor.contract import (
-    Broker, BrokerState, GroupGone, GroupOffsets, GroupPartitionGone, Heartbeat, MetadataRefresh,
-    PartitionCountChange, PartitionGone, PartitionMetadata, PartitionOffsets, kafka_offset,
-)
+from monitor.access import FatalClientError, fatal_reason
 from monitor.canary import Canary, CanaryConfig, WritesHeld
+from monitor.contract import GroupOffsets, Heartbeat, PartitionOffsets
+from monitor.coordinator import CoordinatorClient
 from monitor.emitter import EventEmitter
-from monitor.coordinator import CoordinatorClient, timed_out
-from monitor.contract import NO_LEADER
-from monitor.access import FatalClientError, authorization_resource, fatal_reason, missing_acl
-from monitor.metadata import Cause, ClusterView, MetadataCache, Reason, cause_for_error
+from monitor.gcpause import gc_paused
+from monitor.gone import GoneTracker
+from monitor.leader_epochs import LeaderEpochs
+from monitor.metadata import MetadataCache, cause_for_error
+from monitor.offsets import ProbeOffsetsMixin
+from monitor.probe_config import ProbeConfig, ProbeScope
+from monitor.topic_configs import TopicConfigs
+from monitor.topology import ProbeTopologyMixin
 
 log = logging.getLogger(__name__)
 
-#: the C implementation under AdminClient.list_offsets: one future per request, not per
-#: partition (present in every confluent-kafka with list_offsets)
-_AdminClientImpl: Any = getattr(_ck_admin, "_AdminClientImpl", None)
-
-OFFSETS_VIA = ("list_offsets", "fetch")
-
-#: partitions per ListOffsets request (see Probe._send_list_offsets)
-LIST_OFFSETS_BATCH = 500
-#: a metadata refresh waits for its leader epochs (the client's statistics) at most this share of
-#: the interval (and 2.5 statistics intervals): past it they come from the statistics before
-EPOCH_WAIT_SHARE = 0.25
-#: a group missing from incomplete group listings is still observed for this long, s
-GROUPS_KEPT_S = 600.0
-#: a topic, group or group's committed offset seen before is gone when this many successive complete
-#: answers leave it out (a failed or partial answer counts neither way): then one partition_gone,
-#: group_gone or group_partition_gone, and it is forgotten (see Probe._note_topics)
-GONE_AFTER = 2
 #: cycles between two full garbage collections, and the watched partitions from which the probe
 #: freezes what survives a cycle (see Probe._gc_settle)
 GC_FULL_EVERY = 60
 GC_FREEZE_FROM = 10_000
-
-#: the timestamp near the start of a statistics document: ``{ "name": ..., "ts":12345, ...``
-_STATS_TS = re.compile(r', "ts":\s*(\d+)\s*,')
-_STATS_TOPIC = '{ "topic":"'
-_STATS_PARTITION = re.compile(r'"partition":(-?\d+), "broker":-?\d+, "leader":(-?\d+),')
-_STATS_EPOCH = re.compile(r'"leader_epoch":(-?\d+)')
-
-
-def epochs_from_stats(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
-    """(topic, partition) -> (leader, leader epoch) for every partition of a librdkafka statistics
-    document that has an epoch — what ``json.loads(raw)["topics"][t]["partitions"][p]`` says,
-    without building the whole document (a 75 MB one at 100,000 partitions takes ~0.6 s to
-    parse, this ~0.2 s).  It reads the layout librdkafka writes (each topic object opens with
-    ``{ "topic":"<name>"``, each partition with ``"partition":N, "broker":B, "leader":L,`` and has
-    one ``"leader_epoch":E``); where a topic does not look like that it parses the document."""
-    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-    start = raw.find('"topics":{')
-    if start < 0:
-        return _epochs_from_json(raw)
-    bounds = []
-    i = raw.find(_STATS_TOPIC, start)
-    while i >= 0:
-        bounds.append(i)
-        i = raw.find(_STATS_TOPIC, i + len(_STATS_TOPIC))
-    bounds.append(len(raw))
-    find_parts, find_epochs, count = _STATS_PARTITION.findall, _STATS_EPOCH.findall, raw.count
-    for b, e in zip(bounds, bounds[1:]):
-        name_at = b + len(_STATS_TOPIC)
-        name = raw[name_at:raw.index('"', name_at)]
-        parts, epochs = find_parts(raw, b, e), find_epochs(raw, b, e)
-        if "\\" in name or not len(parts) == len(epochs) == count('"partition":', b, e):
-            return _epochs_from_json(raw)
-        for (pid, leader), epoch in zip(parts, epochs):
-            if pid[0] != "-" and epoch[0] != "-":
-                out[(name, int(pid))] = (int(leader), int(epoch))
-    return out
-
-
-def _epochs_from_json(raw: str) -> dict[tuple[str, int], tuple[Optional[int], int]]:
-    out: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-    for tname, t in json.loads(raw).get("topics", {}).items():
-        for pid, p in t.get("partitions", {}).items():
-            epoch = p.get("leader_epoch")
-            if int(pid) >= 0 and isinstance(epoch, int) and epoch >= 0:
-                out[(tname, int(pid))] = (p.get("leader"), epoch)
-    return out
 
 
 def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: a cycle at 100,000 partitions allocates a few hundred
-    thousand short-lived tuples, which set off collections that walk every long-lived object
-    (the cluster view, the last statistics' epochs: ~7% of the probe's CPU).  What it allocates
-    is freed by reference counting; collection resumes afterwards."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-class ConfigError(ValueError):
-    """A setting with a value that cannot work; the message names the setting."""
-
-
-def share_of(name: str, count: int) -> int:
-    """The share (1..count) a topic or group belongs to when ``count`` probes split a cluster:
-    crc32 of its UTF-8 name modulo count, plus 1 — the same in every process and release."""
-    return zlib.crc32(name.encode("utf-8")) % count + 1
-
-
-def parse_share(text: Optional[str]) -> Optional[tuple[int, int]]:
-    """``"i/n"`` -> (i, n) with 1 <= i <= n; None or "" -> None (the whole cluster)."""
-    if text is None or not str(text).strip():
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ConfigError(f"probe.share: must be \"i/n\" with 1 <= i <= n (this probe's share of n), got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-#: topics read again at one refresh, in one DescribeConfigs request (each answered with every
-#: entry of its config, 33 on Kafka 4.1): bounds a refresh's cost (see Probe._topic_min_isr)
-CONFIG_REREAD_MAX = 1000
-#: ConfigEntry.source of a topic's own value
-_TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-
-
-def _config_int(entry: Any) -> Optional[int]:
-    """A DescribeConfigs entry's integer value; None when absent or empty."""
-    return int(entry.value) if entry is not None and entry.value else None
-
-
-@dataclass
-class ProbeConfig:
-    bootstrap_servers: str
-    events_topic: str = "kafka-monitor.events"
-    #: cluster label; default: the cluster id the brokers report
-    cluster: Optional[str] = None
-    source: str = field(default_factory=lambda: f"probe-{socket.gethostname()}")
-    interval_s: float = 10.0
-    offsets_via: str = "list_offsets"
-    topics_include: str = ".*"
-    topics_exclude: str = "^__"
-    groups_include: str = ".*"
-    groups_exclude: str = "^kafka-monitor-"
-    request_timeout_s: float = 10.0
-    #: periodic metadata refresh (Kafka's metadata.max.age.ms); default: every interval_s
-    metadata_max_age_s: Optional[float] = None
-    #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
-    refresh_backoff_s: float = 1.0
-    #: statistics interval of the probe's metadata client, where leader epochs come from; default
-    #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
-    stats_interval_s: Optional[float] = None
-    #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
-    #: refresh, answered by the next (see Probe._topic_min_isr); 10 s: at every refresh at the
-    #: default interval, and no faster at shorter ones (0: at every refresh)
-    config_refresh_s: float = 10.0
-    #: a partition's metadata is sent when it changes, and at least this often when it does not
-    #: (0: after every refresh)
-    metadata_snapshot_s: float = 60.0
-    #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
-    #: their names, see share_of); empty: the whole cluster
-    share: str = ""
-    #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
-    kafka: dict[str, str] = field(default_factory=dict)
-    #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
-    events_kafka: dict[str, str] = field(default_factory=dict)
-    #: run the canary (monitor/canary.py): acks=all writes to canary_topic, read back, reported
-    canary: bool = False
-    canary_topic: str = "kafka-monitor-canary"
-    #: seconds between two canary writes to one partition (one partition per broker)
-    canary_interval_s: float = 1.0
-    #: replicas of each canary partition (at most the number of brokers)
-    canary_replication_factor: int = 3
-
-    def validate(self) -> "ProbeConfig":
-        if not self.bootstrap_servers:
-            raise ConfigError("probe.bootstrap_servers: required (host:port[,host:port...])")
-        if not self.events_topic:
-            raise ConfigError("probe.events_topic: must not be empty")
-        if not self.interval_s > 0:
-            raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
-        if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
-            raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
-        if self.stats_interval_s is not None and not 0.05 <= self.stats_interval_s <= 60:
-            raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
-        if not self.metadata_snapshot_s >= 0:
-            raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
-                              f"refresh), got {self.metadata_snapshot_s}")
-        if not self.config_refresh_s >= 0:
-            raise ConfigError(f"probe.config_refresh_s: must be >= 0 (0 = at every metadata refresh), "
-                              f"got {self.config_refresh_s}")
-        if not self.refresh_backoff_s >= 0:
-            raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
-        if self.offsets_via not in OFFSETS_VIA:
-            raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
-        parse_share(self.share)
-        if self.canary:
-            share = parse_share(self.share)
-            if share is not None and share[0] != 1:
-                raise ConfigError(f"probe.canary: run the canary on one probe of the {share[1]} that share the "
-                                  f"cluster, the one with share 1/{share[1]} (this one has {self.share}): the job "
-                                  f"keeps one report per canary partition")
-            if not self.canary_topic:
-                raise ConfigError("probe.canary_topic: must not be empty")
-            if not 0.05 <= self.canary_interval_s <= 60:
-                raise ConfigError(f"probe.canary_interval_s: must be within 0.05..60, got {self.canary_interval_s}")
-            if not 1 <= self.canary_replication_factor <= 32:
-                raise ConfigError(f"probe.canary_replication_factor: must be within 1..32, got "
-                                  f"{self.canary_replication_factor}")
-        for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
-            try:
-                re.compile(getattr(self, name))
-            except re.error as e:
-                raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
-        return self
-
-    def stats_interval(self) -> float:
-        """The statistics interval in effect: ``stats_interval_s``, or by default the largest
-        fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
-        costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
-        partitions); the probe reads one per refresh, and times its periodic refreshes so
-        that one comes right after each (``Probe._refresh_start_in``), which works when the
-        statistics interval divides the refresh period."""
-        if self.stats_interval_s is not None:
-            return self.stats_interval_s
-        k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
-        return min(60.0, max(0.05, self.interval_s / k))
-
-    def client_conf(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
-
-
-class Probe:
+class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
     #: set by an error retrying cannot fix (credentials refused, fatal producer): run() stops with it
     fatal_error: Optional[str] = None
 
@@ -351,11 +85,13 @@ class Probe:
         by default they are built from the configuration."""
         self.cfg = cfg.validate()
         self._clock = clock
+        #: leader epochs, from the statistics of the metadata client (its stats_cb)
+        self._epochs = LeaderEpochs(cfg, self._warn_once)
         admin_conf: dict[str, Any] = {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
             "error_cb": self._on_client_error,
             # leader epochs are only in the client's statistics (not in list_topics' objects)
-            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._on_stats}
+            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._epochs.on_stats}
         self._admin = admin if admin is not None else AdminClient(admin_conf)
         # The admin client above holds a handle for every watched topic (for their leader epochs in
         # its statistics), and with them a partition object each that its broker threads walk
@@ -369,98 +105,29 @@ class Probe:
         # refresh, and librdkafka sends a client's next broker-less request (a metadata sync of the
         # offsets client) to the broker it used last, so through _ops a paused broker 1 held those
         # for their whole timeout
-        self._configs = admin if admin is not None else AdminClient(ops_conf)
+        self.topic_configs = TopicConfigs(admin if admin is not None else AdminClient(ops_conf), cfg, self._warn_once)
         #: a metadata request that timed out is sent again through a new client (_list_topics)
         self._retry_conf: Optional[dict[str, Any]] = None if admin is not None else {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000), "error_cb": _quiet}
         # committed offsets and group descriptions from a child process: librdkafka 2.16 can
         # crash the process asking a coordinator that goes away
         self._coordinator = CoordinatorClient(ops_conf, cfg.request_timeout_s, admin=admin)
-        self._stats_s = cfg.stats_interval()
-        #: the time between two statistics documents as seen (librdkafka restarts its timer after
-        #: writing one, so it is the interval plus the writing), and a refresh's request time
-        self._stats_period = self._stats_s
-        self._list_s: Optional[float] = None
-        #: from the statistics a refresh used to its end (their writing, reading them, the view)
-        self._after_stats_s = 0.5
-        self._stats_used_ts: Optional[float] = None
         #: when run()'s next observation is due, monotonic s (None outside run())
         self._next_observation: Optional[float] = None
-        #: (topic, partition) -> (leader, leader epoch) as the last statistics document read said
-        self._epochs: dict[tuple[str, int], tuple[Optional[int], int]] = {}
-        self._stats_ts = 0.0              # librdkafka's monotonic clock of the last statistics, s
-        self._stats_raw: Optional[str] = None  # the last statistics document, until it is read
-        self._epoch_support: Optional[bool] = None
-        self._registered: set[str] = set()
-        self._ops_brokers: frozenset = frozenset()  # the brokers the last good refresh listed
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
-        self._tail: Optional[Consumer] = None
-        self._tail_assigned: set[tuple[str, int]] = set()
         self.metadata = MetadataCache(
             metadata_max_age_ms=int((cfg.metadata_max_age_s or cfg.interval_s) * 1000),
             refresh_backoff_ms=int(cfg.refresh_backoff_s * 1000), clock=self._now_ms)
-        self._watched_partitions: list[tuple[str, int]] = []
-        #: the broker_state counts, and the view they were counted from (_emit_broker_states)
-        self._broker_sig: Optional[tuple] = None
-        self._broker_counts: tuple = ({}, {}, {})
-        #: each watched partition's leader (the ListOffsets requests go to one broker each)
-        self._watched_leaders: list[int] = []
-        #: when the last successful refresh (the one _watched_partitions come from) ran, epoch ms
-        self._watched_at: Optional[int] = None
-        #: (topic, partition) -> (what was last sent, when it is due again)
-        self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
-        self._min_isr: dict[str, Optional[int]] = {}
-        self._min_isr_at: dict[str, float] = {}
-        #: topics whose min.insync.replicas is their own (not the brokers' default)
-        self._min_isr_own: set[str] = set()
-        #: the re-read of topic configurations in flight (ConfigResource -> future), sent when
-        self._min_isr_out: dict[Any, Any] = {}
-        self._min_isr_out_at = 0.0
-        #: the read of one broker's configuration in flight, the brokers' default it last gave,
-        #: and when that last changed
-        self._default_out: dict[Any, Any] = {}
-        self._default_min_isr: Optional[int] = None
-        self._default_changed_at = -1.0
-        self._default_denied = False  # no DESCRIBE_CONFIGS on the Cluster resource: not asked again
-        #: topic configurations read (first reads and re-reads), and changes of a known value seen
-        self.config_reads = 0
-        self.min_isr_changes = 0
+        self._init_topology()
         self._started_at = self._now_ms()
-        self._topics_in = re.compile(cfg.topics_include)
-        self._topics_out = re.compile(cfg.topics_exclude)
-        self._groups_in = re.compile(cfg.groups_include)
-        self._groups_out = re.compile(cfg.groups_exclude)
-        self._watched_cache: dict[str, bool] = {}
-        #: (i, n) when n probes share the cluster (None: the whole cluster)
-        self._share = parse_share(cfg.share)
-        #: ListOffsets requests for _watched_partitions, built again only when those change
-        self._lo_for: Optional[list[tuple[str, int]]] = None
-        self._lo_requests: tuple[list, list, list] = ([], [], [])
-        self._lo_owners: list[int] = []
-        #: leader -> its ListOffsets requests the probe stopped waiting for (_collect_list_offsets)
-        self._lo_out: dict[int, list[concurrent.futures.Future]] = {}
-        #: the group listing, while it is out (_listed_groups); the watched groups it named, and when
-        self._listing: Optional[concurrent.futures.Future] = None
-        self._groups_seen: dict[str, float] = {}
-        #: group -> its coordinator as last described; the brokers this observation found silent
-        self._group_coordinators: dict[str, int] = {}
-        self._unanswered: set[int] = set()
-        #: what was seen, for saying when it is gone (GONE_AFTER): each watched topic's partitions
-        #: (the most seen) and, for those absent from the last complete metadata, how many in a row
-        self._topic_parts: dict[str, int] = {}
-        self._topic_misses: dict[str, int] = {}
-        #: every watched group seen -> complete listings in a row without it (0: in the last one)
-        self._group_misses: dict[str, int] = {}
-        #: group -> its partitions (on watched topics) reported in group_offsets; of those its
-        #: coordinator left out of its last answers, how many answers in a row
-        self._gp_known: dict[str, set[tuple[str, int]]] = {}
-        self._gp_misses: dict[str, dict[tuple[str, int], int]] = {}
-        self._lo_leaders: list[int] = []
+        #: what it watches: its patterns and its share of the cluster
+        self._scope = ProbeScope(cfg)
+        self._init_offsets()
+        #: what was seen, for saying when it is gone
+        self._gone = GoneTracker(self._emit_rows, self._now_ms, self._scope.owns, self.metadata.request_update)
         self.cycles = 0
-        self.refresh_retries = 0  # metadata requests sent again through a new client
-        self.refresh_failures = 0  # metadata requests that failed, retried or not
         self.warnings: dict[str, int] = {}
         #: time spent in metadata refreshes since the last observation, s
         self._refresh_busy_s = 0.0
@@ -512,14 +179,14 @@ class Probe:
         started = time.monotonic()
         scheduled, self._scheduled_at = self._scheduled_at, None
         lag = max(0.0, started - scheduled) if scheduled is not None else None
-        with _gc_paused():
+        with gc_paused():
             self._observe()
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
                                      events_sent=self._emitter.sent, events_dropped=self._emitter.dropped,
                                      watching=[f"topics~{self.cfg.topics_include}", f"groups~{self.cfg.groups_include}"],
-                                     share=self._share_text(), started_at=self._started_at,
+                                     share=self._scope.share_text(), started_at=self._started_at,
                                      cycle_duration_ms=int(duration * 1000),
                                      observation_lag_ms=int(lag * 1000) if lag is not None else None,
                                      unanswered_brokers=sorted(self._unanswered)))
@@ -564,7 +231,8 @@ class Probe:
         groups = self._listed_groups(time.monotonic() + self.observe_wait_s() / 3)
         # committed offsets asked before the watermarks (so HW >= committed, mostly), all waited
         # for at once
-        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if self._owns(g)]},
+        owns = self._scope.owns
+        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if owns(g)]},
                                max(0.5, deadline - time.monotonic()))
         sent = self._send_list_offsets(partitions) if self.cfg.offsets_via == "list_offsets" else None
         answers = self._coordinator.collect()
@@ -639,908 +307,11 @@ class Probe:
             log.error("%s", reason)
         return reason is not None
 
-    def _owns(self, name: str) -> bool:
-        """Whether a topic or group is in this probe's share (always, without one)."""
-        return self._share is None or share_of(name, self._share[1]) == self._share[0]
-
-    def _share_text(self) -> Optional[str]:
-        return None if self._share is None else f"{self._share[0]}/{self._share[1]}"
-
-    def _watched(self, topic: str) -> bool:
-        hit = self._watched_cache.get(topic)
-        if hit is None:
-            if len(self._watched_cache) > 1_000_000:
-                self._watched_cache.clear()
-            hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
-                                                and not self._topics_out.search(topic) and self._owns(topic))
-        return hit
-
-    def refresh_metadata(self) -> bool:
-        """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and a
-        ``partition_metadata`` per watched partition that changed or whose snapshot is due, when
-        it succeeded)."""
-        started = time.monotonic()
-        try:
-            with _gc_paused():
-                return self._refresh_metadata()
-        finally:
-            self._refresh_busy_s += time.monotonic() - started
-
-    def refresh_wait_s(self) -> float:
-        """How long a metadata request waits before it is sent again: a quarter of the interval,
-        at least 2 s and three times the usual answer's time, at most the request timeout."""
-        usual = 3 * self._list_s if self._list_s is not None else 0.0
-        return min(self.cfg.request_timeout_s, max(2.0, 0.25 * self.cfg.interval_s, usual))
-
-    def _list_topics(self) -> Any:
-        """The cluster's metadata.  librdkafka sends the request to the usable broker it last
-        sent to, which is often a paused one, and a second try through the same client (or the
-        offsets client) went there again.  So the first attempt waits ``refresh_wait_s()``, and a
-        timed-out one is sent again, for the rest of the request timeout, through a new client:
-        its connection to a paused broker never gets past ApiVersion, so it asks another."""
-        first = self.refresh_wait_s() if self._retry_conf is not None else self.cfg.request_timeout_s
-        try:
-            return self._admin.list_topics(timeout=first)
-        except KafkaException as e:
-            err = e.args[0] if e.args else None
-            if self._retry_conf is None or not isinstance(err, KafkaError) or err.code() != KafkaError._TIMED_OUT:
-                raise
-        self.refresh_retries += 1
-        client = AdminClient(self._retry_conf)
-        try:
-            return client.list_topics(timeout=max(first, self.cfg.request_timeout_s - first))
-        finally:
-            del client  # nothing of it is in flight once list_topics returned
-
-    def _refresh_metadata(self) -> bool:
-        reason, cause = self.metadata.next_reason()
-        t0, sent_at = time.monotonic(), self._now_ms()
-        try:
-            md = self._list_topics()
-        except KafkaException as e:  # transport failure, timeout
-            err = e.args[0] if e.args else e
-            self.refresh_failures += 1
-            self.metadata.failed_update(error=str(err))
-            self.invalidate(err, "metadata request")
-            self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,
-                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(err),
-                                               metadata_max_age_ms=self.metadata.metadata_max_age_ms))
-            self._warn_once("metadata", "metadata refresh failed: %s", err)
-            return False
-        duration_ms = (time.monotonic() - t0) * 1000
-        self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
-        watched_now = [n for n, t in md.topics.items() if self._watched(n) and t.error is None]
-        epochs = self._leader_epochs(watched_now, {(n, p.id): p.leader for n in watched_now
-                                                   for p in md.topics[n].partitions.values()})
-        previous_ok = self.metadata.last_successful_refresh_ms
-        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
-                                                                 previous=self.metadata.cluster), sent_at=sent_at)
-        now = change.at_ms
-        view = self.metadata.cluster
-        if not change.ok or view is None:
-            self._emitter.emit(MetadataRefresh(version=change.version, reason=reason, cause=cause, ok=False,
-                                               duration_ms=duration_ms, error=change.error), observed_at=now)
-            return False
-        if self.cfg.cluster is None and view.cluster_id:
-            self._emitter.cluster = view.cluster_id
-        brokers = frozenset(b.node_id for b in view.brokers)
-        if self._ops is not self._admin and (change.leader_changes or brokers != self._ops_brokers):
-            # a broker that left the cluster: the offsets client forgets it only from its own
-            # metadata; until then librdkafka 2.16 retries connecting to it without a pause
-            # (~15,000 attempts a second, a core's worth of CPU, seen on the real cluster)
-            self._sync_ops_metadata()
-        self._ops_brokers = brokers
-        n_parts = sum(t.partition_count for t in view.topics.values())
-        self._emitter.emit(MetadataRefresh(
-            version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
-            node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
-            controller_id=view.controller_id,
-            brokers=[Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in view.brokers],
-            topic_count=len(view.topics), partition_count=n_parts,
-            partition_count_changes=[
-                PartitionCountChange(topic=t, old_count=old, new_count=new,
-                                     unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
-                for t, (old, new) in sorted(change.partition_count_changes.items()) if self._owns(t)],
-            leaderless_partitions=len(change.no_leader),
-            metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
-        if self._share is None or self._share[0] == 1:
-            with self._broker_lock:
-                self._emit_broker_states(view, change.version, now)
-        topics = [n for n, t in view.topics.items() if self._watched(n) and t.error is None]  # sorted by name
-        if not topics:
-            self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
-                            "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
-                            "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
-                            self.cfg.topics_include, self.cfg.topics_exclude)
-        min_isr = self._topic_min_isr(topics, min(brokers) if brokers else None)
-        # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
-        # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
-        # same object while nothing changed, so "unchanged" is mostly an identity test.
-        watched: list[tuple[str, int]] = []
-        leaders: list[int] = []
-        md_sent, sent = self._md_sent, {}
-        rows, pending = [], []
-        version = change.version
-        for name in topics:
-            mi = min_isr.get(name)
-            for pv in view.topics[name].partitions:  # sorted by partition
-                tp = (name, pv.partition)
-                watched.append(tp)
-                leaders.append(pv.leader)
-                shown = (pv, mi)
-                last = md_sent.get(tp)
-                if last is not None and now < last[1] and last[0] == shown:
-                    sent[tp] = last
-                    continue
-                rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
-                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error))
-                pending.append((tp, shown, last is None))
-        failed = set(self._emit_rows(PartitionMetadata, rows, now))
-        for i, (tp, shown, first) in enumerate(pending):
-            if i not in failed:  # not enqueued: tried again at the next refresh
-                sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=first))
-        self._md_sent = sent  # partitions no longer watched are forgotten
-        self._note_topics(view, topics, now)
-        if watched != self._watched_partitions:
-            self._watched_partitions = watched
-        if leaders != self._watched_leaders:
-            self._watched_leaders = leaders
-        self._watched_at = now
-        if self._stats_used_ts is not None:
-            after = time.monotonic() - self._stats_used_ts
-            if 0 <= after < self._stats_s:
-                self._after_stats_s += 0.3 * (after - self._after_stats_s)
-            self._stats_used_ts = None
-        return True
-
-    def _emit_broker_states(self, view: ClusterView, version: int, now: int) -> None:
-        """One ``broker_state`` per broker the response lists or a replica names: what it leads,
-        holds, and holds out of the ISR, over every partition of the response.  Counted again
-        only when a topic changed (unchanged topics are the same objects, ClusterView.from_confluent)."""
-        sig = (tuple(map(id, view.topics.values())), view.brokers)
-        if sig != self._broker_sig:
-            leads: collections.Counter = collections.Counter()
-            holds: collections.Counter = collections.Counter()
-            behind: collections.Counter = collections.Counter()
-            for t in view.topics.values():
-                for pv in t.partitions:
-                    leads[pv.leader] += 1
-                    holds.update(pv.replicas)
-                    if len(pv.isr) != len(pv.replicas):
-                        behind.update(r for r in pv.replicas if r not in pv.isr)
-            self._broker_counts = (leads, holds, behind)
-            self._broker_sig = sig
-        leads, holds, behind = self._broker_counts
-        live = {b.node_id: b for b in view.brokers}
-        held = self._writes_held
-        rows = []
-        for node in sorted(set(live) | set(holds)):
-            b = live.get(node)
-            since, waiting = (held[1], held[2]) if held is not None and held[0] == node else (None, None)
-            rows.append((node, b is not None, version, leads.get(node, 0), holds.get(node, 0), behind.get(node, 0),
-                         None if b is None else b.host, None if b is None else b.port, None if b is None else b.rack,
-                         None, since, waiting))
-        self._emit_rows(BrokerState, rows, now)
-
-    def _refresh_start_in(self) -> float:
-        """Seconds until the next metadata refresh should start (0: now).
-
-        Kafka's rules say when one is due (``MetadataCache.time_to_next_update``), and a refresh
-        for any reason but the periodic one (bootstrap, invalidated, new topic) starts then.  A
-        periodic one starts a little early — never by more than one statistics period — at the
-        moment that makes its response arrive just before one of the metadata client's
-        statistics documents, and that document arrive before the next observation is due: it
-        then waits a fraction of a second for the leader epochs instead of half a statistics
-        interval on average (which lets that interval be long: its documents are what cost), and
-        the observation stays on its schedule."""
-        due = self.metadata.time_to_next_update() / 1000.0
-        if due <= 0:
-            return 0.0
-        if (self._list_s is None or self._stats_ts <= 0 or self._epoch_support is False
-                or self.metadata.next_reason()[0] != Reason.PERIODIC):
-            return due
-        period, lead = self._stats_period, 1.5 * self._list_s + 0.25
-        if lead + self._after_stats_s >= period:
-            return due
-        now = time.monotonic()
-        latest = now + due + lead  # the statistics it waits for: not after this ...
-        if self._next_observation is not None and self._next_observation > now + due:
-            latest = min(latest, self._next_observation - self._after_stats_s)  # ... nor after this
-        tick = self._stats_ts + math.floor((latest - self._stats_ts) / period) * period
-        backoff = (self.metadata.last_refresh_ms + self.metadata.refresh_backoff_ms - self._now_ms()) / 1000.0
-        return max(0.0, tick - lead - now, backoff)
-
-    def _sync_ops_metadata(self) -> None:
-        """Leaders moved: bring the second client's metadata to what the probe just saw, so that
-        its ListOffsets go to the new leaders (it would learn them only from a
-        NOT_LEADER_OR_FOLLOWER answer, and the probe would see that error where the single
-        client it had before did not)."""
-        try:
-            self._ops.list_topics(timeout=self.cfg.request_timeout_s)
-        except KafkaException as e:
-            self.invalidate(e.args[0] if e.args else e, "metadata request (offsets client)")
-            self._warn_once("ops_metadata", "metadata refresh of the offsets client failed: %s", e)
-
-    def _snapshot_after_ms(self, tp: tuple[str, int], first: bool) -> int:
-        """How long after sending a partition's metadata it is sent again unchanged: the snapshot
-        period, except after the first send, when it is spread over (0, period] by a hash of the
-        partition, so that the snapshots of a large cluster are not all due in one refresh."""
-        period = int(self.cfg.metadata_snapshot_s * 1000)
-        if not first or period <= 0:
-            return period
-        return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
-
-    def _on_stats(self, raw: str) -> None:
-        """stats_cb of the admin client: keep the document, unread, and its timestamp.  It holds
-        every partition of every registered topic (~750 bytes each: 75 MB at 100,000
-        partitions, every statistics interval); only a refresh needs it, and then only its
-        latest one (``_read_stats``)."""
-        m = _STATS_TS.search(raw, 0, 4096)
-        if m is None:
-            try:
-                ts = json.loads(raw).get("ts", 0)
-            except (ValueError, AttributeError) as e:
-                self._warn_once("stats", "unreadable client statistics: %s", e)
-                return
-        else:
-            ts = int(m.group(1))
-        previous, self._stats_ts = self._stats_ts, ts / 1e6
-        self._stats_raw = raw
-        gap = self._stats_ts - previous
-        if previous > 0 and 0.5 * self._stats_s < gap < 2 * self._stats_s:
-            self._stats_period += 0.2 * (gap - self._stats_period)
-
-    def _read_stats(self) -> None:
-        """Take each partition's leader and leader epoch from the latest statistics document, if
-        it has not been read yet."""
-        raw, self._stats_raw = self._stats_raw, None
-        if raw is None:
-            return
-        try:
-            self._epochs.update(epochs_from_stats(raw))
-        except (ValueError, AttributeError, TypeError) as e:
-            self._warn_once("stats", "unreadable client statistics: %s", e)
-
-    def _leader_epochs(self, topics: list[str],
-                       leaders: Optional[dict[tuple[str, int], int]] = None) -> dict[tuple[str, int], int]:
-        """Leader epochs as of the metadata response just received.
-
-        librdkafka reports a partition's leader epoch only in its statistics, only for topics
-        the client holds a handle for (``list_topics(topic)`` creates one), and only in
-        statistics produced after the metadata response.  So: register new topics once, then
-        wait (at most 2.5 statistics intervals and EPOCH_WAIT_SHARE of the interval) for statistics stamped after now — librdkafka's
-        ``ts`` and ``time.monotonic()`` both read CLOCK_MONOTONIC.  A broker whose statistics
-        carry no epochs at all (seen once) is not waited for again; epochs then stay null.
-        Only that one document is read (``epochs_from_stats``), not every one the client sends.
-
-        On a real cluster the statistics can still describe the partition as it was before the
-        response (seen: a leader moved 2 -> 3, the first statistics after the response still said
-        leader 2, epoch 0).  An epoch counts only where the statistics name the response's leader
-        (``leaders``: each partition of the response's watched topics -> its leader, -1 where it
-        has none; a partition without a leader takes the statistics' epoch as it is); the probe
-        waits a little longer for those, then reports the rest as unknown (None) rather than the
-        previous leader's epoch."""
-        if self._epoch_support is False:
-            return {}
-        for t in topics:
-            if t not in self._registered:
-                try:
-                    self._admin.list_topics(topic=t, timeout=self.cfg.request_timeout_s)
-                    self._registered.add(t)
-                except KafkaException as e:
-                    self._warn_once("register", "topic %s: %s", t, e)
-        mark = time.monotonic()
-        # bounded by a share of the interval too: the refresh holds up the next observation
-        # (seen on the real cluster: 4-5 s of a 5 s interval while the refresh's timing was off)
-        deadline = mark + min(2.5 * self._stats_s, max(0.5, EPOCH_WAIT_SHARE * self.cfg.interval_s))
-        while self._stats_ts < mark and time.monotonic() < deadline:
-            self._admin.poll(0.05)
-        if self._stats_ts == 0.0:
-            self._epoch_support = False  # this client produces no statistics at all
-            log.info("no client statistics: partition_metadata.leader_epoch stays null")
-            return {}
-        if self._stats_ts < mark:
-            self._warn_once("stats_late", "client statistics late: leader epochs may be one refresh old")
-        self._read_stats()
-        self._stats_used_ts = self._stats_ts
-        stats = self._epochs
-        if leaders is None:
-            wanted = set(topics)
-            leaders = {k: NO_LEADER for k in stats if k[0] in wanted}
-
-        def agreeing(keys: Any) -> dict[tuple[str, int], int]:
-            out = {}
-            for k in keys:
-                e = stats.get(k)
-                if e is not None:
-                    leader = leaders[k]
-                    if leader < 0 or e[0] == leader:
-                        out[k] = e[1]
-            return out
-
-        epochs = agreeing(leaders)
-        if self._stats_ts >= mark and len(epochs) < len(leaders):
-            missing = [k for k in leaders if k in stats and k not in epochs]
-            deadline = max(deadline, time.monotonic() + min(5 * self._stats_s, EPOCH_WAIT_SHARE * self.cfg.interval_s))
-            while missing and time.monotonic() < deadline:
-                self._admin.poll(0.05)
-                if self._stats_raw is not None:
-                    self._read_stats()
-                    epochs.update(agreeing(missing))
-                    missing = [k for k in missing if k not in epochs]
-            if missing:
-                self._warn_once("stats_leader", "client statistics disagree with the metadata on %d partition(s)' "
-                                "leader (e.g. %s): their leader epochs are reported as unknown", len(missing),
-                                missing[0])
-        if self._epoch_support is None and topics and self._stats_ts >= mark:
-            self._epoch_support = bool(epochs)
-            if not epochs:
-                log.info("the brokers report no leader epochs; partition_metadata.leader_epoch stays null")
-        return epochs
-
-    def _topic_min_isr(self, topics: list[str], broker: Optional[int] = None) -> dict[str, Optional[int]]:
-        """Each topic's min.insync.replicas (DescribeConfigs); None where the broker does not
-        report it (Tansu reports none).
-
-        A topic seen for the first time is read at once, so that its first partition_metadata
-        carries the value.  Later reads do not wait: a request goes out at one refresh and its
-        answer is used at the first refresh after it arrived.
-
-        - The brokers' default (what a topic without a value of its own reports) is read at
-          every refresh from one broker, ``broker`` (one resource: cheap); when it changes,
-          every topic without its own value takes the new one at once.  So a change of the
-          default shows within two intervals on any cluster.
-        - Each topic is read again every ``config_refresh_s`` (10 s: every refresh at the
-          default interval), at most ``CONFIG_REREAD_MAX`` topics a refresh, the longest unread
-          first: a topic's own value changed at runtime shows within two intervals up to that
-          many topics, within n / CONFIG_REREAD_MAX + 1 beyond.  DescribeConfigs answers every entry of a topic's
-          config (confluent-kafka cannot name the one wanted), about 0.4 ms of this process's
-          CPU per topic (bench/config_cost_bench.py), so this bounds a refresh's share."""
-        now = time.monotonic()
-        for t in set(self._min_isr) - set(topics):
-            self._min_isr.pop(t, None)
-            self._min_isr_at.pop(t, None)
-            self._min_isr_own.discard(t)
-        if self._default_out and all(f.done() for f in self._default_out.values()):
-            out, self._default_out = self._default_out, {}
-            self._read_default(out)
-        if self._min_isr_out and all(f.done() for f in self._min_isr_out.values()):
-            out, self._min_isr_out = self._min_isr_out, {}
-            self._read_min_isr(out, follows_default=self._min_isr_out_at > self._default_changed_at)
-        new = [t for t in topics if t not in self._min_isr_at]
-        if new:
-            for t in new:  # read or not, not asked again before config_refresh_s
-                self._min_isr_at[t] = now
-                self._min_isr.setdefault(t, None)
-            self._read_min_isr(self._describe(ResourceType.TOPIC, new), follows_default=True)
-        if not self._min_isr_out:
-            due = heapq.nsmallest(CONFIG_REREAD_MAX, (t for t in topics if t not in new and now - self._min_isr_at[t]
-                                                      >= self.cfg.config_refresh_s), key=self._min_isr_at.__getitem__)
-            for t in due:
-                self._min_isr_at[t] = now
-            self._min_isr_out, self._min_isr_out_at = self._describe(ResourceType.TOPIC, due), now
-        if not self._default_out and broker is not None and topics and not self._default_denied:
-            self._default_out = self._describe(ResourceType.BROKER, [str(broker)])
-        return {t: self._min_isr.get(t) for t in topics}
-
-    def _describe(self, kind: Any, names: list[str]) -> dict[Any, Any]:
-        """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request:
-        ConfigResource -> future."""
-        futs: dict[Any, Any] = {}
-        for i in range(0, len(names), CONFIG_REREAD_MAX):
-            try:
-                futs.update(self._configs.describe_configs(
-                    [ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
-                    request_timeout=self.cfg.request_timeout_s))
-            except Exception as e:
-                self._warn_once("describe_configs", "describe_configs failed: %s", e)
-        return futs
-
-    def _read_min_isr(self, futs: dict[Any, Any], follows_default: bool) -> None:
-        """Take the topics' answers of :meth:`_describe` (waiting for them); a topic whose read
-        failed keeps the value it had.  ``follows_default`` False: the brokers' default changed
-        after these were sent, so a topic without its own value keeps the newer default."""
-        for res, fut in futs.items():
-            try:
-                entry = fut.result().get("min.insync.replicas")
-            except Exception as e:
-                self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
-                                "unavailable, reported as unknown: %s%s", e,
-                                missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
-                continue
-            t = res.name
-            if t not in self._min_isr_at:  # no longer watched
-                continue
-            self.config_reads += 1
-            own = entry is not None and getattr(entry.source, "value", entry.source) == _TOPIC_CONFIG
-            if own:
-                self._min_isr_own.add(t)
-            else:
-                self._min_isr_own.discard(t)
-                if not follows_default:
-                    continue
-            self._set_min_isr(t, _config_int(entry))
-
-    def _read_default(self, futs: dict[Any, Any]) -> None:
-        """The brokers' min.insync.replicas from one broker's configuration: on a change, every
-        topic without its own value takes it."""
-        for _res, fut in futs.items():
-            try:
-                entry = fut.result().get("min.insync.replicas")
-            except Exception as e:
-                if authorization_resource(e) is not None:  # optional: the topics' re-reads see it too
-                    self._default_denied = True
-                    log.info("the brokers' configuration is not readable (%s): a change of their default "
-                             "min.insync.replicas shows through each topic's re-read instead (DESCRIBE_CONFIGS "
-                             "on the Cluster resource, optional, lets the probe see it within two intervals)", e)
-                else:
-                    self._warn_once("describe_broker_configs", "the brokers' configuration (their default "
-                                    "min.insync.replicas) unavailable: %s", e)
-                continue
-            value = _config_int(entry)
-            if value is None:
-                continue
-            if self._default_min_isr is not None and value != self._default_min_isr:
-                log.info("the brokers' min.insync.replicas changed from %s to %s", self._default_min_isr, value)
-                self._default_changed_at = time.monotonic()
-                for t in list(self._min_isr):
-                    if t not in self._min_isr_own and self._min_isr[t] is not None:
-                        self._set_min_isr(t, value)
-            self._default_min_isr = value
-
-    def _set_min_isr(self, topic: str, value: Optional[int]) -> None:
-        old = self._min_isr.get(topic)
-        if old is not None and value != old:
-            self.min_isr_changes += 1
-            log.info("min.insync.replicas of topic %s changed from %s to %s", topic, old, value)
-        self._min_isr[topic] = value
-
     def _warn_once(self, kind: str, msg: str, *args: Any) -> None:
         """Log a recurring problem once at WARNING, then at DEBUG (it is counted, not repeated)."""
         n = self.warnings.get(kind, 0)
         self.warnings[kind] = n + 1
         log.log(logging.WARNING if n == 0 else logging.DEBUG, msg, *args)
-
-    def _listed_groups(self, deadline: float) -> list[str]:
-        """The consumer groups to observe: the watched ones the last group listing named.
-
-        ListGroups goes to every broker, and each lists the groups it coordinates: one broker
-        that does not answer holds the listing until its request timeout, and then leaves its
-        groups out.  So the listing is waited for until ``deadline`` only, and is not sent again
-        while one is out; a listing that is late or incomplete (an error from some broker) keeps
-        the groups listed before (for ``GROUPS_KEPT_S``), and a complete one replaces them."""
-        fut = self._listing
-        if fut is None:
-            try:
-                fut = self._listing = self._ops.list_consumer_groups(request_timeout=self.cfg.request_timeout_s)
-            except Exception as e:
-                self._warn_once("list_groups", "listing consumer groups failed: %s", e)
-        listing = None
-        if fut is not None:
-            try:
-                listing = fut.result(timeout=max(0.0, deadline - time.monotonic()))
-                self._listing = None
-            except concurrent.futures.TimeoutError:
-                self._warn_once("list_groups_late", "the consumer group listing was not answered within %.1fs (a "
-                                "broker not answering): the groups listed before are observed meanwhile",
-                                self.observe_wait_s())
-            except Exception as e:
-                self._listing = None
-                log.warning("listing consumer groups failed: %s%s", e,
-                            missing_acl(e, cluster=("DESCRIBE", "kafka-cluster")))
-        now = time.monotonic()
-        if listing is not None:
-            valid = [g.group_id for g in listing.valid]
-            wanted = [g for g in valid if self._groups_in.search(g) and not self._groups_out.search(g)]
-            errors = getattr(listing, "errors", None)
-            if errors:
-                self._warn_once("list_groups_partial", "the consumer group listing is incomplete (%s): the groups "
-                                "listed before are kept for %.0fs", errors[0], GROUPS_KEPT_S)
-            elif not wanted:
-                self._warn_once("no_groups", "no consumer group matching groups_include %r / groups_exclude %r is "
-                                "listed: none exists, or the probe's user may not see them (ListGroups leaves out "
-                                "the groups a user lacks DESCRIBE on) -- permission missing?: DESCRIBE on "
-                                "Group:<name>", self.cfg.groups_include, self.cfg.groups_exclude)
-            if not errors:
-                self._groups_seen = dict.fromkeys(wanted, now)
-                self._note_groups(wanted)
-                return sorted(wanted)
-            self._groups_seen.update(dict.fromkeys(wanted, now))
-        self._groups_seen = {g: t for g, t in self._groups_seen.items() if now - t <= GROUPS_KEPT_S}
-        return sorted(self._groups_seen)
-
-    def _committed_offsets(self, answers: dict[str, Any]) -> dict[str, dict[tuple[str, int], Optional[int]]]:
-        """Each group's committed offsets on watched topics, from the coordinators' answers."""
-        out: dict[str, dict[tuple[str, int], Optional[int]]] = {}
-        for gid, res in answers.items():
-            if isinstance(res, Exception):
-                self._unanswered_group(gid, res)
-                log.warning("committed offsets of group %s: %s%s", gid, res,
-                            missing_acl(res, group=("DESCRIBE", gid), topic=("DESCRIBE", "<the group's topics>")))
-                continue
-            known = self.metadata.cluster.topics if self.metadata.cluster is not None else {}
-            tps: dict[tuple[str, int], Optional[int]] = {}
-            errored: list[tuple[str, int]] = []
-            watched = self._watched
-            for topic, partition, off, error in res:
-                if error is not None:
-                    errored.append((topic, partition))
-                    if self.invalidate(error, f"committed offsets of {gid}") is None:
-                        self._warn_once(f"offsets:{gid}", "committed offsets of group %s on %s/%d: %s%s", gid, topic,
-                                        partition, error, missing_acl(error, topic=("DESCRIBE", topic)))
-                    continue
-                if not watched(topic):
-                    continue
-                if topic not in known:
-                    # a topic this client has not seen yet (created, or deleted under the group):
-                    # Kafka's add(topic) forces a metadata update
-                    self.metadata.add_topic(topic)
-                tps[(topic, partition)] = off if off is not None and off >= 0 else None  # kafka_offset()
-            self._note_offsets(gid, tps, errored)
-            if tps or self._owns(gid):  # sharing: its offsets on this share's topics, or its state
-                out[gid] = tps
-        return out
-
-    def _unanswered_group(self, gid: str, error: Exception) -> None:
-        """A group request that timed out: its coordinator (as last described) did not answer."""
-        if timed_out(error):
-            node = self._group_coordinators.get(gid)
-            if node is not None:
-                self._unanswered.add(node)
-
-    # -- entities that are gone ------------------------------------------------------------
-
-    def _note_topics(self, view: ClusterView, topics: list[str], now: int) -> None:
-        """After each successful metadata refresh (a complete response: ``view``; ``topics``: the
-        watched ones it answered without an error): a watched topic seen before and absent from
-        ``GONE_AFTER`` responses in a row is deleted, one ``partition_gone`` per partition it had.
-        Its first absence asks for metadata again (cause ``topic_missing``), so that the second
-        comes one refresh backoff later, not a refresh interval.  A topic the response names with
-        an error counts neither way; one that comes back before is seen again.  Per topic, not
-        per partition: a topic's partitions are 0..n-1 (a smaller count, which Kafka does not do,
-        keeps the larger)."""
-        parts, misses, listed = self._topic_parts, self._topic_misses, view.topics
-        for name in topics:
-            n = listed[name].partition_count
-            if parts.get(name, 0) < n:
-                parts[name] = n
-        if misses:  # seen again (an error in the response: not seen, not missed either)
-            for name in [t for t in misses if t in listed and listed[t].error is None]:
-                del misses[name]
-        absent = parts.keys() - listed.keys()
-        if not absent:
-            return
-        gone: list[str] = []
-        first: list[str] = []
-        for name in sorted(absent):
-            n = misses.get(name, 0) + 1
-            if n >= GONE_AFTER:
-                gone.append(name)
-            else:
-                misses[name] = n
-                if n == 1:
-                    first.append(name)
-        if first:
-            self.metadata.request_update(Cause.TOPIC_MISSING)
-            log.info("topic(s) missing from the metadata, asked again to confirm: %s", first[:10])
-        if gone:
-            rows = [(t, p, "topic deleted") for t in gone for p in range(parts[t])]
-            unsent = {rows[i][0] for i in self._emit_rows(PartitionGone, rows, now)}
-            for t in gone:
-                if t in unsent:  # not enqueued: sent again at the next complete response without it
-                    misses[t] = GONE_AFTER - 1
-                else:
-                    del parts[t]
-                    misses.pop(t, None)
-            log.info("topic(s) deleted (absent from %d metadata responses in a row): %s", GONE_AFTER, gone[:10])
-
-    def _note_groups(self, listed: list[str]) -> None:
-        """After each complete group listing (``listed``: the watched groups it named): a group
-        seen before (listed, or answered by its coordinator) and absent from ``GONE_AFTER``
-        complete listings in a row is deleted: one ``group_gone`` when this probe reports its
-        state (its share), and its committed-offset bookkeeping goes with it (the job drops a
-        deleted group's partitions with it: no ``group_partition_gone`` for them)."""
-        misses = self._group_misses
-        seen = dict.fromkeys(listed, 0)
-        gone: list[str] = []
-        for g in misses.keys() - seen.keys():
-            n = misses[g] + 1
-            if n >= GONE_AFTER:
-                gone.append(g)
-            else:
-                seen[g] = n
-        self._group_misses = seen
-        if not gone:
-            return
-        gone.sort()
-        owned = [g for g in gone if self._owns(g)]
-        rows = [(g, "group deleted") for g in owned]
-        unsent = {rows[i][0] for i in self._emit_rows(GroupGone, rows, self._now_ms())}
-        for g in gone:
-            if g in unsent:  # not enqueued: sent again at the next complete listing without it
-                seen[g] = GONE_AFTER - 1
-                continue
-            self._gp_known.pop(g, None)
-            self._gp_misses.pop(g, None)
-            self._group_coordinators.pop(g, None)
-        if owned:
-            log.info("consumer group(s) deleted (absent from %d complete listings in a row): %s", GONE_AFTER,
-                     owned[:10])
-
-    def _note_offsets(self, gid: str, tps: dict[tuple[str, int], Optional[int]],
-                      errored: list[tuple[str, int]]) -> None:
-        """After each answer of a group's coordinator (``tps``: its committed offsets on watched
-        topics; ``errored``: the partitions its answer carried an error for): a partition reported
-        before and left out of ``GONE_AFTER`` answers in a row has lost its committed offset (the
-        group still exists): one ``group_partition_gone``.  An errored partition counts neither
-        way; a coordinator that did not answer is not here at all.  Set operations over the
-        group's partitions (in C), Python work only for what is missing."""
-        known = self._gp_known.get(gid)
-        if known is None:
-            if tps:
-                self._gp_known[gid] = set(tps)
-                self._group_misses.setdefault(gid, 0)  # seen: a later complete listing without it counts
-            return
-        absent = known.difference(tps)
-        if len(known) - len(absent) != len(tps):  # partitions not reported before
-            known.update(tps)
-        misses = self._gp_misses.get(gid)
-        if misses:  # answered again
-            for k in [k for k in misses if k in tps]:
-                del misses[k]
-        if absent and errored:
-            absent.difference_update(errored)
-        if absent:
-            if misses is None:
-                misses = self._gp_misses[gid] = {}
-            gone: list[tuple[str, int]] = []
-            for k in absent:
-                n = misses.get(k, 0) + 1
-                if n >= GONE_AFTER:
-                    gone.append(k)
-                else:
-                    misses[k] = n
-            if gone:
-                gone.sort()
-                rows = [(gid, t, p, "committed offset deleted") for t, p in gone]
-                unsent = {rows[i][1:3] for i in self._emit_rows(GroupPartitionGone, rows, self._now_ms())}
-                for k in gone:
-                    if k in unsent:  # not enqueued: sent again at the next answer without it
-                        misses[k] = GONE_AFTER - 1
-                    else:
-                        known.discard(k)
-                        misses.pop(k, None)
-                log.info("committed offsets of group %s deleted (absent from %d answers in a row): %s", gid,
-                         GONE_AFTER, gone[:10])
-        if misses is not None and not misses:
-            del self._gp_misses[gid]
-        if not known:
-            del self._gp_known[gid]
-
-    def _group_states(self, answers: dict[str, Any]) -> None:
-        """One ``group_state`` per group from the coordinator's DescribeGroups answer.  The
-        generation is not exposed by DescribeGroups (nor by the admin API), so it stays null."""
-        at = self._now_ms()
-        coordinators = self._group_coordinators
-        for gid, d in answers.items():
-            if isinstance(d, Exception):
-                self._unanswered_group(gid, d)
-                self._warn_once("describe_group", "describing group %s: %s%s", gid, d,
-                                missing_acl(d, group=("DESCRIBE", gid)))
-                continue
-            if d.coordinator is not None:
-                if len(coordinators) > 100_000:
-                    coordinators.clear()
-                coordinators[gid] = d.coordinator
-            self._group_misses.setdefault(gid, 0)  # its state sent: seen (if only partial listings named it)
-            self._emitter.emit(d, observed_at=at)
-
-    def _watermarks(self, partitions: list[tuple[str, int]], sent: Any = None, deadline: Optional[float] = None,
-                    ) -> tuple[dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]], int]:
-        """(log start, high watermark, last stable offset) per partition that answered, and the
-        observation's time.  ``sent``: the ListOffsets already sent (``_send_list_offsets``),
-        waited for until ``deadline``."""
-        if self.cfg.offsets_via == "fetch":
-            return self._watermarks_from_fetch(partitions)
-        if sent is None:
-            sent = self._send_list_offsets(partitions)
-        return self._watermarks_from_list_offsets(partitions, sent, deadline)
-
-    def _watermarks_from_list_offsets(self, partitions, sent, deadline):
-        out = {}
-        if not partitions:
-            return out, self._now_ms()
-        try:
-            at, latest, earliest, stable = self._collect_list_offsets(sent, deadline)
-        except KafkaException as e:
-            self.invalidate(e.args[0] if e.args else e, "list_offsets")
-            self._warn_once("list_offsets", "list_offsets failed: %s", e)
-            return out, self._now_ms()
-        get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
-        for tp, key in zip(self._lo_requests[0], partitions):
-            hi, lo = get_hi(tp), get_lo(tp)
-            if type(hi) is ok and type(lo) is ok:  # the common case, without the checks below
-                h, lo, lso = hi.offset, lo.offset, get_lso(tp)
-                if h is not None and h >= 0:
-                    # LSO: the read_committed "latest"; an error or a broker without it leaves it unknown
-                    lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
-                    out[key] = (lo if lo is not None and lo >= 0 else None, h, lso)  # kafka_offset(lo)
-                continue
-            if hi is None or lo is None:  # its broker did not answer in time (_collect_list_offsets)
-                continue
-            topic, part = key
-            err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
-            if err is not None:
-                if self.invalidate(err, f"offsets of {topic}/{part}") is None:
-                    self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, err,
-                                    missing_acl(err, topic=("DESCRIBE", topic)))
-                continue
-            hi, lo = hi.offset, lo.offset
-            if hi is not None and hi >= 0:
-                out[(topic, part)] = (kafka_offset(lo), hi, None)
-        return out, at
-
-    def _send_list_offsets(self, partitions: list[tuple[str, int]]) -> Any:
-        """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
-        offset: what a read_committed consumer can read up to) for ``partitions``, sent and not
-        waited for (``_collect_list_offsets``).
-
-        Two costs are avoided here.  AdminClient.list_offsets makes a future per partition and
-        settles each from a Python callback (~25 us a partition); the probe hands its request
-        lists to the C implementation under it, with one future per request, and builds those
-        lists only when the watched partitions change.  And librdkafka merges the answers of a
-        request's brokers by a linear search per partition (``rd_kafka_ListOffsets_response_merge``),
-        so a request's cost grows with the square of its partitions (20,000 in one request:
-        1.5 CPU-s; in requests of 500: 0.1): the probe sends requests of ``LIST_OFFSETS_BATCH``
-        partitions, all at once, each to one leader (a request spanning brokers is answered when
-        its slowest broker answers).  A leader whose requests of an earlier cycle are still out
-        (it has not answered them, and librdkafka has not timed them out yet) is not sent more:
-        its partitions go unobserved, so a silent broker never holds more than one cycle's
-        requests.  An injected admin (tests) goes through its list_offsets."""
-        leaders = self._watched_leaders if len(self._watched_leaders) == len(partitions) else [-1] * len(partitions)
-        if self._lo_for is not partitions or self._lo_leaders is not leaders:
-            latest, earliest = OffsetSpec.latest()._value, OffsetSpec.earliest()._value
-            keys = [TopicPartition(t, p) for t, p in partitions]
-            by_leader: dict[int, list[tuple[str, int]]] = {}
-            for tp, leader in zip(partitions, leaders):
-                by_leader.setdefault(leader, []).append(tp)
-            batches, owners = [], []
-            for leader, tps in sorted(by_leader.items()):
-                for i in range(0, len(tps), LIST_OFFSETS_BATCH):
-                    batches.append(tps[i:i + LIST_OFFSETS_BATCH])
-                    owners.append(leader)
-            self._lo_requests = (keys, [[TopicPartition(t, p, latest) for t, p in b] for b in batches],
-                                 [[TopicPartition(t, p, earliest) for t, p in b] for b in batches])
-            self._lo_owners = owners
-            self._lo_for, self._lo_leaders = partitions, leaders
-        keys, latest_reqs, earliest_reqs = self._lo_requests
-        timeout = self.cfg.request_timeout_s
-        committed = IsolationLevel.READ_COMMITTED
-        if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
-            busy = {owner for owner, futures in self._lo_out.items() if any(not f.done() for f in futures)}
-            sent = []
-            kinds: tuple[tuple[Any, dict[str, Any]], ...] = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
-            for reqs, extra in kinds:
-                futures: list[Optional[concurrent.futures.Future]] = []
-                for req, owner in zip(reqs, self._lo_owners):
-                    if owner in busy:
-                        futures.append(None)
-                        continue
-                    f: concurrent.futures.Future = concurrent.futures.Future()
-                    f.set_running_or_notify_cancel()
-                    _AdminClientImpl.list_offsets(self._ops, req, f, request_timeout=timeout, **extra)
-                    futures.append(f)
-                sent.append(futures)
-            return ("impl", self._now_ms(), kinds, sent, busy)
-        futs = [self._ops.list_offsets({tp: spec for tp in keys}, request_timeout=timeout, **extra)
-                for spec, extra in ((OffsetSpec.latest(), {}), (OffsetSpec.earliest(), {}),
-                                    (OffsetSpec.latest(), {"isolation_level": committed}))]
-        return ("api", self._now_ms(), futs)
-
-    def _collect_list_offsets(self, sent: Any, deadline: Optional[float]) -> tuple[int, dict, dict, dict]:
-        """The answers to ``_send_list_offsets``, waited for until ``deadline``, and when the
-        requests were sent (the observation's time).  Each result: TopicPartition ->
-        ListOffsetsResultInfo, or the error of that partition; a request that fails is an error
-        for each of its partitions, as AdminClient.list_offsets reports it; the partitions of a
-        request not answered in time are left out (their leader is in ``_unanswered``)."""
-        if deadline is None:
-            deadline = time.monotonic() + self.observe_wait_s()
-        if sent[0] == "impl":
-            _, at, kinds, requests, busy = sent
-            results, late = [], set(busy)
-            for (reqs, _), futures in zip(kinds, requests):
-                merged: dict = {}
-                for req, f, owner in zip(reqs, futures, self._lo_owners):
-                    if f is None:
-                        continue
-                    try:
-                        merged.update(f.result(timeout=max(0.0, deadline - time.monotonic())))
-                    except concurrent.futures.TimeoutError:
-                        late.add(owner)
-                    except KafkaException as e:  # the request failed: each of its partitions did
-                        err = e.args[0] if e.args else e
-                        merged.update(dict.fromkeys(req, err))
-                results.append(merged)
-            # requests not waited for stay with their client until they end (close() waits for
-            # them: librdkafka crashes the process when a client goes with requests in flight)
-            out = self._lo_out
-            for futures in requests:
-                for f, owner in zip(futures, self._lo_owners):
-                    if f is not None and not f.done():
-                        out.setdefault(owner, []).append(f)
-            self._lo_out = {o: kept for o, fs in out.items() if (kept := [f for f in fs if not f.done()])}
-            late.discard(-1)
-            if late:
-                self._unanswered.update(late)
-                self._warn_once(f"list_offsets_late_{sorted(late)}", "offsets from broker(s) %s not answered within "
-                                "%.1fs: their partitions are not observed until they answer", sorted(late),
-                                self.observe_wait_s())
-            return at, results[0], results[1], results[2]
-        _, at, futs = sent
-
-        def settled(fmap: dict) -> dict:
-            out = {}
-            for tp, f in fmap.items():
-                try:
-                    out[tp] = f.result()
-                except KafkaException as e:
-                    out[tp] = e.args[0] if e.args else e
-            return out
-        return at, settled(futs[0]), settled(futs[1]), settled(futs[2])
-
-    # -- fetch mode: a tail consumer ------------------------------------------------------------
-
-    def _ensure_tail(self, partitions: list[tuple[str, int]]) -> Consumer:
-        if self._tail is None:
-            self._tail = Consumer({
-                **self.cfg.client_conf(),
-                "group.id": f"kafka-monitor-probe-{self.cfg.source}",  # never joins nor commits
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "fetch.wait.max.ms": 250,
-                "error_cb": self._on_client_error,
-            })
-        new = [tp for tp in partitions if tp not in self._tail_assigned]
-        if new:
-            self._tail.incremental_assign([TopicPartition(t, p, OFFSET_END) for t, p in new])
-            self._tail_assigned.update(new)
-        gone = self._tail_assigned - set(partitions)
-        if gone:
-            self._tail.incremental_unassign([TopicPartition(t, p) for t, p in gone])
-            self._tail_assigned -= gone
-        return self._tail
-
-    def _watermarks_from_fetch(self, partitions):
-        tail = self._ensure_tail(partitions)
-        self._drain_tail(0)
-        at = self._now_ms()
-        out = {}
-        for t, p in partitions:
-            lo, hi = tail.get_watermark_offsets(TopicPartition(t, p), cached=True)
-            if hi is None or hi < 0:
-                continue  # no fetch response yet for this partition
-            # The LSO is not exposed with the cached watermarks (statistics carry it, but from an
-            # older moment than the HW); null rather than a value from another observation.
-            out[(t, p)] = (kafka_offset(lo), hi, None)
-        return out, at
-
-    def _drain_tail(self, timeout: float) -> None:
-        """Consume (and discard) what the tail consumer fetched, for up to ``timeout`` seconds;
-        its fetch queue must not fill up, or fetching — and so the HW — would stop."""
-        if self._tail is None:
-            return
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            for m in self._tail.consume(num_messages=10_000, timeout=max(0.0, min(0.5, remaining))):
-                err = m.error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    if self.invalidate(err, "tail consumer fetch") is None:
-                        self._warn_once(f"tail:{err.name()}", "tail consumer: %s%s", err, missing_acl(
-                            err, topic=("READ", m.topic() or "<watched topics>"),
-                            group=("DESCRIBE", f"kafka-monitor-probe-{self.cfg.source}")))
-            if remaining <= 0:
-                return
 
     # -- loop ---------------------------------------------------------------------------------
 
@@ -1549,7 +320,7 @@ class Probe:
         and observe offsets every ``interval_s``, until ``stop`` is set."""
         log.info("probe %s watching %s every %.1fs (offsets via %s%s), events -> %s",
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
-                 f"; share {self._share_text()} of its topics and groups" if self._share else "",
+                 f"; share {self._scope.share_text()} of its topics and groups" if self._scope.share else "",
                  self.cfg.events_topic)
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
@@ -1628,15 +399,15 @@ class Probe:
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        pending = ([f for fs in self._lo_out.values() for f in fs] + list(self._min_isr_out.values())
-                   + list(self._default_out.values()))
+        pending = [f for fs in self._lo_out.values() for f in fs] + self.topic_configs.pending()
         if self._listing is not None:
             pending.append(self._listing)
         if pending:  # each ends by its request timeout at the latest
             concurrent.futures.wait(pending, timeout=self.cfg.request_timeout_s + 1)
-            self._lo_out, self._listing, self._min_isr_out, self._default_out = {}, None, {}, {}
+            self._lo_out, self._listing = {}, None
         self._coordinator.close()
-        self._admin = self._ops = self._configs = None
+        self.topic_configs.close()
+        self._admin = self._ops = None
         if self._gc_cycles:  # what _gc_settle froze (the clients among it) can be collected again
             gc.unfreeze()
             self._gc_cycles = 0

@@ -1,6 +1,6 @@
 """librdkafka's statistics JSON, read: pure functions from a client's statistics document to
 the contract's payloads (its fetch state, its metadata requests, the partition counts and
-brokers it knows).  No I/O, no clock; ``monitor.instrument`` calls them from the client's
+brokers it knows).  No I/O, no clock; ``monitor.instrumentation`` calls them from the client's
 ``stats_cb``.
 """
 

@@ -28,12 +28,16 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming.ingest import parsing
+from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
-from streaming.rules import lag as rules_lag
+from streaming.rules import lag_config as rules_lag_config
 from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
+from streaming.rules import source as rules_source
 from streaming.read import spark_kafka
 from streaming.state import function as st
+from streaming.state.codec import STATE_SCHEMA
+from streaming.state.rows import OUTPUT_SCHEMA
 from streaming.sinks.alerts import AlertsTopicSink
 from streaming.sinks.batch import ExporterSink
 from streaming.sinks.catalogue import GRANULARITIES
@@ -57,10 +61,52 @@ class JobConfigError(ValueError):
 
 
 #: [job.rules.<family>] -> the settings class of that family of rules
-RULE_FAMILIES = {"lag": rules_lag.LagConfig, "partition": rules_partition.PartitionRulesConfig,
-                 "group": rules_group.GroupRulesConfig, "notify": rules_notify.NotifyConfig}
+RULE_FAMILIES = {"lag": rules_lag_config.LagConfig, "partition": rules_partition.PartitionRulesConfig,
+                 "group": rules_group.GroupRulesConfig, "client": rules_client.ClientRulesConfig,
+                 "source": rules_source.SourceRulesConfig, "notify": rules_notify.NotifyConfig}
 #: the families the state function takes (notify is the exporter's: when an open alert pages)
-STATE_FAMILIES = ("lag", "partition", "group")
+STATE_FAMILIES = ("lag", "partition", "group", "client", "source")
+#: settings that moved to a table of their own: (old family, name) -> the families that read it
+#: now.  Still read at the old place, with a warning; a value set at the new place wins.
+MOVED_RULES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("group", "metadata_max_age_default_ms"): ("client",),
+    ("group", "metadata_stale_factor"): ("client",),
+    ("group", "refresh_storm_max"): ("client",),
+    ("group", "refresh_storm_clear"): ("client",),
+    ("group", "refresh_storm_window_ms"): ("client",),
+    ("group", "refresh_history_cap"): ("client",),
+    ("group", "silent_factor"): ("source",),
+    ("group", "heartbeat_interval_default_ms"): ("source",),
+    ("group", "silence_grace_ms"): ("client", "source"),
+}
+
+
+def moved_rules(rules: dict[str, Any]) -> tuple[dict[str, Any], dict[tuple[str, str], str], list[str]]:
+    """``rules`` ([job.rules.*] as given) with each setting of ``MOVED_RULES`` found at its old
+    place put in its new tables; where those values were set ((family, name) -> path); and a
+    warning per setting found at its old place."""
+    out = {f: dict(v) if isinstance(v, dict) else v for f, v in (rules or {}).items()}
+    origin: dict[tuple[str, str], str] = {}
+    warnings = []
+    for (old, name), families in MOVED_RULES.items():
+        if not isinstance(out.get(old), dict) or name not in out[old]:
+            continue
+        value = out[old].pop(name)
+        path = f"job.rules.{old}.{name}"
+        taken = [f for f in families if not (isinstance(out.get(f), dict) and name in out[f])]
+        for f in taken:
+            out.setdefault(f, {})[name] = value
+            origin[(f, name)] = path
+        given = " and ".join(f"[job.rules.{f}]" for f in families if f not in taken)
+        if not given:
+            then = "taken from here until then"
+        elif not taken:
+            then = f"ignored here: {given} sets it"
+        else:
+            then = f"taken from here for {' and '.join(f'[job.rules.{f}]' for f in taken)} until then; {given} sets its own"
+        where = " and ".join(f"[job.rules.{f}] (KAFKA_MONITOR_JOB_RULES_{f.upper()}_{name.upper()})" for f in families)
+        warnings.append(f"{path}: this setting is read from {where} now; move it there ({then})")
+    return out, origin, warnings
 
 
 def _rule_value(path: str, typ: Any, value: Any) -> Any:
@@ -137,32 +183,43 @@ class JobConfig:
     stall_timeout_s: float = 600.0
     kafka: dict[str, str] = field(default_factory=dict)
     #: the alert rules' thresholds: [job.rules.lag], [job.rules.partition], [job.rules.group],
-    #: and when alerts opened at once notify, [job.rules.notify] (streaming.rules.lag.LagConfig,
-    #: rules_partition.PartitionRulesConfig, rules_group.GroupRulesConfig,
-    #: rules_notify.NotifyConfig; docs/settings.md, "Alert rule settings")
+    #: [job.rules.client], [job.rules.source], and when alerts opened at once notify,
+    #: [job.rules.notify] (RULE_FAMILIES; docs/settings.md, "Alert rule settings")
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for warning in moved_rules(self.rules)[2]:
+            log.warning("%s", warning)
 
     def rule_configs(self) -> dict[str, Any]:
         """The rule families' settings objects, from ``rules`` over their defaults; a wrong or
-        unknown setting raises JobConfigError naming it (``job.rules.lag.window: ...``)."""
-        unknown = set(self.rules or {}) - set(RULE_FAMILIES)
+        unknown setting raises JobConfigError naming it where it was set (``job.rules.lag.window:
+        ...``).  Settings at their old place are read from there (``MOVED_RULES``)."""
+        rules, origin, _ = moved_rules(self.rules)
+        unknown = set(rules) - set(RULE_FAMILIES)
         if unknown:
             raise JobConfigError(f"job.rules.{sorted(unknown)[0]}: unknown rule family "
                                  f"(families: {', '.join(RULE_FAMILIES)})")
+
+        def path(family: str, name: str) -> str:
+            return origin.get((family, name), f"job.rules.{family}.{name}")
+
         out = {}
         for family, cls in RULE_FAMILIES.items():
-            given = (self.rules or {}).get(family) or {}
+            given = rules.get(family) or {}
             hints = typing.get_type_hints(cls)
             names = [f.name for f in dataclasses.fields(cls)]
             kw = {}
             for name, value in given.items():
                 if name not in names:
                     raise JobConfigError(f"job.rules.{family}.{name}: unknown setting (settings: {', '.join(names)})")
-                kw[name] = _rule_value(f"job.rules.{family}.{name}", hints[name], value)
+                kw[name] = _rule_value(path(family, name), hints[name], value)
             try:
                 out[family] = cls(**kw)
-            except ValueError as e:  # the class names the setting its own way: name it as configured
-                raise JobConfigError(re.sub(r"^\w+\.", f"job.rules.{family}.", str(e), count=1)) from None
+            except ValueError as e:  # the class names the setting its own way: name it where it was set
+                field_name = re.match(r"^\w+\.(\w+)", str(e))
+                where = path(family, field_name.group(1)) if field_name else f"job.rules.{family}"
+                raise JobConfigError(re.sub(r"^\w+\.\w+", where, str(e), count=1)) from None
         return out
 
     def validate(self) -> "JobConfig":
@@ -353,8 +410,8 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
         st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
                                               **{f: c for f, c in cfg.rule_configs().items()
                                                  if f in STATE_FAMILIES})),
-        outputStructType=st.OUTPUT_SCHEMA,
-        stateStructType=st.STATE_SCHEMA,
+        outputStructType=OUTPUT_SCHEMA,
+        stateStructType=STATE_SCHEMA,
         outputMode="update",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )

@@ -20,8 +20,8 @@ import pyarrow.json as pj
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
+from monitor.gcpause import gc_paused
 from streaming.ingest import quality
-from streaming.gcpause import gc_paused
 from streaming.ingest.schema import EVENT_SCHEMA, FLAT_COLUMNS
 
 #: a task's rows are decoded and validated together, up to this many at a time

@@ -28,7 +28,7 @@ FIELDS = ("registered", "leader_partitions", "replica_partitions", "out_of_sync_
 REPORTED = ("writes_waiting_since", "writes_waiting_partitions")
 
 #: how long the canary's writes wait for one broker before BrokerStallingWrites opens: the
-#: HighWatermarkStalled window (streaming.rules.partition.PartitionRulesConfig.hw_stall_ms)
+#: HighWatermarkStalled window (streaming.rules.partition_config.PartitionRulesConfig.hw_stall_ms)
 STALLING_AFTER_MS = 10_000
 
 

@@ -2,7 +2,7 @@
 canary reports it (``canary`` events: its acks=all writes, read back; cumulative counters and
 latency histograms).  The job keeps the latest report for the exporter
 (``kafka_monitor_canary_*``), and writes the canary knows to be pending make the partition's
-HighWatermarkStalled decidable (``on_canary`` returns the partition to note them on).
+HighWatermarkStalled decidable (``partition.on_pending_writes``, through ``dispatch``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,57 @@
 """Client rules (entity cluster/source, one client's metadata cache, from ``metadata_refresh``
-events): MetadataStale, MetadataRefreshStorm.  Settings in ``GroupRulesConfig``
-(``[job.rules.group]``); how each alert decides: docs/rules.md.
+events): MetadataStale, MetadataRefreshStorm.  Settings in ``ClientRulesConfig``
+(``[job.rules.client]``); how each alert decides: docs/rules.md.
 """
 
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
-from streaming.rules.group import (DEFAULT_CONFIG, MAX_CAUSE_LEN, GroupRulesConfig, _age, _int, _positive,
-                                   _prune)
+from streaming.rules.group import (MAX_CAUSE_LEN, _age, _int, _positive, _prune, check_factor, check_grace,
+                                   check_settings)
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientRulesConfig:
+    """Thresholds of the client rules (validated on construction)."""
+
+    #: metadata.max.age.ms when the client's events do not carry it (Kafka's default)
+    metadata_max_age_default_ms: int = 300_000
+    #: MetadataStale after this many max ages without a successful refresh (catalogue: 2)
+    metadata_stale_factor: float = 2.0
+    #: MetadataRefreshStorm opens when invalidated refreshes in the window are MORE than this
+    refresh_storm_max: int = 10
+    #: ... and resolves when they are this many or fewer (hysteresis, see docs/rules.md)
+    refresh_storm_clear: int = 5
+    #: the refresh storm's sliding window ("per minute")
+    refresh_storm_window_ms: int = 60_000
+    #: at most this many invalidated refreshes are remembered (> refresh_storm_max)
+    refresh_history_cap: int = 64
+    #: added to MetadataStale's limit: how long the events topic may hold a client's events back
+    #: without the client being at fault (``SourceRulesConfig.silence_grace_ms``)
+    silence_grace_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        check_settings(self, ("metadata_max_age_default_ms", "refresh_storm_max", "refresh_storm_window_ms",
+                              "refresh_history_cap"))
+        if not 0 <= self.refresh_storm_clear < self.refresh_storm_max:
+            raise ValueError(f"ClientRulesConfig.refresh_storm_clear: must be within 0..refresh_storm_max-1 "
+                             f"({self.refresh_storm_max - 1}), got {self.refresh_storm_clear}")
+        if self.refresh_history_cap <= self.refresh_storm_max:
+            raise ValueError(f"ClientRulesConfig.refresh_history_cap: must be > refresh_storm_max "
+                             f"({self.refresh_storm_max}), got {self.refresh_history_cap}")
+        check_grace(self)
+        check_factor(self, "metadata_stale_factor")
+
+
+DEFAULT_CONFIG = ClientRulesConfig()
 
 # ---------------------------------------------------------------------------------------------
 # Client entity (one source's metadata cache)
@@ -36,7 +77,7 @@ def new_client(cluster: str, source: str) -> dict:
     }
 
 
-def _max_age(state: dict, cfg: GroupRulesConfig) -> tuple[int, str]:
+def _max_age(state: dict, cfg: ClientRulesConfig) -> tuple[int, str]:
     if state["max_age_ms"] is not None:
         return state["max_age_ms"], "event"
     return cfg.metadata_max_age_default_ms, "default"
@@ -46,13 +87,13 @@ def _stale_reference(state: dict) -> Optional[int]:
     return state["last_success_at"] if state["last_success_at"] is not None else state["first_refresh_at"]
 
 
-def _stale_limit(max_age: int, cfg: GroupRulesConfig) -> int:
+def _stale_limit(max_age: int, cfg: ClientRulesConfig) -> int:
     """``metadata_stale_factor`` max ages, and the time the events topic may hold the refresh
     events back (``silence_grace_ms``)."""
     return int(cfg.metadata_stale_factor * max_age) + cfg.silence_grace_ms
 
 
-def _stale(state: dict, now: int, entity: str, cfg: GroupRulesConfig) -> list[Transition]:
+def _stale(state: dict, now: int, entity: str, cfg: ClientRulesConfig) -> list[Transition]:
     ref = _stale_reference(state)
     if ref is None or Alert.METADATA_STALE.value in state["open"]:
         return []
@@ -69,7 +110,7 @@ def _stale(state: dict, now: int, entity: str, cfg: GroupRulesConfig) -> list[Tr
         "last_attempt_at": state["last_attempt_at"]})
 
 
-def _refresh_storm(state: dict, now: int, entity: str, cfg: GroupRulesConfig) -> list[Transition]:
+def _refresh_storm(state: dict, now: int, entity: str, cfg: ClientRulesConfig) -> list[Transition]:
     window = state["invalidations"] = _prune(state["invalidations"], now, cfg.refresh_storm_window_ms)
     count = len(window)
     is_open = Alert.METADATA_REFRESH_STORM.value in state["open"]
@@ -89,7 +130,7 @@ def _refresh_storm(state: dict, now: int, entity: str, cfg: GroupRulesConfig) ->
 
 
 def on_metadata_refresh(state: dict, obs: dict, now: int, entity: str,
-                        cfg: GroupRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+                        cfg: ClientRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one ``metadata_refresh`` attempt (ok or failed) into the client's state."""
     now = int(now)
     labels = client_labels(state)
@@ -132,7 +173,7 @@ def on_metadata_refresh(state: dict, obs: dict, now: int, entity: str,
     return out + _refresh_storm(state, now, entity, cfg)
 
 
-def tick_client(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+def tick_client(state: dict, now: int, entity: str, cfg: ClientRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Time-driven client checks: MetadataStale opens; an open MetadataRefreshStorm resolves
     once the window slid."""
     now = int(now)
@@ -142,7 +183,7 @@ def tick_client(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFA
     return out
 
 
-def client_due_at(state: dict, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> Optional[int]:
+def client_due_at(state: dict, cfg: ClientRulesConfig = DEFAULT_CONFIG) -> Optional[int]:
     """Earliest time at which :func:`tick_client` can produce a transition (None: never
     without a new event)."""
     due: list[int] = []

@@ -1,6 +1,6 @@
 """Group rules (entity cluster/group, from ``group_state`` and ``rebalance`` events):
-RebalanceStorm, RebalanceStuck, GroupEmptyWithLag.  Also the settings of the group, client and
-source rules (``GroupRulesConfig``, ``[job.rules.group]``) and the helpers they share.
+RebalanceStorm, RebalanceStuck, GroupEmptyWithLag; settings in ``GroupRulesConfig``
+(``[job.rules.group]``).  Also the helpers the client and source rules share with them.
 
 Pure functions of (entity state, one observation, now): the conventions of
 :mod:`streaming.rules.base`.  How each alert decides: docs/rules.md.
@@ -20,9 +20,39 @@ from streaming.rules.base import Alert, Transition, _open, _resolve
 # ---------------------------------------------------------------------------------------------
 
 
+def check_settings(cfg: Any, positive: Iterable[str] = ()) -> None:
+    """Every field of the settings dataclass ``cfg`` an integer (a ``float`` field: a finite
+    number), never a bool; those named in ``positive`` > 0.  The message names the setting as
+    ``<class>.<field>``."""
+    name = type(cfg).__name__
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        kind = float if f.type in ("float", float) else int
+        ok = (isinstance(v, (int, float)) if kind is float else isinstance(v, int)) and not isinstance(v, bool)
+        if not ok or (kind is float and not math.isfinite(v)):
+            raise ValueError(f"{name}.{f.name}: must be a{'' if kind is int else ' finite'} "
+                             f"{'integer' if kind is int else 'number'}, got {v!r}")
+    for p in positive:
+        if getattr(cfg, p) <= 0:
+            raise ValueError(f"{name}.{p}: must be > 0, got {getattr(cfg, p)!r}")
+
+
+def check_grace(cfg: Any) -> None:
+    """``silence_grace_ms`` >= 0 (the client and source rules' settings)."""
+    if cfg.silence_grace_ms < 0:
+        raise ValueError(f"{type(cfg).__name__}.silence_grace_ms: must be >= 0, got {cfg.silence_grace_ms!r}")
+
+
+def check_factor(cfg: Any, name: str) -> None:
+    """A factor of what a client announces (its max age, its heartbeat interval) >= 1."""
+    if getattr(cfg, name) < 1:
+        raise ValueError(f"{type(cfg).__name__}.{name}: must be >= 1 (less would fire between two "
+                         f"healthy reports), got {getattr(cfg, name)!r}")
+
+
 @dataclass(frozen=True)
 class GroupRulesConfig:
-    """Thresholds of the group, client and source rules (validated on construction)."""
+    """Thresholds of the group rules (validated on construction)."""
 
     #: RebalanceStorm opens at this many rebalances within the window (catalogue: N = 5)
     storm_min_rebalances: int = 5
@@ -42,62 +72,16 @@ class GroupRulesConfig:
     empty_with_lag_after_ms: int = 600_000
     #: total lag (offsets, over the group's partitions with a known lag) that counts as "lag"
     empty_min_total_lag: int = 1
-    #: metadata.max.age.ms when the client's events do not carry it (Kafka's default)
-    metadata_max_age_default_ms: int = 300_000
-    #: MetadataStale after this many max ages without a successful refresh (catalogue: 2)
-    metadata_stale_factor: float = 2.0
-    #: MetadataRefreshStorm opens when invalidated refreshes in the window are MORE than this
-    refresh_storm_max: int = 10
-    #: ... and resolves when they are this many or fewer (hysteresis, see the module doc)
-    refresh_storm_clear: int = 5
-    #: the refresh storm's sliding window ("per minute")
-    refresh_storm_window_ms: int = 60_000
-    #: at most this many invalidated refreshes are remembered (> refresh_storm_max)
-    refresh_history_cap: int = 64
-    #: SourceSilent after this many announced heartbeat intervals without one (catalogue: 3)
-    silent_factor: float = 3.0
-    #: heartbeat interval assumed when a heartbeat announces none (the probe's default, 10 s)
-    heartbeat_interval_default_ms: int = 10_000
-    #: added to SourceSilent's and MetadataStale's limits: how long the events topic may hold a
-    #: source's events back without the source being at fault.  A follower of its partitions
-    #: that stops fetching (paused, in a long GC) holds every acks=all write, and what consumers
-    #: may read, until the leader drops it from the ISR: the events cluster's
-    #: replica.lag.time.max.ms (Kafka's default, 30 s) and a fetch later
-    silence_grace_ms: int = 30_000
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            kind = float if f.type in ("float", float) else int
-            ok = (isinstance(v, (int, float)) if kind is float else isinstance(v, int)) and not isinstance(v, bool)
-            if not ok or (kind is float and not math.isfinite(v)):
-                raise ValueError(f"GroupRulesConfig.{f.name}: must be a{'' if kind is int else ' finite'} "
-                                 f"{'integer' if kind is int else 'number'}, got {v!r}")
-        positive = ("storm_min_rebalances", "storm_window_ms", "rebalance_history_cap", "stuck_after_ms",
-                    "empty_with_lag_after_ms", "empty_min_total_lag", "metadata_max_age_default_ms",
-                    "refresh_storm_max", "refresh_storm_window_ms", "refresh_history_cap",
-                    "heartbeat_interval_default_ms")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"GroupRulesConfig.{name}: must be > 0, got {getattr(self, name)!r}")
+        check_settings(self, ("storm_min_rebalances", "storm_window_ms", "rebalance_history_cap", "stuck_after_ms",
+                              "empty_with_lag_after_ms", "empty_min_total_lag"))
         if not 0 <= self.storm_merge_ms < self.storm_window_ms:
             raise ValueError(f"GroupRulesConfig.storm_merge_ms: must be within 0..storm_window_ms-1 "
                              f"({self.storm_window_ms - 1}), got {self.storm_merge_ms}")
         if self.storm_min_rebalances > self.rebalance_history_cap:
             raise ValueError(f"GroupRulesConfig.storm_min_rebalances: must be <= rebalance_history_cap "
                              f"({self.rebalance_history_cap}), got {self.storm_min_rebalances}")
-        if not 0 <= self.refresh_storm_clear < self.refresh_storm_max:
-            raise ValueError(f"GroupRulesConfig.refresh_storm_clear: must be within 0..refresh_storm_max-1 "
-                             f"({self.refresh_storm_max - 1}), got {self.refresh_storm_clear}")
-        if self.refresh_history_cap <= self.refresh_storm_max:
-            raise ValueError(f"GroupRulesConfig.refresh_history_cap: must be > refresh_storm_max "
-                             f"({self.refresh_storm_max}), got {self.refresh_history_cap}")
-        if self.silence_grace_ms < 0:
-            raise ValueError(f"GroupRulesConfig.silence_grace_ms: must be >= 0, got {self.silence_grace_ms!r}")
-        for name in ("metadata_stale_factor", "silent_factor"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GroupRulesConfig.{name}: must be >= 1 (less would fire between two "
-                                 f"healthy reports), got {getattr(self, name)!r}")
 
 
 DEFAULT_CONFIG = GroupRulesConfig()

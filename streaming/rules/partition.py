@@ -10,62 +10,14 @@ functions of (entity state, one observation, now): the conventions of
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional, TypedDict
+from typing import Any, Callable, Optional, TypedDict
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
 
 
-class PartitionRulesConfigError(ValueError):
-    """An invalid ``PartitionRulesConfig``; the message names the setting."""
-
-
-@dataclass(frozen=True)
-class PartitionRulesConfig:
-    """Thresholds of the partition and topic rules (milliseconds unless said otherwise)."""
-
-    #: LeaderChanged resolves after this long without a further change.  5 min: an election and
-    #: the clients' metadata refresh after it (metadata.max.age.ms defaults to 5 min) settle well
-    #: within it, and a rolling restart's successive moves of one partition stay one episode.
-    leader_quiet_ms: int = 300_000
-    #: leader changes kept as evidence per LeaderChanged episode (the count is always exact).
-    leader_history_max: int = 20
-    #: consecutive observations with a lower leader epoch before they are believed (a re-created
-    #: topic) rather than ignored as a stale view.
-    epoch_reset_after: int = 3
-    #: PreferredLeaderImbalance opens after the leader has not been the preferred replica this
-    #: long.  5 min = Kafka's leader.imbalance.check.interval.seconds (300): an election briefly
-    #: moves leadership, and auto.leader.rebalance.enable would have moved it back by then.
-    imbalance_after_ms: int = 300_000
-    #: HighWatermarkStalled: how long writes may be pending with a flat HW.  10 s: an acks=all
-    #: write takes milliseconds; a follower that stops fetching holds it (and the HW) until the
-    #: leader drops it from the ISR after replica.lag.time.max.ms (30 s by default), so the
-    #: stall says so before IsrShrink does.
-    hw_stall_ms: int = 10_000
-    #: PartitionUnobserved window when the observing source's interval is unknown.  60 s = 3 x a
-    #: 20 s interval: twice the probe's default interval (10 s) with room for a slow refresh.
-    unobserved_after_ms: int = 60_000
-    #: PartitionUnobserved window in observation intervals when the interval is known (3 =
-    #: SourceSilent's convention: three missed rounds).
-    unobserved_intervals: int = 3
-    #: PartitionCountChanged stays open (collecting clients' catch-up times) this long.  15 min:
-    #: longer than the slowest default refresh among Kafka clients (the old producer's
-    #: topic.metadata.refresh.interval.ms = 10 min; metadata.max.age.ms = 5 min).
-    count_change_window_ms: int = 900_000
-    #: clients listed per PartitionCountChanged episode; further clients are only counted.
-    count_change_clients_max: int = 50
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise PartitionRulesConfigError(f"partition_rules.{f.name}: must be an integer, got {v!r}")
-            if v < 1:
-                raise PartitionRulesConfigError(f"partition_rules.{f.name}: must be >= 1, got {v}")
-
-
-DEFAULT_CONFIG = PartitionRulesConfig()
+from streaming.rules.partition_config import DEFAULT_CONFIG, PartitionRulesConfig
+from streaming.rules.writes import (CHANGED_AT, CONFIRMED, GIVEN, INTS, LATEST, TIME, TIME_KINDS, VALUE, Write, write,
+                                    write_ints)
 
 _UNDER, _AT = Alert.UNDER_MIN_ISR, Alert.AT_MIN_ISR
 _LC, _PLI = Alert.LEADER_CHANGED, Alert.PREFERRED_LEADER_IMBALANCE
@@ -149,6 +101,58 @@ def _is_open(state: PartitionState, alert: Alert) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# What an observation writes into a partition's fields, declared once (``Write``s, their kinds
+# in streaming/rules/writes.py): the rules below apply them to one partition's dict
+# (``write``); the partition table applies the same declarations to many quiet partitions'
+# columns (streaming/state/table.py ``apply_writes``) and builds new settled partitions from
+# them (streaming/state/columns.py ``fold_new``).  A change to what a field records is a
+# change to one line here.
+# ---------------------------------------------------------------------------------------------
+
+#: every admitted observation of the partition, either type (``on_partition_observed``)
+OBSERVED_WRITES = (Write("observed_at", LATEST),)
+#: a partition_metadata observation: the replication view (``_replication``, always) ...
+VIEW_WRITES = (Write("replicas", INTS, "replicas"), Write("isr", INTS, "isr"), Write("leader", VALUE, "leader"),
+               Write("leader_epoch", VALUE, "leader_epoch"), Write("min_isr", GIVEN, "min_insync_replicas"),
+               Write("last_seen", LATEST))
+#: ... and the leader view, once believed (``_leadership``: in order, no stale epoch)
+LEADER_WRITES = (Write("leader_seen", VALUE, "leader"), Write("epoch_seen", VALUE, "leader_epoch"), Write("md_at", TIME))
+#: a partition_offsets observation: its offsets (``_offsets``, always) ...
+OFFSETS_WRITES = (Write("hw", VALUE, "high_watermark"), Write("log_start", VALUE, "log_start_offset"),
+                  Write("lso", VALUE, "last_stable_offset"), Write("last_seen", LATEST))
+#: ... and the high watermark's progress (``_progress``: in order).  CHANGED_AT before the
+#: write of the field it compares with.
+PROGRESS_WRITES = (Write("hw_changed_at", CHANGED_AT, "high_watermark", of="hw_seen"),
+                   Write("hw_seen", VALUE, "high_watermark"), Write("hw_observed_at", TIME),
+                   Write("md_confirmed_at", CONFIRMED, "metadata_at"))
+#: the writes of each observation type the partition table applies in columns to quiet
+#: partitions (a quiet metadata observation repeats the view: only its time kinds change)
+QUIET_WRITES = {"partition_offsets": OFFSETS_WRITES + PROGRESS_WRITES + OBSERVED_WRITES,
+                "partition_metadata": tuple(w for w in VIEW_WRITES + LEADER_WRITES + OBSERVED_WRITES
+                                            if w.how in TIME_KINDS)}
+#: the fields the partition table holds as columns: what quiet observations change
+QUIET_FIELDS = tuple(dict.fromkeys(w.field for ws in QUIET_WRITES.values() for w in ws))
+
+
+def settled_view(leader: Any, replicas: Any, isr: Any, min_isr: Any) -> Optional[tuple[list[int], list[int]]]:
+    """(replicas, isr) as int lists when a partition's first partition_metadata with these values
+    opens nothing and starts no timer — a leader, the preferred one; every replica in the ISR,
+    none twice; min.insync.replicas (None: unknown) neither above nor at the ISR — else None.
+    What ``fold_new`` may put straight into the partition table."""
+    if leader is None or leader < 0 or replicas is None or isr is None or len(replicas) == 0:
+        return None
+    try:
+        rep, inr = write_ints(replicas), write_ints(isr)
+    except (TypeError, ValueError):
+        return None
+    if rep[0] != leader or sorted(rep) != sorted(inr) or len(set(rep)) != len(rep):
+        return None
+    if min_isr is not None and min_isr_status(len(inr), len(rep), min_isr) is not None:
+        return None
+    return rep, inr
+
+
+# ---------------------------------------------------------------------------------------------
 # Partition: observation
 # ---------------------------------------------------------------------------------------------
 
@@ -210,18 +214,14 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
     elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
 
-    state["replicas"], state["isr"], state["leader"] = replicas, isr, leader
-    state["leader_epoch"], state["last_seen"] = obs.get("leader_epoch"), now
-    if obs.get("min_insync_replicas") is not None:
-        state["min_isr"] = int(obs["min_insync_replicas"])
+    write(state, VIEW_WRITES, obs, now)
     return out
 
 
 def _offsets(state: PartitionState, obs: dict, now: int) -> list[Transition]:
     """Record the partition's offsets.  The HW only moves forward on a given leader; a lower
     value is kept as reported (it is what the broker says) — rules on HW history come later."""
-    state["hw"], state["log_start"] = int(obs["high_watermark"]), obs.get("log_start_offset")
-    state["lso"], state["last_seen"] = obs.get("last_stable_offset"), now
+    write(state, OFFSETS_WRITES, obs, now)
     return []
 
 
@@ -242,9 +242,9 @@ def on_partition_observed(state: PartitionState, now: int, entity: str, cfg: Par
         state["interval_ms"] = int(interval_ms)
         _schedule(state, cfg)
     prev = state["observed_at"]
+    write(state, OBSERVED_WRITES, {}, now)
     if prev is not None and now <= prev:
         return []
-    state["observed_at"] = now
     out: list[Transition] = []
     if _is_open(state, _PU):
         out = _resolve(state, _PU, entity, partition_labels(state), now,
@@ -287,7 +287,7 @@ def _leadership(state: PartitionState, obs: dict, now: int, entity: str,
     if changed:
         out += _leader_change(state, now, entity, labels, cfg, prev_leader, leader, prev_epoch, epoch,
                               replicas, epoch_reset)
-    state["leader_seen"], state["epoch_seen"], state["md_at"] = leader, epoch, now
+    write(state, LEADER_WRITES, obs, now)
 
     # -- UnderMinIsr / AtMinIsr ---------------------------------------------------------------
     min_isr = _int(obs.get("min_insync_replicas"))
@@ -446,14 +446,11 @@ def _progress(state: PartitionState, obs: dict, now: int, entity: str,
     out = on_partition_observed(state, now, entity, cfg)
     if state["hw_observed_at"] is not None and now < state["hw_observed_at"]:
         return out  # out of order
-    confirmed = _int(obs.get("metadata_at"))
-    if confirmed is not None and (state["md_confirmed_at"] is None or confirmed > state["md_confirmed_at"]):
-        state["md_confirmed_at"] = min(confirmed, now)
-    hw = int(obs["high_watermark"])
     prev = state["hw_seen"]
-    state["hw_observed_at"] = now
+    write(state, PROGRESS_WRITES, obs, now)
+    hw = state["hw_seen"]
     if prev is None or hw != prev:
-        state["hw_seen"], state["hw_changed_at"], state["pending_since"] = hw, now, None
+        state["pending_since"] = None
         opened = state["open"].get(_HWS.value) if state["open"] else None
         # an observation older than the stall (opened from a canary report, whose events may
         # overtake the probe's) does not show the HW moving since: it does not resolve it
@@ -576,3 +573,26 @@ def on_partition_offsets(state: PartitionState, obs: dict, now: int, entity: str
     """Fold one ``partition_offsets`` observation: the offsets, HighWatermarkStalled, being
     observed."""
     return _offsets(state, obs, now) + _progress(state, obs, now, entity, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Partition: writes another entity's report says are pending (canary, client_produce)
+# ---------------------------------------------------------------------------------------------
+
+
+def on_pending_writes(obs: dict, now: Optional[int], pending: bool, waited_ms: Optional[int],
+                      find: Callable[[str], Optional[PartitionState]],
+                      cfg: PartitionRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+    """A canary's or an instrumented producer's report ``obs`` at ``now`` says writes are
+    ``pending`` on its partition (a canary's also how long the oldest has waited, ``waited_ms``):
+    the partition's state (``find(key)``; None while it is not observed: nothing to stall) notes
+    them (``note_pending_writes``), and the wait may open HighWatermarkStalled
+    (``note_write_waited``)."""
+    if now is None or not pending:
+        return []
+    key = f"partition|{obs['cluster']}/{obs['topic']}/{int(obs['partition'])}"
+    state = find(key)
+    if state is None:
+        return []
+    note_pending_writes(state, now)
+    return [] if waited_ms is None else note_write_waited(state, now, waited_ms, key, cfg)

@@ -1,14 +1,43 @@
 """Source rules (entity cluster/source, a probe or instrumented client seen through its
 ``heartbeat`` events): SourceSilent, restarts and dropped events.  Settings in
-``GroupRulesConfig`` (``[job.rules.group]``); how each alert decides: docs/rules.md.
+``SourceRulesConfig`` (``[job.rules.source]``); how each alert decides: docs/rules.md.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
-from streaming.rules.group import DEFAULT_CONFIG, GroupRulesConfig, _age, _int, _positive
+from streaming.rules.group import _age, _int, _positive, check_factor, check_grace, check_settings
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceRulesConfig:
+    """Thresholds of the source rules (validated on construction)."""
+
+    #: SourceSilent after this many announced heartbeat intervals without one (catalogue: 3)
+    silent_factor: float = 3.0
+    #: heartbeat interval assumed when a heartbeat announces none (the probe's default, 10 s)
+    heartbeat_interval_default_ms: int = 10_000
+    #: added to SourceSilent's limit: how long the events topic may hold a source's events back
+    #: without the source being at fault.  A follower of its partitions that stops fetching
+    #: (paused, in a long GC) holds every acks=all write, and what consumers may read, until the
+    #: leader drops it from the ISR: the events cluster's replica.lag.time.max.ms (Kafka's
+    #: default, 30 s) and a fetch later
+    silence_grace_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        check_settings(self, ("heartbeat_interval_default_ms",))
+        check_grace(self)
+        check_factor(self, "silent_factor")
+
+
+DEFAULT_CONFIG = SourceRulesConfig()
 
 # ---------------------------------------------------------------------------------------------
 # Source entity (a probe or instrumented client, seen through its heartbeats)
@@ -34,12 +63,12 @@ def new_source(cluster: str, source: str) -> dict:
     }
 
 
-def _interval(state: dict, cfg: GroupRulesConfig) -> int:
+def _interval(state: dict, cfg: SourceRulesConfig) -> int:
     return state["interval_ms"] if state["interval_ms"] is not None else cfg.heartbeat_interval_default_ms
 
 
 def on_heartbeat(state: dict, obs: dict, now: int, entity: str,
-                 cfg: GroupRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+                 cfg: SourceRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Fold one heartbeat: resolves SourceSilent, records restarts and drops."""
     now = int(now)
     previous_at = state["last_heartbeat_at"]
@@ -87,7 +116,7 @@ def on_heartbeat(state: dict, obs: dict, now: int, entity: str,
         "silent_for_ms": None if previous_at is None else _age(now, previous_at), "restarted": restarted})
 
 
-def tick_source(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
+def tick_source(state: dict, now: int, entity: str, cfg: SourceRulesConfig = DEFAULT_CONFIG) -> list[Transition]:
     """Time-driven source check: SourceSilent opens after ``silent_factor`` x the announced
     interval and ``silence_grace_ms`` without a heartbeat."""
     at = state["last_heartbeat_at"]
@@ -105,7 +134,7 @@ def tick_source(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFA
         "events_sent": state["events_sent"], "events_dropped": state["events_dropped"]})
 
 
-def source_due_at(state: dict, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> Optional[int]:
+def source_due_at(state: dict, cfg: SourceRulesConfig = DEFAULT_CONFIG) -> Optional[int]:
     """Earliest time at which :func:`tick_source` can open SourceSilent (None: not pending)."""
     at = state["last_heartbeat_at"]
     if at is None or Alert.SOURCE_SILENT.value in state["open"]:
@@ -113,7 +142,7 @@ def source_due_at(state: dict, cfg: GroupRulesConfig = DEFAULT_CONFIG) -> Option
     return at + _silent_limit(_interval(state, cfg), cfg) + 1
 
 
-def _silent_limit(interval: int, cfg: GroupRulesConfig) -> int:
+def _silent_limit(interval: int, cfg: SourceRulesConfig) -> int:
     """``silent_factor`` intervals, and the time the events topic may hold heartbeats back
     (``silence_grace_ms``)."""
     return int(cfg.silent_factor * interval) + cfg.silence_grace_ms

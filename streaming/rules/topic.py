@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from streaming.rules.base import Alert, Transition, _resolve, alert_id
-from streaming.rules.partition import DEFAULT_CONFIG, PartitionRulesConfig, _int
+from streaming.rules.partition_config import DEFAULT_CONFIG, PartitionRulesConfig
+from streaming.rules.writes import _int
 
 _PCC = Alert.PARTITION_COUNT_CHANGED
 

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from streaming.gcpause import gc_paused
+from monitor.gcpause import gc_paused
 from streaming.sinks.alerts import AlertsTopicSink
 from streaming.sinks.catalogue import ROW_COLUMNS
 from streaming.sinks.exporter import Exporter
 from streaming.sinks.quarantine import QuarantineFiles
-from streaming.state import function as st
+from streaming.state.rows import unpack_block
 
 
 class ExporterSink:
@@ -72,7 +72,7 @@ def sink_rows(t: pa.Table) -> list[dict]:
     without a dict per row), before the other partition rows (removals; the state emits a
     bucket's removals after its upserts anyway, and across buckets the order only decides which
     new series a full series cap refuses in this batch).  Those upserts are the ``partition``
-    rows' and those the state packed (``partition_block`` rows, ``state.pack_block``)."""
+    rows' and those the state packed (``partition_block`` rows, ``rows.pack_block``)."""
     if t.num_rows == 0:
         return []
     kinds = t.column("kind")
@@ -81,7 +81,7 @@ def sink_rows(t: pa.Table) -> list[dict]:
     part = t.filter(pc.equal(kinds, "partition")).select(names)
     upsert = pc.equal(part.column("action"), "upsert")
     packed = t.filter(pc.equal(kinds, "partition_block")).column("block").to_pylist()
-    upserts = pa.concat_tables([part.filter(upsert)] + [st.unpack_block(b).select(names).cast(part.schema)
+    upserts = pa.concat_tables([part.filter(upsert)] + [unpack_block(b).select(names).cast(part.schema)
                                                         for b in packed])
     if upserts.num_rows:
         out.append({"kind": "partition_block", "action": "upsert", "rows": upserts.num_rows,

@@ -13,13 +13,13 @@ from __future__ import annotations
 from streaming.ingest import quality
 
 P = "kafka_monitor_"
-#: lag status name -> gauge value (streaming.rules.lag.LagStatus, in severity order)
+#: lag status name -> gauge value (streaming.rules.lag_status.LagStatus, in severity order)
 LAG_STATUS_VALUE = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "REWIND": 4}
 #: the reasons the quality gate gives (streaming.job.parse)
 QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope",
                       "missing_field", "out_of_range", "field_too_long", "event_time_ahead", "event_time_behind",
                       *quality.RULES)  # parsing.REASONS, then the gate's rules
-#: why the state drops a valid event (streaming.state.function.admit)
+#: why the state drops a valid event (streaming.state.fold.admit)
 DROP_REASONS = ("duplicate", "out_of_order")
 #: the (kind, reason) pairs of entities_removed_total served from the start
 REMOVED_SEEDS = (("partition", "topic_deleted"), ("group", "group_deleted"), ("group_partition", "group_deleted"),

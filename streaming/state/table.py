@@ -15,13 +15,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming.rules import partition as rules_partition
+from streaming.rules import writes as W
+from streaming.rules import partition_config as rules_partition_config
 
 NULL = np.iinfo(np.int64).min  # a missing int in the columns (None in the dicts)
 _OFFSETS, _METADATA = "partition_offsets", "partition_metadata"
 
-#: fields of the partition dict held as columns (ints or None); quiet rows change them
-HOT = ("hw", "log_start", "lso", "last_seen", "observed_at", "hw_seen", "hw_changed_at", "hw_observed_at",
-       "md_confirmed_at", "md_at")
+#: fields of the partition dict held as columns (ints or None): the ones quiet rows write
+HOT = rules_partition.QUIET_FIELDS
 #: the last admitted offsets / metadata event's time (``admit``'s state; NULL: none held here)
 _APPLIED = ("off_t", "md_t")
 #: columns derived from the cold part when a partition goes in (read-only while it is here)
@@ -102,7 +103,7 @@ def cold_keys(s: rules_partition.PartitionState) -> tuple[tuple, int]:
     return got
 
 
-def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition.PartitionRulesConfig,
+def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition_config.PartitionRulesConfig,
             layouts: dict[tuple, int]) -> Optional[tuple]:
     """The row for partition state ``s`` if it is quiet (see the module docstring), else None:
     (ints in ``_PLAIN`` order, sent_ok, objects in ``_OBJECTS`` order).  The cold part is
@@ -141,6 +142,35 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     ints += [_i(off[2]), _i(md[2])]
     objects = (off[0], md[0], sig, s["cluster"], s["topic"], pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL))
     return ints, sent_ok, objects
+
+
+def apply_writes(c: dict[str, np.ndarray], writes: tuple[W.Write, ...], rows: dict[str, np.ndarray],
+                 order: np.ndarray, p: np.ndarray, first: np.ndarray, starts: np.ndarray, last: np.ndarray) -> None:
+    """``rules.writes.write`` in columns: apply ``writes`` of the rows ``order`` (grouped by
+    partition, each group in event order: ``p`` their positions in ``c``'s columns, ``first``
+    whether each starts its group, ``starts`` / ``last`` the groups' first and last rows) to the
+    columns ``c``, as the rules would apply them one row at a time.  Value kinds take the last
+    row's value: a quiet metadata row repeats them (``QUIET_WRITES``)."""
+    ent, lr = p[starts], order[last]
+    t = rows["observed_at"]
+    for w in writes:
+        f, how = w.field, w.how
+        if how == W.VALUE:
+            c[f][ent] = rows[w.input][lr]
+        elif how == W.TIME:
+            c[f][ent] = t[lr]
+        elif how == W.LATEST:
+            c[f][ent] = np.maximum(c[f][ent], t[lr])
+        elif how == W.CHANGED_AT:  # the group's first row compares with the stored field
+            v, tt = rows[w.input][order], t[order]
+            prev = np.where(first, c[w.of][p], np.roll(v, 1))  # a NULL stored field differs
+            changed = np.maximum.reduceat(np.where(v != prev, tt, NULL), starts)
+            c[f][ent] = np.where(changed != NULL, changed, c[f][ent])
+        elif how == W.CONFIRMED:
+            v, tt = rows[w.input][order], t[order]
+            c[f][ent] = np.maximum(c[f][ent], np.maximum.reduceat(np.where(v == NULL, NULL, np.minimum(v, tt)), starts))
+        else:
+            raise ValueError(f"write {how!r} of {f}: not held in columns")
 
 
 def _tuple_texts(lists: np.ndarray) -> pa.Array:
@@ -271,7 +301,11 @@ class PartitionTable:
     Python object per row: keys, event ids and cold parts are Arrow arrays, shared values codes
     (so storing and reading the table moves buffers, docs/state.md "Stored format")."""
 
-    def __init__(self, state: Optional[dict] = None, run_id: str = ""):
+    def __init__(self, state: Optional[dict] = None, run_id: str = "",
+                 cfg: rules_partition_config.PartitionRulesConfig = rules_partition_config.DEFAULT_CONFIG,
+                 ttl_ms: int = 900_000):
+        """``cfg``: the partition rules' settings (what is quiet); ``ttl_ms``: the entity TTL."""
+        self.cfg, self.ttl_ms = cfg, ttl_ms
         st = state or {}
         self.keys: pa.Array = st.get("keys", pa.array([], pa.string()))
         n = len(self.keys)
@@ -372,11 +406,11 @@ class PartitionTable:
                                        _o(c["sent_hw"][i]), _o(c["sent_ls"][i]), _o(c["sent_lso"][i])))
         return s
 
-    def take_due(self, now: int, ttl_ms: int) -> dict[str, rules_partition.PartitionState]:
+    def take_due(self, now: int) -> dict[str, rules_partition.PartitionState]:
         """Take out the partitions the time-driven checks or the eviction have work for: the
         unobserved window is reached (``due``), or the entity is past its TTL."""
         c = self.ints
-        due = np.flatnonzero(self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > ttl_ms)))
+        due = np.flatnonzero(self.alive & ((c["observed_at"] + c["window"] <= now) | (now - c["last_seen"] > self.ttl_ms)))
         out = {}
         for i, key in zip(due.tolist(), self.keys.take(pa.array(due, pa.int64())).to_pylist()):
             self.alive[i] = False
@@ -387,13 +421,13 @@ class PartitionTable:
         """The code of each value in coded column ``name`` (-1: not in its list)."""
         return pd.Index(self.uniq[name], dtype=object).get_indexer(values)
 
-    def state(self, entities: dict[str, Any], cfg: rules_partition.PartitionRulesConfig) -> dict:
+    def state(self, entities: dict[str, Any]) -> dict:
         """The table to store: the live rows plus every dict partition of ``entities`` that is
         quiet again (those are removed from ``entities``)."""
         rows = []
         layouts = {k: i for i, k in enumerate(self.layouts)}
         for key in [k for k, s in entities.items() if s.get("kind") == "partition"]:
-            r = compact(entities[key], self.run_id, cfg, layouts)
+            r = compact(entities[key], self.run_id, self.cfg, layouts)
             if r is not None:
                 rows.append((key, r))
                 del entities[key]
@@ -466,14 +500,14 @@ class PartitionTable:
         self._where = dict(zip(ent[rest].tolist(), pos[rest].tolist()))
         if not ok.any():
             return ok, np.empty(0, np.int64)
-        self._apply_offsets(rows, pos, ok & is_off)
-        self._apply_metadata(rows, pos, ok & is_md)
-        # every observation moves observed_at forward; last_seen is the last one's time
-        order, p, _, starts, last = self._groups(rows, pos, ok)
-        ent_pos = p[starts]
-        newest = t[order[last]]
-        c["last_seen"][ent_pos] = newest
-        c["observed_at"][ent_pos] = np.maximum(c["observed_at"][ent_pos], newest)
+        for typ_mask, etype, (t_col, id_col) in ((is_off, _OFFSETS, ("off_t", "off_id")),
+                                                 (is_md, _METADATA, ("md_t", "md_id"))):
+            mask = ok & typ_mask
+            if mask.any():
+                order, p, first, starts, last = self._groups(rows, pos, mask)
+                apply_writes(c, rules_partition.QUIET_WRITES[etype], rows, order, p, first, starts, last)
+                c[t_col][p[starts]], c[id_col][p[starts]] = t[order[last]], rows["event_key"][order[last]]
+        ent_pos = np.unique(pos[ok])
         send = ~self.sent_ok[ent_pos] | (c["sent_hw"][ent_pos] != c["hw"][ent_pos]) \
             | (c["sent_ls"][ent_pos] != c["log_start"][ent_pos]) | (c["sent_lso"][ent_pos] != c["lso"][ent_pos])
         gone = ent_pos[send]
@@ -536,37 +570,6 @@ class PartitionTable:
         first = np.r_[True, p[1:] != p[:-1]]
         starts = np.flatnonzero(first)
         return order, p, first, starts, np.append(starts[1:] - 1, len(order) - 1)
-
-    def _apply_offsets(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
-        if not mask.any():
-            return
-        c = self.ints
-        order, p, first, starts, last = self._groups(rows, pos, mask)
-        t, hw = rows["observed_at"], rows["high_watermark"]
-        tt, h = t[order], hw[order]
-        ent_pos = p[starts]
-        prev_h = np.where(first, c["hw_seen"][p], np.roll(h, 1))
-        hw_changed = np.maximum.reduceat(np.where(h != prev_h, tt, NULL), starts)  # a NULL hw_seen differs
-        conf = rows["metadata_at"][order]
-        confirmed = np.maximum.reduceat(np.where(conf == NULL, NULL, np.minimum(conf, tt)), starts)
-        lr = order[last]
-        c["hw"][ent_pos] = c["hw_seen"][ent_pos] = hw[lr]
-        c["log_start"][ent_pos] = rows["log_start_offset"][lr]
-        c["lso"][ent_pos] = rows["last_stable_offset"][lr]
-        c["hw_observed_at"][ent_pos] = c["off_t"][ent_pos] = t[lr]
-        c["hw_changed_at"][ent_pos] = np.where(hw_changed != NULL, hw_changed, c["hw_changed_at"][ent_pos])
-        c["md_confirmed_at"][ent_pos] = np.maximum(c["md_confirmed_at"][ent_pos], confirmed)
-        c["off_id"][ent_pos] = rows["event_key"][lr]
-
-    def _apply_metadata(self, rows: dict[str, np.ndarray], pos: np.ndarray, mask: np.ndarray) -> None:
-        if not mask.any():
-            return
-        c = self.ints
-        order, p, first, starts, last = self._groups(rows, pos, mask)
-        lr = order[last]
-        ent_pos = p[starts]
-        c["md_at"][ent_pos] = c["md_t"][ent_pos] = rows["observed_at"][lr]
-        c["md_id"][ent_pos] = rows["event_key"][lr]
 
     def gauge_columns(self, where: np.ndarray) -> dict[str, Any]:
         """The ``partition`` upsert rows of the partitions at ``where``, as output columns

@@ -24,7 +24,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kafka_monitor.local.broker import create_topics, free_port
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for
 from tests.support.alerts_topic import read_alerts

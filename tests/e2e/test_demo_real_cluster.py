@@ -18,7 +18,8 @@ import threading
 import pytest
 
 from kafka_monitor import cli
-from kafka_monitor.demo import REAL_ASSIGNMENT, REAL_MIN_ISR, FaultCycle
+from kafka_monitor.demo_cluster import REAL_ASSIGNMENT, REAL_MIN_ISR
+from kafka_monitor.demo_faults import FaultCycle
 from kafka_monitor.local import workload
 from tests.conftest import unique, wait_for
 

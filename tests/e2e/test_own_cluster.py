@@ -25,7 +25,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
@@ -92,7 +93,7 @@ def own(kafka_cluster, spark, tmp_path_factory):
         # 10 intervals of silence, not 3, as the default 10 s interval leaves 30 s for 15 s
         cfg = JobConfig(bootstrap_servers=c.bootstrap_servers, checkpoint_dir=str(tmp / "ckpt"), events_topic=events,
                         alerts_topic=alerts, trigger_s=1, buckets=2, metrics_port=port,
-                        rules={"group": {"silent_factor": 10, "metadata_stale_factor": 10}})
+                        rules={"source": {"silent_factor": 10}, "client": {"metadata_stale_factor": 10}})
         query = start(spark, cfg, exporter, query_name=unique("own-e2e"))
         cleanup.callback(stop_query, query)
         url = f"http://127.0.0.1:{port}/metrics"

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_monitor.local.broker import create_topics
 from monitor.contract import Event, PartitionMetadata
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.sinks.exporter import Exporter
 from streaming import job
 from streaming.job import JobConfig, start, stop_query

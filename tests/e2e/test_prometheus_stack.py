@@ -37,7 +37,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from ruamel.yaml import YAML
 
 from kafka_monitor.local.broker import create_topics
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for

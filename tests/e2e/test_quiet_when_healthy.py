@@ -38,7 +38,8 @@ import pytest
 from kafka_monitor.demo import ON_PURPOSE, PROBE_INTERVAL_S, TRIGGER_S
 from kafka_monitor.local import workload
 from kafka_monitor.local.broker import create_topics, free_port
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, run
 from tests.conftest import unique, wait_for
 from tests.support.alerts_topic import read_alerts

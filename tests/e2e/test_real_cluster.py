@@ -31,7 +31,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from kafka_monitor.local.broker import create_topics
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.rules.notify import FIELDS as NOTIFY_FIELDS
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query

@@ -25,7 +25,8 @@ import pytest
 from kafka_monitor.local.broker import create_topics
 from kafka_monitor.local.kafka_cluster import KafkaCluster
 from monitor.instrument import InstrumentedProducer
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for

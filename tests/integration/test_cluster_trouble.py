@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import unique, wait_for
-from streaming.rules.group import GroupRulesConfig
+from streaming.rules.client import ClientRulesConfig
+from streaming.rules.source import SourceRulesConfig
 from streaming.state.function import StateConfig
 from tests.support.local_job import LocalJob
 from tests.support.real_cluster import TopicWriter, probe_for
@@ -58,7 +59,7 @@ def storm_clears_at(events) -> float | None:
     """When the job's MetadataRefreshStorm, if the probe's invalidated refreshes opened it, falls
     due to resolve (``streaming.rules.client.client_due_at``, provided no more come); None if it
     never opened."""
-    cfg = GroupRulesConfig()
+    cfg = ClientRulesConfig()
     ts = sorted({e.event_id: e.observed_at for e in events
                  if e.type == "metadata_refresh" and e.data.reason == "invalidated"}.values())
     window = cfg.refresh_storm_window_ms
@@ -118,7 +119,7 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
         clears = storm_clears_at(cap.events)
         if clears is not None:
             wait_for(lambda: max(e.observed_at for e in cap.events) > clears + INTERVAL_S * 1000,
-                     timeout=GroupRulesConfig().refresh_storm_window_ms / 1000 + 30,
+                     timeout=ClientRulesConfig().refresh_storm_window_ms / 1000 + 30,
                      what="a heartbeat after the refresh storm's window slid")
             marks["storm_window_slid"] = time.time()
     finally:
@@ -146,7 +147,8 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
             f.write(("\n" + __import__("json").dumps(marks)).encode())
     # the probe's events are captured in memory here: nothing holds them back as a stalled
     # follower of an events topic would, so the silence limits need no grace (docs/rules.md)
-    job = LocalJob(StateConfig(run_id="local", group=GroupRulesConfig(silence_grace_ms=0)))
+    job = LocalJob(StateConfig(run_id="local", client=ClientRulesConfig(silence_grace_ms=0),
+                               source=SourceRulesConfig(silence_grace_ms=0)))
     for b in batches(cap.events):
         job.batch(b)
     assert not job.quarantined, job.quarantined

@@ -161,7 +161,7 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
     committed = {n: (DASH_DIR / n).read_text(encoding="utf-8") for n in DASHBOARDS}
     lag = JobConfig("b", "c").rule_configs()["lag"]
     custom = JobConfig("b", "c", rules={"lag": {"lag_high_offsets": 12345, "lag_high_seconds": 77},
-                                          "group": {"silent_factor": 7}}).rule_configs()
+                                          "source": {"silent_factor": 7}}).rule_configs()
     built = gen.build(custom)
     for name, title, override, default, mine in [
             ("overview.json", "Worst consumer lag", "", lag.lag_high_offsets, 12345),

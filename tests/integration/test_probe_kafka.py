@@ -223,7 +223,7 @@ def test_a_runtime_min_insync_replicas_change_is_seen_within_two_refreshes(kafka
             # each refresh_until round refreshes, then looks; the answers come within ms on loopback
             refresh_until(probe, cap, lambda: time.sleep(0.3) or seen(), "the new min.insync.replicas", timeout=30)
             assert refreshes <= 3, refreshes
-            assert probe.min_isr_changes >= 2
+            assert probe.topic_configs.min_isr_changes >= 2
         finally:
             # set back, not deleted: Kafka 4.1 refuses "Cluster-level min.insync.replicas cannot
             # be removed while ELR is enabled"

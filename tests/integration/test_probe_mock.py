@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.events import latest_of, read_events
 from tests.support.mock_cluster import ApiKey, Err, MockCluster
 
@@ -164,12 +165,12 @@ def test_leader_epochs_read_from_librdkafkas_statistics_as_json_would(mock, prob
     parsing the whole document; on a real librdkafka document it finds what json.loads finds."""
     import time
 
-    from monitor.probe import _epochs_from_json, epochs_from_stats
+    from monitor.leader_epochs import _epochs_from_json, epochs_from_stats
     probe.refresh_metadata()  # registers "orders"
     deadline = time.monotonic() + 10
-    while probe._stats_raw is None and time.monotonic() < deadline:
+    while probe._epochs.raw is None and time.monotonic() < deadline:
         probe._admin.poll(0.05)
-    raw = probe._stats_raw
+    raw = probe._epochs.raw
     assert raw is not None, "no statistics from the admin client"
     epochs = epochs_from_stats(raw)
     assert epochs == _epochs_from_json(raw)

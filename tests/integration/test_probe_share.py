@@ -12,10 +12,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.local.broker import create_topics
-from monitor.probe import Probe, ProbeConfig, share_of
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig, share_of
 from streaming.ingest import parsing
 from streaming.state import function as state
-from streaming.rules.group import GroupRulesConfig
+from streaming.state import fold as state_fold
+from streaming.state import rows as st_rows
+from streaming.rules.client import ClientRulesConfig
+from streaming.rules.source import SourceRulesConfig
 from streaming.sinks.exporter import Exporter
 from tests.conftest import unique, wait_for
 from tests.support.events import read_events
@@ -113,8 +117,8 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
     assert rows["reason"].isna().all(), rows["reason"].dropna().unique()
     entities: dict[str, dict] = {}
     # events captured in memory: nothing holds them back, no silence grace (docs/rules.md)
-    cfg = state.StateConfig(group=GroupRulesConfig(silence_grace_ms=0))
-    opened, _ = state.fold(entities, rows, cfg)
+    cfg = state.StateConfig(client=ClientRulesConfig(silence_grace_ms=0), source=SourceRulesConfig(silence_grace_ms=0))
+    opened, _ = state_fold.fold(entities, rows, cfg)
     for s in entities.values():
         if s["kind"] in ("partition", "group_partition", "group"):
             observers = {src for (etype, src) in s["applied"] if etype != "metadata_refresh"}
@@ -122,14 +126,14 @@ def test_two_probes_split_one_cluster_and_silent_names_the_one_that_stopped(tans
     assert {(s["topic"], s["partition"]) for s in entities.values() if s["kind"] == "partition"} == partitions
     last_b = max(e.observed_at for e in evs if e.type == "heartbeat" and e.source == sources[2])
     now = max(e.observed_at for e in evs if e.type == "heartbeat" and e.source == sources[1])
-    assert now - last_b > cfg.group.silent_factor * 1000  # probe a went on for longer than b's silent limit
-    silent = [t for t in opened + state.tick(entities, now, cfg) if t.alert.value == "SourceSilent"]
+    assert now - last_b > cfg.source.silent_factor * 1000  # probe a went on for longer than b's silent limit
+    silent = [t for t in opened + state_fold.tick(entities, now, cfg) if t.alert.value == "SourceSilent"]
     assert [(t.action, t.labels["source"], t.labels["cluster"]) for t in silent] == [("open", sources[2], "shared")]
     assert silent[0].evidence["last_heartbeat_at"] == last_b
 
     # each probe's cycle figures, as its last heartbeat gave them, are what /metrics shows
     ex = Exporter()
-    ex.apply(state.changed_entity_rows(entities, [k for k, s in entities.items() if s["kind"] == "source"], "run"),
+    ex.apply(st_rows.changed_entity_rows(entities, [k for k, s in entities.items() if s["kind"] == "source"], "run"),
              batch_id=0)
     text = ex.render().decode()
     for src in sources.values():

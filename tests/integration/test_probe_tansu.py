@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_monitor.local.broker import create_topics, free_port
-from monitor.probe import ConfigError, Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ConfigError, ProbeConfig
 from tests.conftest import unique, wait_for
 from tests.support.events import latest_of, read_events
 

@@ -47,7 +47,8 @@ from monitor.access import FatalClientError
 from monitor.contract import Event, Heartbeat, PartitionMetadata
 from monitor.emitter import EventEmitter
 from monitor.instrument import InstrumentedConsumer
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.sinks.alerts import AlertsSinkError, AlertsTopicSink
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig

@@ -22,6 +22,7 @@ from monitor.contract import Event, PartitionMetadata
 from streaming.job import STATE_STORES, JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
 from streaming.state import function as st
+from streaming.state import codec
 from tests.conftest import unique, wait_for
 from tests.support.alerts_topic import read_alerts
 
@@ -59,8 +60,8 @@ def planting(old: bytes):
 @pytest.mark.parametrize("fmt", [2, 5])
 def test_a_rocksdb_state_in_an_older_format_is_read_and_migrated_by_todays_job(fmt, spark, tansu, tmp_path, monkeypatch):
     old = (FIXTURES / f"format{fmt}-bucket.pickle").read_bytes()
-    assert st.decode_state(old)["format"] == fmt < st._FORMAT
-    opened = st.stored_entities(old)["partition|k/t/0"]["open"]
+    assert codec.decode_state(old)["format"] == fmt < codec._FORMAT
+    opened = codec.stored_entities(old)["partition|k/t/0"]["open"]
     ids = {name: a["id"] for name, a in opened.items()}
     assert sorted(ids) == ["IsrShrink", "UnderReplicated"]
 

@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_monitor.local.broker import free_port
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.sinks.progress import source_offsets
 from tests.conftest import unique
 from tests.support.alerts_topic import kill_group

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 from monitor.contract import Event
 from monitor.emitter import EventEmitter
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 
 
 class _Delivered:

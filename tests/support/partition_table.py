@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from streaming.state import table as pt
-from streaming.state import function as st
+from streaming.state import codec
 from tests.support.state_fakes import FakeState
 
 
@@ -46,7 +46,7 @@ def _state(s: FakeState, run: str) -> dict:
     this run" exactly as no mark does: the table forgets it, the dicts keep it)."""
     if s.value is None:
         return {}
-    out = _norm(st.stored_entities(s.value[0], run))
+    out = _norm(codec.stored_entities(s.value[0], run))
     for e in out.values():
         if e.get("sent") is not None and e["sent"][0] != run:
             del e["sent"]

@@ -14,7 +14,7 @@ import urllib.request
 
 from confluent_kafka import Producer
 
-from monitor.probe import ProbeConfig
+from monitor.probe_config import ProbeConfig
 from tests.conftest import unique
 from tests.support.capture import capturing_probe
 

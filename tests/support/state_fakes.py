@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from streaming.state import function as st
+from streaming.state import rows as st_rows
 from streaming.job import FLAT_COLUMNS
 
 COLS = [n for n, _ in FLAT_COLUMNS] + ["bucket"]
@@ -66,8 +66,8 @@ def goff(seq, t, committed, hw, part=0):
 def call(fn, bucket, df, state):
     """The function's output, its packed partition blocks expanded into rows."""
     out = list(fn((bucket,), iter([df]), state))
-    return st.expand_blocks(pd.concat(out, ignore_index=True)) if out else pd.DataFrame(
-        columns=[n for n, _ in st.OUTPUT_COLUMNS])
+    return st_rows.expand_blocks(pd.concat(out, ignore_index=True)) if out else pd.DataFrame(
+        columns=[n for n, _ in st_rows.OUTPUT_COLUMNS])
 
 
 def canary(seq, t, pending, sent=10, part=0, oldest=None):

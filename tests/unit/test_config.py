@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_monitor.config import ConfigError, build, read_file
-from monitor.probe import ProbeConfig
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig
 
 

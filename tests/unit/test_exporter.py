@@ -12,7 +12,7 @@ import time
 from streaming.sinks.catalogue import CATALOGUE, ROW_COLUMNS
 from streaming.sinks.exporter import Exporter
 from streaming.rules.notify import NotifyConfig
-from streaming.state.function import OUTPUT_COLUMNS
+from streaming.state.rows import OUTPUT_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -272,7 +272,7 @@ def test_packed_partition_blocks_give_the_series_their_rows_give():
     exporter ends with the series the same rows give one by one, unknown values included."""
     import numpy as np
 
-    from streaming.state import function as st
+    from streaming.state import rows as st_rows
     from streaming.sinks.batch import sink_rows
     from streaming.state.table import NULL
 
@@ -294,9 +294,9 @@ def test_packed_partition_blocks_give_the_series_their_rows_give():
 
     b1, b2 = gauges([0, 1, 2, 3], 100, 50), gauges([4, 5], 200, 70)
     alert = row(kind="alert", action="open", alert="IsrShrink", severity="warning", cluster="k", topic="t", partition=0)
-    packed = [part(partition=9), st.pack_block(b1), alert, part(partition=8, action="remove"), st.pack_block(b2)]
+    packed = [part(partition=9), st_rows.pack_block(b1), alert, part(partition=8, action="remove"), st_rows.pack_block(b2)]
     by_rows = [part(partition=9)] + as_rows(b1) + [alert, part(partition=8, action="remove")] + as_rows(b2)
-    expanded = st.expand_blocks(st._frame(packed))  # where each block stood, as the state emitted them before
+    expanded = st_rows.expand_blocks(st_rows._frame(packed))  # where each block stood, as the state emitted them before
     assert list(expanded["kind"]) == [r["kind"] for r in by_rows]
     for c in ("partition", "high_watermark", "last_stable_offset", "isr"):
         assert [None if pd.isna(x) else x for x in expanded[c]] == [r[c] for r in by_rows], c

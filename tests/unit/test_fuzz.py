@@ -37,6 +37,8 @@ from streaming.ingest import parsing
 from streaming.ingest import quality
 from streaming.rules import base as rules
 from streaming.state import function as stt
+from streaming.state import codec
+from streaming.state import rows as st_rows
 from streaming.job import ENTITY_OF_TYPE
 
 CASES = int(os.environ.get("KAFKA_MONITOR_FUZZ_CASES", "2000"))
@@ -331,7 +333,7 @@ def check_output(out: pd.DataFrame) -> None:
 def check_states(fs: FakeState) -> None:
     if fs.value is None:
         return
-    for key, s in stt.stored_entities(fs.value[0]).items():
+    for key, s in codec.stored_entities(fs.value[0]).items():
         if s["kind"] == "partition" and s.get("replicas") is not None and s.get("isr") is not None:
             assert set(s["isr"]) <= set(s["replicas"]), (key, s)
         if s["kind"] == "group_partition":
@@ -352,7 +354,7 @@ def replay(sc: list[dict], parsed: list[pa.Table]) -> None:
             fs = states.setdefault(int(bucket), FakeState())
             fs.hasTimedOut, fs.processing_time_ms = False, batch["t"]
             outs = list(fn((int(bucket),), iter([rows.reset_index(drop=True)]), fs))
-            out = stt.expand_blocks(pd.concat(outs, ignore_index=True)) if outs else None
+            out = st_rows.expand_blocks(pd.concat(outs, ignore_index=True)) if outs else None
             if out is not None:
                 check_output(out)
             if bucket == stt.QUARANTINE_BUCKET:
@@ -367,7 +369,7 @@ def replay(sc: list[dict], parsed: list[pa.Table]) -> None:
                 fs.hasTimedOut, fs.processing_time_ms = True, batch["t"] + batch["timeout_after_ms"]
                 outs = list(fn((bucket,), iter([]), fs))
                 if outs:
-                    check_output(stt.expand_blocks(pd.concat(outs, ignore_index=True)))
+                    check_output(st_rows.expand_blocks(pd.concat(outs, ignore_index=True)))
                 check_states(fs)
 
 

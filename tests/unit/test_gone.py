@@ -11,6 +11,7 @@ import pyarrow as pa
 from monitor.contract import Event, GroupGone, GroupPartitionGone, PartitionGone
 from streaming.ingest import parsing
 from streaming.state import function as st
+from streaming.state import codec
 
 from tests.support.state_fakes import FakeState, call, goff, pmd, poff, rows
 
@@ -76,9 +77,9 @@ def test_a_quiet_partition_kept_in_the_table_is_forgotten_too():
                      pmd(3, 1000, [1, 2, 3], part=1), poff(4, 1000, 5, part=1)), s)
     call(fn, 0, rows(pmd(5, 2000, [1, 2, 3], part=0), poff(6, 2000, 6, part=0),
                      pmd(7, 2000, [1, 2, 3], part=1), poff(8, 2000, 6, part=1)), s)
-    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0", "partition|k/t/1"}
+    assert set(codec.stored_entities(s.value[0])) == {"partition|k/t/0", "partition|k/t/1"}
     out = call(fn, 0, rows(pgone(9, 3000, part=0), pmd(10, 3000, [1, 2, 3], part=1), poff(11, 3000, 7, part=1)), s)
-    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/1"}
+    assert set(codec.stored_entities(s.value[0])) == {"partition|k/t/1"}
     assert list(out[(out.kind == "partition") & (out.action == "remove")].partition) == [0]
     ents, size = state_row(out)
     assert ents == {"partition": 1} and size == len(s.value[0])
@@ -90,7 +91,7 @@ def test_a_gone_event_for_what_was_seen_after_it_or_never_seen_changes_nothing()
     call(fn, 0, rows(pmd(1, 5000, [1, 2, 3]), poff(2, 5000, 5)), s)
     out = call(fn, 0, rows(pgone(3, 4000), pgone(4, 6000, part=7)), s)  # re-created since; never seen
     assert out[out.action == "remove"].empty and removed(out) == {}
-    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0"}
+    assert set(codec.stored_entities(s.value[0])) == {"partition|k/t/0"}
 
 
 def test_a_topic_deleted_and_recreated_in_one_batch_keeps_its_series_and_counts_the_removal():
@@ -101,7 +102,7 @@ def test_a_topic_deleted_and_recreated_in_one_batch_keeps_its_series_and_counts_
     assert out[(out.kind == "partition") & (out.action == "remove")].empty
     assert list(out[(out.kind == "partition") & (out.action == "upsert")].partition) == [0]
     assert removed(out) == {("partition", "topic_deleted"): 1}
-    (p,) = st.stored_entities(s.value[0]).values()
+    (p,) = codec.stored_entities(s.value[0]).values()
     assert p["open"] == {} and p["last_seen"] == 4000
 
 
@@ -114,7 +115,7 @@ def test_a_deleted_group_takes_its_partitions_and_consumers_along_and_spares_oth
     out = call(fn, 5, rows(ggone(7, 9000)), s)
     assert removed(out) == {("group", "group_deleted"): 1, ("group_partition", "group_deleted"): 2,
                             ("client_fetch", "group_deleted"): 1}
-    assert set(st.stored_entities(s.value[0])) == {"group|k/h", "group_partition|k/h/t/0"}
+    assert set(codec.stored_entities(s.value[0])) == {"group|k/h", "group_partition|k/h/t/0"}
     assert state_row(out)[0] == {"group": 1, "group_partition": 1}
     assert set(out[out.action == "remove"].consumer_group) == {"g"}
 
@@ -125,7 +126,7 @@ def test_a_deleted_committed_offset_leaves_alone():
     call(fn, 5, rows(gstate(1, 1000), goff(2, 1000, 10, 500), goff(3, 1000, 10, 500, part=1)), s)
     out = call(fn, 5, rows(gpgone(4, 9000, part=1)), s)
     assert removed(out) == {("group_partition", "offset_deleted"): 1}
-    assert set(st.stored_entities(s.value[0])) == {"group|k/g", "group_partition|k/g/t/0"}
+    assert set(codec.stored_entities(s.value[0])) == {"group|k/g", "group_partition|k/g/t/0"}
 
 
 def test_the_ttls_evictions_are_counted_as_not_observed():

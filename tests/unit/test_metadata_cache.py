@@ -16,10 +16,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from monitor.metadata import (
-    BrokerView, Cause, ClusterView, LeaderChange, MetadataCache, MetadataTimeout, PartitionCount, PartitionView,
-    Reason, TopicView, cause_for_error,
-)
+from monitor.cluster_view import BrokerView, ClusterView, LeaderChange, PartitionCount, PartitionView, TopicView
+from monitor.metadata import Cause, MetadataCache, MetadataTimeout, Reason, cause_for_error
 
 T0 = 1_000_000  # the clock starts well after 0, so "last_refresh_ms = 0" is visibly different from "now"
 MAX_AGE, BACKOFF, EXPIRY = 10_000, 100, 30_000

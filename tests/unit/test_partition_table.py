@@ -17,6 +17,8 @@ import pytest
 from streaming.rules import partition as rules_partition
 from streaming.state import table as pt
 from streaming.state import function as st
+from streaming.state import columns
+from streaming.state import codec
 from tests.support.partition_table import _rows, _state, counting_table_paths
 from tests.support.state_fakes import FakeState, call, rows
 
@@ -147,7 +149,7 @@ def test_an_upsert_comes_before_the_removal_of_the_same_partition():
                       "high_watermark": 5, "event_id": "a"}), s)
     call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 2, "observed_at": 2000,
                       "high_watermark": 6, "event_id": "b"}), s)
-    assert "partition|k/t/0" in pt.PartitionTable(st._load(s, "r")[1].state({}, st.StateConfig().partition), "r")
+    assert "partition|k/t/0" in pt.PartitionTable(codec._load(s, st.StateConfig(run_id="r"))[1].state({}), "r")
     # partition 0 moves once more, long before another partition's observation ends the batch
     out = call(fn, 0, rows({**base, "entity": "partition|k/t/0", "partition": 0, "seq": 3, "observed_at": 3000,
                             "high_watermark": 7, "event_id": "c"},
@@ -164,13 +166,13 @@ def test_a_state_stored_before_the_table_is_read():
     fn = st.make_state_function(st.StateConfig(run_id="r"), compact_partitions=False)
     call(fn, 0, rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
                       "seq": 1, "observed_at": 1000, "topic": "t", "partition": 0, "high_watermark": 5}), old)
-    entities = st.stored_entities(old.value[0])
+    entities = codec.stored_entities(old.value[0])
     old.value = (pickle.dumps(entities),)  # the layout before the table
     out = call(st.make_state_function(st.StateConfig(run_id="r")), 0,
                rows({"type": "partition_offsets", "entity": "partition|k/t/0", "cluster": "k", "source": "p",
                      "seq": 2, "observed_at": 2000, "topic": "t", "partition": 0, "high_watermark": 9}), old)
     assert list(out[out.kind == "partition"].high_watermark) == [9]
-    assert st.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
+    assert codec.stored_entities(old.value[0])["partition|k/t/0"]["hw"] == 9
 
 
 def test_a_probe_restarted_under_a_new_name_takes_over_the_columns():
@@ -273,12 +275,13 @@ def test_new_healthy_partitions_go_into_the_table_in_their_first_batch():
 
 def test_the_column_path_for_new_partitions_defers_to_the_rules_when_they_disagree(monkeypatch, caplog):
     """The first new partition of a batch goes through the dict rules too: a rule that makes
-    something the column path does not (here: a field it fills otherwise) sends them all there,
-    with a warning, and the result is still the dict rules'."""
-    monkeypatch.setitem(st._NEW_CONSTANTS, "epoch_regressions", 1)
-    monkeypatch.setattr(st, "_new_warned", False)
+    something the column path does not (here: the columns' declaration of a metadata row's
+    writes left empty, so ``md_at`` stays unset) sends them all there, with a warning, and the
+    result is still the dict rules'."""
+    monkeypatch.setitem(rules_partition.QUIET_WRITES, "partition_metadata", ())
+    monkeypatch.setattr(columns, "_new_warned", False)
     batch = [r for p in range(4) for r in _first_sight(p, 1 + 2 * p, 1000)]
-    with counting_table_paths() as counts, caplog.at_level("WARNING", logger=st.__name__):
+    with counting_table_paths() as counts, caplog.at_level("WARNING", logger=columns.__name__):
         got_out, got_states = _run([("batch", batch)], compact=True)
     want_out, want_states = _run([("batch", batch)], compact=False)
     assert counts["born"] == 0

@@ -23,6 +23,7 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from streaming.state import function as st
+from streaming.state import codec
 from tests.support.partition_table import _rows, _state, counting_table_paths
 from tests.support.state_fakes import FakeState, call, rows
 
@@ -179,7 +180,7 @@ class TableVersusDicts(RuleBasedStateMachine):
     @invariant()
     def the_reference_keeps_every_partition_a_dict(self):
         if self.ref.value is not None:
-            assert not (st.decode_state(self.ref.value[0])["partitions"] or {}).get("keys")
+            assert not (codec.decode_state(self.ref.value[0])["partitions"] or {}).get("keys")
 
 
 TableVersusDicts.TestCase.settings = settings(

@@ -11,10 +11,13 @@ import logging
 import pytest
 from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMetadata, TopicMetadata
 
+from monitor.cluster_view import ClusterView
 from monitor.contract import Heartbeat
 from monitor.emitter import EventEmitter
-from monitor.metadata import ClusterView, MetadataCache
-from monitor.probe import Probe, ProbeConfig, _epochs_from_json, epochs_from_stats
+from monitor.leader_epochs import _epochs_from_json, epochs_from_stats
+from monitor.metadata import MetadataCache
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
@@ -66,11 +69,11 @@ def test_statistics_in_another_layout_are_parsed(raw):
 def test_the_probe_reads_only_the_latest_statistics_document():
     probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", stats_interval_s=0.05),
                   emitter=FakeEmitter(), admin=FakeAdmin({}, {}, {}))
-    probe._on_stats(librdkafka_stats({"t": [(1, 1)]}, ts=1_000_000))
-    probe._on_stats(librdkafka_stats({"t": [(2, 5)]}, ts=2_000_000))
-    assert probe._stats_ts == 2.0 and probe._epochs == {}  # kept, not read
-    probe._read_stats()
-    assert probe._epochs == {("t", 0): (2, 5)} and probe._stats_raw is None
+    probe._epochs.on_stats(librdkafka_stats({"t": [(1, 1)]}, ts=1_000_000))
+    probe._epochs.on_stats(librdkafka_stats({"t": [(2, 5)]}, ts=2_000_000))
+    assert probe._epochs.ts == 2.0 and probe._epochs.seen == {}  # kept, not read
+    probe._epochs.read()
+    assert probe._epochs.seen == {("t", 0): (2, 5)} and probe._epochs.raw is None
 
 
 def confluent_md(topics: dict[str, list[tuple[int, list[int], list[int]]]], brokers=(1, 2, 3)) -> ClusterMetadata:

@@ -15,7 +15,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from monitor.contract import Event, PartitionGone
 from monitor.emitter import EventEmitter
-from monitor.probe import GONE_AFTER, Probe, ProbeConfig, share_of
+from monitor.gone import GONE_AFTER
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig, share_of
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter, described, done, tp
 
@@ -100,7 +102,7 @@ def test_a_deleted_topic_is_gone_after_exactly_two_complete_metadata_responses()
     for _ in range(3):
         probe.refresh_metadata()
     assert gone(cap, "partition_gone") == parts("orders", 3)
-    assert "orders" not in probe._topic_parts and probe._topic_misses == {}
+    assert "orders" not in probe._gone.topic_parts and probe._gone.topic_misses == {}
     assert probe.metadata.next_reason() == ("periodic", None)
     # re-created, it is a new topic: seen again, gone again
     admin.topics["orders"] = 2
@@ -153,7 +155,7 @@ def test_a_failed_or_partial_metadata_answer_counts_neither_way(failure):
     for _ in range(3):
         broken_refresh()
     assert gone(cap, "partition_gone") == []
-    assert probe._topic_misses == {"orders": 1}
+    assert probe._gone.topic_misses == {"orders": 1}
     probe.refresh_metadata()  # miss 2
     assert gone(cap, "partition_gone") == parts("orders", 2)
 
@@ -168,7 +170,7 @@ def test_a_topic_back_after_one_miss_is_not_gone():
     probe.refresh_metadata()       # seen again: the count starts over
     admin.topics.pop("orders")
     probe.refresh_metadata()       # miss 1 again
-    assert gone(cap, "partition_gone") == [] and probe._topic_misses == {"orders": 1}
+    assert gone(cap, "partition_gone") == [] and probe._gone.topic_misses == {"orders": 1}
     probe.refresh_metadata()       # miss 2
     assert gone(cap, "partition_gone") == parts("orders", 2)
 
@@ -195,7 +197,7 @@ def test_a_topic_not_sent_is_sent_at_the_next_complete_miss():
     assert refused == [2] and em.of(PartitionGone) == []
     probe.refresh_metadata()
     assert [(e.topic, e.partition) for e in em.of(PartitionGone)] == [("orders", 0), ("orders", 1)]
-    assert probe._topic_parts == {} and probe._topic_misses == {}
+    assert probe._gone.topic_parts == {} and probe._gone.topic_misses == {}
 
 
 # -- groups --------------------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def test_a_deleted_group_is_gone_after_two_complete_listings():
     for _ in range(2):
         probe.observe()
     assert gone(cap, "group_gone") == [("b", "group deleted")]  # once
-    assert "b" not in probe._group_misses and "b" not in probe._gp_known
+    assert "b" not in probe._gone.group_misses and "b" not in probe._gone.gp_known
     assert gone(cap, "group_partition_gone") == []  # group_gone covers its partitions
 
 
@@ -228,7 +230,7 @@ def test_a_failed_or_partial_group_listing_counts_neither_way():
     probe.observe()
     admin.listing = done(exc=KafkaException(KafkaError(KafkaError._TRANSPORT)))
     probe.observe()
-    assert gone(cap, "group_gone") == [] and probe._group_misses["b"] == 1
+    assert gone(cap, "group_gone") == [] and probe._gone.group_misses["b"] == 1
     admin.listing = None
     probe.observe()  # miss 2
     assert gone(cap, "group_gone") == [("b", "group deleted")]
@@ -280,7 +282,7 @@ def test_a_committed_offset_left_out_of_two_answers_is_gone():
     for _ in range(2):
         probe.observe()
     assert len(gone(cap, "group_partition_gone")) == 1
-    assert probe._gp_known["g"] == {("orders", 0), ("orders", 2)} and probe._gp_misses == {}
+    assert probe._gone.gp_known["g"] == {("orders", 0), ("orders", 2)} and probe._gone.gp_misses == {}
     assert gone(cap, "group_gone") == []  # the group is still there
 
 
@@ -290,7 +292,7 @@ def test_a_partition_the_group_commits_on_later_is_tracked_too():
     probe.cycle()
     admin.committed["g"] = [tp("orders", 0, 1), tp("orders", 1, 4)]  # a new commit
     probe.observe()
-    assert probe._gp_known["g"] == {("orders", 0), ("orders", 1)}
+    assert probe._gone.gp_known["g"] == {("orders", 0), ("orders", 1)}
     admin.committed["g"] = [tp("orders", 0, 1)]
     for _ in range(GONE_AFTER):
         probe.observe()
@@ -310,7 +312,7 @@ def test_an_errored_partition_is_not_missing():
     probe.observe()  # miss 1
     admin.committed["g"] = errored
     probe.observe()  # neither
-    assert gone(cap, "group_partition_gone") == [] and probe._gp_misses == {"g": {("orders", 1): 1}}
+    assert gone(cap, "group_partition_gone") == [] and probe._gone.gp_misses == {"g": {("orders", 1): 1}}
     admin.committed["g"] = [tp("orders", 0, 1)]
     probe.observe()  # miss 2
     assert gone(cap, "group_partition_gone") == [("g", "orders", 1, "committed offset deleted")]
@@ -326,7 +328,7 @@ def test_an_unanswered_coordinator_counts_nothing():
     for _ in range(3):
         probe.observe()
     assert gone(cap, "group_partition_gone") == []
-    assert probe._gp_misses == {"g": {("orders", 1): 1}}
+    assert probe._gone.gp_misses == {"g": {("orders", 1): 1}}
     admin.silent = set()
     probe.observe()  # miss 2
     assert gone(cap, "group_partition_gone") == [("g", "orders", 1, "committed offset deleted")]
@@ -355,11 +357,11 @@ def test_no_group_partition_gone_for_a_deleted_group():
         probe.observe()
     assert gone(cap, "group_gone") == [("g", "group deleted")]
     assert gone(cap, "group_partition_gone") == []
-    assert "g" not in probe._gp_known and "g" not in probe._gp_misses
+    assert "g" not in probe._gone.gp_known and "g" not in probe._gone.gp_misses
     # re-created: a new group, its partitions reported and tracked again
     admin.committed["g"] = [tp("orders", 1, 3)]
     probe.observe()
-    assert probe._gp_known["g"] == {("orders", 1)}
+    assert probe._gone.gp_known["g"] == {("orders", 1)}
 
 
 # -- sharing -------------------------------------------------------------------------------------
@@ -376,9 +378,9 @@ def test_a_probe_says_gone_only_for_what_its_share_reports():
     admin = GoneAdmin({mine_t: 1, theirs_t: 1}, committed)
     probe, cap = make(admin, share="1/2")
     probe.cycle()
-    assert set(probe._topic_parts) == {mine_t}
+    assert set(probe._gone.topic_parts) == {mine_t}
     # only this share's topics in the offsets' bookkeeping, of every group
-    assert probe._gp_known == {mine_g: {(mine_t, 0)}, theirs_g: {(mine_t, 0)}}
+    assert probe._gone.gp_known == {mine_g: {(mine_t, 0)}, theirs_g: {(mine_t, 0)}}
     del admin.topics[mine_t], admin.topics[theirs_t]
     del admin.committed[mine_g], admin.committed[theirs_g]
     for _ in range(GONE_AFTER):
@@ -388,8 +390,8 @@ def test_a_probe_says_gone_only_for_what_its_share_reports():
     assert gone(cap, "group_gone") == [(mine_g, "group deleted")]  # the other's probe says its group is gone
     assert gone(cap, "group_partition_gone") == []
     # every group's bookkeeping went with it, reported or not
-    assert probe._gp_known == {} and probe._gp_misses == {} and probe._group_misses == {}
-    assert probe._topic_parts == {} and probe._topic_misses == {}
+    assert probe._gone.gp_known == {} and probe._gone.gp_misses == {} and probe._gone.group_misses == {}
+    assert probe._gone.topic_parts == {} and probe._gone.topic_misses == {}
 
 
 def test_a_committed_offset_on_another_share_s_topic_is_never_gone_here():

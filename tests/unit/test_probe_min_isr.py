@@ -1,5 +1,6 @@
-"""How the probe keeps each topic's min.insync.replicas current (``Probe._topic_min_isr``),
-driven through a fake admin whose DescribeConfigs answers when the test says so.  The real
+"""How the probe keeps each topic's min.insync.replicas current
+(``monitor.topic_configs.TopicConfigs.min_isr``), driven through a fake admin whose
+DescribeConfigs answers when the test says so.  The real
 cluster's side (a runtime change on a topic and of the brokers' default, seen within two
 refreshes) is tests/integration/test_probe_kafka.py."""
 
@@ -12,8 +13,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigSource, ResourceType
 
-import monitor.probe as probe_mod
-from monitor.probe import Probe, ProbeConfig
+import monitor.topic_configs as topic_configs_mod
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 OWN, DEFAULT = ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.STATIC_BROKER_CONFIG
@@ -68,37 +70,37 @@ def make(admin: ConfigAdmin, **kw) -> Probe:
 def test_a_new_topic_is_read_at_once_and_later_reads_do_not_wait():
     admin = ConfigAdmin(own={"a": 2}, instant=True)
     p = make(admin)
-    assert p._topic_min_isr(["a", "b"], 1) == {"a": 2, "b": 1}
+    assert p.topic_configs.min_isr(["a", "b"], 1) == {"a": 2, "b": 1}
     admin.instant = False
     admin.own["a"] = 3
-    assert p._topic_min_isr(["a", "b"], 1) == {"a": 2, "b": 1}  # re-read sent, not answered
+    assert p.topic_configs.min_isr(["a", "b"], 1) == {"a": 2, "b": 1}  # re-read sent, not answered
     admin.answer()
-    assert p._topic_min_isr(["a", "b"], 1) == {"a": 3, "b": 1}
-    assert p.min_isr_changes == 1
+    assert p.topic_configs.min_isr(["a", "b"], 1) == {"a": 3, "b": 1}
+    assert p.topic_configs.min_isr_changes == 1
 
 
 def test_a_change_of_the_brokers_default_reaches_every_topic_without_its_own_value_at_once(monkeypatch):
-    monkeypatch.setattr(probe_mod, "CONFIG_REREAD_MAX", 1)  # re-reads would take 3 refreshes
+    monkeypatch.setattr(topic_configs_mod, "CONFIG_REREAD_MAX", 1)  # re-reads would take 3 refreshes
     admin = ConfigAdmin(own={"own": 3}, instant=True)
     p = make(admin)
     topics = ["own", "x", "y"]
-    p._topic_min_isr(topics, 1)
+    p.topic_configs.min_isr(topics, 1)
     admin.instant = False
-    assert p._topic_min_isr(topics, 1) == {"own": 3, "x": 1, "y": 1}
+    assert p.topic_configs.min_isr(topics, 1) == {"own": 3, "x": 1, "y": 1}
     admin.answer()               # the broker read and one topic's re-read, before the change
     admin.default = 2
-    p._topic_min_isr(topics, 1)  # takes those answers, sends the next broker read
+    p.topic_configs.min_isr(topics, 1)  # takes those answers, sends the next broker read
     admin.answer()
-    assert p._topic_min_isr(topics, 1) == {"own": 3, "x": 2, "y": 2}
-    assert p.min_isr_changes == 2
+    assert p.topic_configs.min_isr(topics, 1) == {"own": 3, "x": 2, "y": 2}
+    assert p.topic_configs.min_isr_changes == 2
 
 
 def test_an_answer_sent_before_a_default_change_does_not_undo_it(monkeypatch):
     admin = ConfigAdmin(own={}, instant=True)
     p = make(admin)
-    p._topic_min_isr(["x"], 1)
+    p.topic_configs.min_isr(["x"], 1)
     admin.instant = False
-    p._topic_min_isr(["x"], 1)           # re-read of x and a broker read, both held
+    p.topic_configs.min_isr(["x"], 1)           # re-read of x and a broker read, both held
     stale = [(f, r) for f, r in admin.held if r.restype == ResourceType.TOPIC]
     broker = [(f, r) for f, r in admin.held if r.restype == ResourceType.BROKER]
     for f, r in stale:                   # x's re-read answers 1 ...
@@ -107,21 +109,21 @@ def test_an_answer_sent_before_a_default_change_does_not_undo_it(monkeypatch):
     for f, r in broker:                  # ... the broker read, answered later, says 2
         f.set_result(admin._value(r))
     admin.held = []
-    assert p._topic_min_isr(["x"], 1) == {"x": 2}  # the default first; the older re-read is ignored
+    assert p.topic_configs.min_isr(["x"], 1) == {"x": 2}  # the default first; the older re-read is ignored
     admin.answer()
-    assert p._topic_min_isr(["x"], 1) == {"x": 2}
+    assert p.topic_configs.min_isr(["x"], 1) == {"x": 2}
 
 
 def test_re_reads_are_bounded_per_refresh_and_go_to_the_longest_unread_first(monkeypatch):
-    monkeypatch.setattr(probe_mod, "CONFIG_REREAD_MAX", 2)
+    monkeypatch.setattr(topic_configs_mod, "CONFIG_REREAD_MAX", 2)
     admin = ConfigAdmin(own={}, instant=True)
     p = make(admin)
     topics = ["a", "b", "c", "d", "e"]
-    p._topic_min_isr(topics, 1)
+    p.topic_configs.min_isr(topics, 1)
     rereads = []
     for _ in range(3):
         n = len(admin.requests)
-        p._topic_min_isr(topics, 1)
+        p.topic_configs.min_isr(topics, 1)
         rereads += [names for kind, names in admin.requests[n:] if kind == ResourceType.TOPIC]
     # two a refresh, the longest unread first: every topic within 3 refreshes, then round again
     assert rereads == [["a", "b"], ["c", "d"], ["e", "a"]]
@@ -130,9 +132,9 @@ def test_re_reads_are_bounded_per_refresh_and_go_to_the_longest_unread_first(mon
 def test_config_refresh_s_spaces_the_re_reads():
     admin = ConfigAdmin(own={}, instant=True)
     p = make(admin, config_refresh_s=3600)
-    p._topic_min_isr(["a"], 1)
+    p.topic_configs.min_isr(["a"], 1)
     n = len(admin.requests)
-    p._topic_min_isr(["a"], 1)
+    p.topic_configs.min_isr(["a"], 1)
     assert [k for k, _ in admin.requests[n:]] == [ResourceType.BROKER]  # the default only
 
 
@@ -141,10 +143,10 @@ def test_no_permission_on_the_brokers_configuration_is_not_asked_again(caplog):
     admin.deny_broker = True
     p = make(admin)
     for _ in range(3):
-        p._topic_min_isr(["a"], 1)
+        p.topic_configs.min_isr(["a"], 1)
     assert sum(1 for k, _ in admin.requests if k == ResourceType.BROKER) == 1
     assert not [r for r in caplog.records if r.levelname == "WARNING"]  # optional: said at INFO
-    assert p._topic_min_isr(["a"], 1) == {"a": 1}
+    assert p.topic_configs.min_isr(["a"], 1) == {"a": 1}
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan")])

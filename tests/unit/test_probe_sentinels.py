@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from monitor.contract import GroupOffsets, MetadataRefresh, PartitionOffsets
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter, tp
 
 

@@ -14,7 +14,8 @@ from kafka_monitor.config import ConfigError as SettingError
 from kafka_monitor.config import build, read_file
 from monitor.contract import Heartbeat
 from monitor.emitter import EventEmitter
-from monitor.probe import ConfigError, Probe, ProbeConfig, parse_share, share_of
+from monitor.probe import Probe
+from monitor.probe_config import ConfigError, ProbeConfig, parse_share, share_of
 from tests.support.capture import CapturingProducer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def test_every_name_is_in_exactly_one_share_and_shares_are_even():
 
 def test_the_split_is_the_same_in_every_process():
     """Not Python's hash(): two interpreters with different hash seeds split names alike."""
-    code = ("import sys; from monitor.probe import share_of; "
+    code = ("import sys; from monitor.probe_config import share_of; "
             "print(''.join(str(share_of(n, 5)) for n in sys.stdin.read().split(',')))")
     got = set()
     for seed in ("1", "2", "random"):
@@ -81,12 +82,13 @@ def test_probes_of_one_cluster_watch_disjoint_topics_that_cover_it():
     whole = _probe()[0]
     topics = [f"t{i}" for i in range(300)] + ["__consumer_offsets"]
     for t in topics:
-        owners = [p for p in probes if p._watched(t)]
-        assert len(owners) == (1 if whole._watched(t) else 0), t
-        assert all(p._owns(t) == (share_of(t, 3) == i) for i, p in enumerate(probes, 1))
+        owners = [p for p in probes if p._scope.watched(t)]
+        assert len(owners) == (1 if whole._scope.watched(t) else 0), t
+        assert all(p._scope.owns(t) == (share_of(t, 3) == i) for i, p in enumerate(probes, 1))
     # the other filters still apply inside a share
     narrow = _probe(share="1/2", topics_include="^t1")[0]
-    assert [t for t in topics if narrow._watched(t)] == [t for t in topics if t.startswith("t1") and share_of(t, 2) == 1]
+    assert ([t for t in topics if narrow._scope.watched(t)]
+            == [t for t in topics if t.startswith("t1") and share_of(t, 2) == 1])
 
 
 def test_heartbeat_says_which_share():

@@ -14,7 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from monitor.contract import GroupOffsets, GroupState, Heartbeat
 from monitor.coordinator import Asker
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter, described, done, tp
 
 

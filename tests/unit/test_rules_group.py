@@ -20,18 +20,21 @@ from streaming.rules.base import Alert, Severity
 
 S = 1_000
 M = 60_000
+CFG = rg.GroupRulesConfig()
 #: the cases below count the factors' limits alone; the silence grace has its own tests
-CFG = rg.GroupRulesConfig(silence_grace_ms=0)
+CCFG = rc.ClientRulesConfig(silence_grace_ms=0)
+SCFG = rsrc.SourceRulesConfig(silence_grace_ms=0)
 GE, CE, SE = "k/g", "k/probe-1", "k/probe-1"
 
 STORM, STUCK, EMPTY = Alert.REBALANCE_STORM, Alert.REBALANCE_STUCK, Alert.GROUP_EMPTY_WITH_LAG
 STALE, RSTORM, SILENT = Alert.METADATA_STALE, Alert.METADATA_REFRESH_STORM, Alert.SOURCE_SILENT
 
 
-def _check_state(s: dict, cfg: rg.GroupRulesConfig) -> None:
+def _check_state(s: dict, cfg) -> None:
     assert json.loads(json.dumps(s)) == s
-    assert len(s.get("rebalances", ())) <= cfg.rebalance_history_cap
-    assert len(s.get("invalidations", ())) <= cfg.refresh_history_cap
+    for key, cap in (("rebalances", "rebalance_history_cap"), ("invalidations", "refresh_history_cap")):
+        if key in s:
+            assert len(s[key]) <= getattr(cfg, cap)
     for key in ("rebalances", "invalidations"):
         ts = [e[0] for e in s.get(key, ())]
         assert ts == sorted(ts)
@@ -332,7 +335,7 @@ def ctick(t):
     return ("tick", t, None)
 
 
-def run_client(steps, cfg=CFG, full=False):
+def run_client(steps, cfg=CCFG, full=False):
     s = rc.new_client("k", "probe-1")
     out = []
     for kind, t, arg in steps:
@@ -440,7 +443,7 @@ def test_refresh_storm_evidence_counts_causes_by_kind():
 
 
 def test_refresh_storm_capped_flag():
-    cfg = rg.GroupRulesConfig(refresh_storm_max=3, refresh_storm_clear=1, refresh_history_cap=4)
+    cfg = rc.ClientRulesConfig(refresh_storm_max=3, refresh_storm_clear=1, refresh_history_cap=4)
     got, s = run_client([inv(i * 100) for i in range(10)], cfg, full=True)
     (opened,) = got
     assert opened.evidence["count"] == 4 and opened.evidence["capped"] is True
@@ -461,7 +464,7 @@ def stick(t):
     return ("tick", t, None)
 
 
-def run_source(steps, cfg=CFG, full=False):
+def run_source(steps, cfg=SCFG, full=False):
     s = rsrc.new_source("k", "probe-1")
     out = []
     for kind, t, arg in steps:
@@ -538,8 +541,8 @@ def test_restart_is_recorded_and_resolve_says_so():
 def test_ticks_are_no_ops_when_nothing_is_due():
     # fresh entities
     for s, fn in ((rg.new_group("k", "g"), lambda s, t: rg.tick_group(s, t, GE, CFG, [5])),
-                  (rc.new_client("k", "c"), lambda s, t: rc.tick_client(s, t, CE, CFG)),
-                  (rsrc.new_source("k", "c"), lambda s, t: rsrc.tick_source(s, t, SE, CFG))):
+                  (rc.new_client("k", "c"), lambda s, t: rc.tick_client(s, t, CE, CCFG)),
+                  (rsrc.new_source("k", "c"), lambda s, t: rsrc.tick_source(s, t, SE, SCFG))):
         before = copy.deepcopy(s)
         assert fn(s, 10**12) == [] and s == before
     assert rg.group_due_at(rg.new_group("k", "g")) is None
@@ -553,19 +556,19 @@ def test_ticks_are_no_ops_when_nothing_is_due():
     assert rg.tick_group(g, 10**12, GE, CFG, _Untouchable()) == [] and g == before
 
     _, c = run_client([mr(0, max_age=60_000)])
-    due = rc.client_due_at(c, CFG)
+    due = rc.client_due_at(c, CCFG)
     assert due == 120_001
     before = copy.deepcopy(c)
-    assert rc.tick_client(c, due - 1, CE, CFG) == [] and c == before
-    assert [x.alert for x in rc.tick_client(c, due, CE, CFG)] == [STALE]
+    assert rc.tick_client(c, due - 1, CE, CCFG) == [] and c == before
+    assert [x.alert for x in rc.tick_client(c, due, CE, CCFG)] == [STALE]
     assert rc.client_due_at(c) is None
 
     _, src = run_source([hb(0)])
-    due = rsrc.source_due_at(src, CFG)
+    due = rsrc.source_due_at(src, SCFG)
     assert due == 30_001
     before = copy.deepcopy(src)
-    assert rsrc.tick_source(src, due - 1, SE, CFG) == [] and src == before
-    assert [x.alert for x in rsrc.tick_source(src, due, SE, CFG)] == [SILENT]
+    assert rsrc.tick_source(src, due - 1, SE, SCFG) == [] and src == before
+    assert [x.alert for x in rsrc.tick_source(src, due, SE, SCFG)] == [SILENT]
     assert rsrc.source_due_at(src) is None
 
 
@@ -579,8 +582,8 @@ def test_due_at_of_open_storms_is_when_they_resolve():
     _, c = run_client([inv(i * 1_000) for i in range(12)])  # 0..11 s, open at 10 s
     due = rc.client_due_at(c)
     assert due == 6_000 + 60_000 + 1  # 5 left when the 7th (t = 6 s) ages out
-    assert [x.alert for x in rc.tick_client(copy.deepcopy(c), due - 1, CE, CFG) if x.action == "resolve"] == []
-    assert [(x.alert, x.action) for x in rc.tick_client(c, due, CE, CFG)] == [(RSTORM, "resolve")]
+    assert [x.alert for x in rc.tick_client(copy.deepcopy(c), due - 1, CE, CCFG) if x.action == "resolve"] == []
+    assert [(x.alert, x.action) for x in rc.tick_client(c, due, CE, CCFG)] == [(RSTORM, "resolve")]
 
 
 def test_empty_group_is_always_due():
@@ -600,17 +603,17 @@ def test_bounded_lists_never_exceed_their_caps():
     assert got == [(got[0][0], STORM, "open")]  # opened once, never flapped
     # an invalidation every 100 ms for ten minutes
     _, c = run_client([inv(i * 100, cause=f"error_response:E{i % 3}") for i in range(6_000)])
-    assert len(c["invalidations"]) == CFG.refresh_history_cap
+    assert len(c["invalidations"]) == CCFG.refresh_history_cap
     assert c["invalidated_total"] == 6_000
     assert len(json.dumps(g)) < 8_000 and len(json.dumps(c)) < 8_000
 
 
 def test_small_caps_hold_too():
-    cfg = rg.GroupRulesConfig(storm_min_rebalances=2, rebalance_history_cap=3, refresh_storm_max=2,
-                              refresh_storm_clear=0, refresh_history_cap=3)
+    cfg = rg.GroupRulesConfig(storm_min_rebalances=2, rebalance_history_cap=3)
     _, g = run_group(generations(0, range(50), step=S, members=("m1",)), cfg)
     assert len(g["rebalances"]) == 3
-    _, c = run_client([inv(i) for i in range(50)], cfg)
+    _, c = run_client([inv(i) for i in range(50)], rc.ClientRulesConfig(refresh_storm_max=2, refresh_storm_clear=0,
+                                                                         refresh_history_cap=3))
     assert len(c["invalidations"]) == 3
 
 
@@ -631,8 +634,8 @@ def test_processing_time_and_event_time_ticks_agree_on_what_opens():
     steps = [hb(0), hb(10_000)]
     _, a = run_source(steps)
     _, b = run_source(steps)
-    ev = rsrc.tick_source(a, 40_001, SE, CFG)
-    wall = rsrc.tick_source(b, 40_001 + 7_000, SE, CFG)
+    ev = rsrc.tick_source(a, 40_001, SE, SCFG)
+    wall = rsrc.tick_source(b, 40_001 + 7_000, SE, SCFG)
     assert [(x.alert, x.action) for x in ev] == [(x.alert, x.action) for x in wall] == [(SILENT, "open")]
     assert wall[0].evidence["silent_for_ms"] == 37_001
 
@@ -679,31 +682,33 @@ def test_defaults_are_the_catalogue_values():
     c = rg.GroupRulesConfig()
     assert (c.storm_min_rebalances, c.storm_window_ms, c.stuck_after_ms, c.empty_with_lag_after_ms) == \
         (5, 10 * M, 5 * M, 10 * M)
-    assert (c.metadata_max_age_default_ms, c.metadata_stale_factor, c.refresh_storm_max,
-            c.refresh_storm_window_ms, c.silent_factor) == (300_000, 2.0, 10, 60_000, 3.0)
+    cc, sc = rc.ClientRulesConfig(), rsrc.SourceRulesConfig()
+    assert (cc.metadata_max_age_default_ms, cc.metadata_stale_factor, cc.refresh_storm_max,
+            cc.refresh_storm_window_ms, sc.silent_factor) == (300_000, 2.0, 10, 60_000, 3.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.storm_window_ms = 1  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"storm_min_rebalances": 0}, "storm_min_rebalances"),
-    ({"storm_window_ms": -1}, "storm_window_ms"),
-    ({"storm_merge_ms": 600_000}, "storm_merge_ms"),
-    ({"storm_merge_ms": -1}, "storm_merge_ms"),
-    ({"storm_min_rebalances": 65}, "storm_min_rebalances"),
-    ({"stuck_after_ms": 0}, "stuck_after_ms"),
-    ({"empty_min_total_lag": 0}, "empty_min_total_lag"),
-    ({"refresh_storm_clear": 10}, "refresh_storm_clear"),
-    ({"refresh_history_cap": 10}, "refresh_history_cap"),
-    ({"metadata_stale_factor": 0.5}, "metadata_stale_factor"),
-    ({"silent_factor": float("nan")}, "silent_factor"),
-    ({"stuck_after_ms": 1.5}, "stuck_after_ms"),
-    ({"stuck_after_ms": True}, "stuck_after_ms"),
-    ({"heartbeat_interval_default_ms": "10000"}, "heartbeat_interval_default_ms"),
+@pytest.mark.parametrize("cls, kwargs, field", [
+    (rg.GroupRulesConfig, {"storm_min_rebalances": 0}, "storm_min_rebalances"),
+    (rg.GroupRulesConfig, {"storm_window_ms": -1}, "storm_window_ms"),
+    (rg.GroupRulesConfig, {"storm_merge_ms": 600_000}, "storm_merge_ms"),
+    (rg.GroupRulesConfig, {"storm_merge_ms": -1}, "storm_merge_ms"),
+    (rg.GroupRulesConfig, {"storm_min_rebalances": 65}, "storm_min_rebalances"),
+    (rg.GroupRulesConfig, {"stuck_after_ms": 0}, "stuck_after_ms"),
+    (rg.GroupRulesConfig, {"empty_min_total_lag": 0}, "empty_min_total_lag"),
+    (rc.ClientRulesConfig, {"refresh_storm_clear": 10}, "refresh_storm_clear"),
+    (rc.ClientRulesConfig, {"refresh_history_cap": 10}, "refresh_history_cap"),
+    (rc.ClientRulesConfig, {"metadata_stale_factor": 0.5}, "metadata_stale_factor"),
+    (rc.ClientRulesConfig, {"metadata_max_age_default_ms": 0}, "metadata_max_age_default_ms"),
+    (rsrc.SourceRulesConfig, {"silent_factor": float("nan")}, "silent_factor"),
+    (rg.GroupRulesConfig, {"stuck_after_ms": 1.5}, "stuck_after_ms"),
+    (rg.GroupRulesConfig, {"stuck_after_ms": True}, "stuck_after_ms"),
+    (rsrc.SourceRulesConfig, {"heartbeat_interval_default_ms": "10000"}, "heartbeat_interval_default_ms"),
 ])
-def test_invalid_config_names_the_setting(kwargs, field):
-    with pytest.raises(ValueError, match=rf"GroupRulesConfig\.{field}:"):
-        rg.GroupRulesConfig(**kwargs)
+def test_invalid_config_names_the_setting(cls, kwargs, field):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field}:"):
+        cls(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,7 +752,7 @@ def test_a_late_heartbeat_resolves_source_silent_no_earlier_than_its_open():
     but the resolve is never stamped before the open (seen on the real cluster, issue 33)."""
     s = rsrc.new_source("c", "p")
     rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 1, "events_dropped": 0}, 10_000, "src")
-    opened = rsrc.tick_source(s, 13_001, "src", CFG)
+    opened = rsrc.tick_source(s, 13_001, "src", SCFG)
     assert [t.action for t in opened] == ["open"]
     late = rsrc.on_heartbeat(s, {"interval_ms": 1000, "events_sent": 2, "events_dropped": 0}, 12_500, "src")
     assert [(t.action, t.at) for t in late] == [("resolve", 13_001)]
@@ -757,20 +762,21 @@ def test_a_late_heartbeat_resolves_source_silent_no_earlier_than_its_open():
 def test_the_silence_grace_adds_to_both_limits():
     """Events held back by a stalled follower of the events topic: SourceSilent and
     MetadataStale wait silence_grace_ms (30 s by default) beyond their factors' limits."""
-    cfg = rg.GroupRulesConfig()
-    assert cfg.silence_grace_ms == 30_000
+    cfg, ccfg = rsrc.SourceRulesConfig(), rc.ClientRulesConfig()
+    assert cfg.silence_grace_ms == ccfg.silence_grace_ms == 30_000
     src = rsrc.new_source("k", "probe-1")
     rsrc.on_heartbeat(src, {"interval_ms": 5_000, "events_sent": 1, "events_dropped": 0}, 0, SE, cfg)
     assert rsrc.source_due_at(src, cfg) == 15_000 + 30_000 + 1
     assert rsrc.tick_source(src, 45_000, SE, cfg) == []
     (opened,) = rsrc.tick_source(src, 45_001, SE, cfg)
     assert (opened.alert, opened.evidence["limit_ms"], opened.evidence["grace_ms"]) == (SILENT, 45_000, 30_000)
-    got, s = run_client([mr(0, max_age=5_000), ctick(40_000), ctick(40_001)], cfg=cfg, full=True)
+    got, s = run_client([mr(0, max_age=5_000), ctick(40_000), ctick(40_001)], cfg=ccfg, full=True)
     (stale,) = got
     assert (stale.at, stale.evidence["limit_ms"], stale.evidence["grace_ms"]) == (40_001, 40_000, 30_000)
-    assert rc.client_due_at(s, cfg) is None
+    assert rc.client_due_at(s, ccfg) is None
 
 
-def test_the_silence_grace_is_checked():
-    with pytest.raises(ValueError, match="silence_grace_ms"):
-        rg.GroupRulesConfig(silence_grace_ms=-1)
+@pytest.mark.parametrize("cls", [rc.ClientRulesConfig, rsrc.SourceRulesConfig])
+def test_the_silence_grace_is_checked(cls):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.silence_grace_ms: must be >= 0"):
+        cls(silence_grace_ms=-1)

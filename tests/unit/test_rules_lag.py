@@ -22,8 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streaming.rules import lag as L
+from streaming.rules import lag_config as LC
+from streaming.rules import lag_estimate as LE
+from streaming.rules import lag_status as LS
 from streaming.rules.base import Alert, Severity
-from streaming.rules.lag import LagConfig, LagStatus
+from streaming.rules.lag_config import LagConfig
+from streaming.rules.lag_status import LagStatus
 
 E = "group_partition|k|g|t|0"
 CFG = LagConfig()
@@ -120,6 +124,8 @@ REWIND = moving(6, 50) + [(60 + 10 * k, 100 * k, 6050 + 1000 * k) for k in range
 REWIND_RECOVERS = moving(6, 50) + [(60, 1000, 6050), (70, 3000, 7050), (80, 8000, 8050), (90, 9000, 9050)]
 # reset, and the re-read is so fast it is caught up at the next observation
 REWIND_CAUGHT_UP = moving(6, 50) + [(60, 1000, 6050), (70, 7050, 7050)]
+# reset confirmed (two lower observations), then caught up at the next one
+REWIND_CONFIRMED_CAUGHT_UP = moving(6, 50) + [(60, 1000, 6050), (70, 2000, 7050), (80, 8050, 8050)]
 # A consumer at 80 % of its producers' speed (8 of 10 records/s), caught up at 0 s: its lag in
 # seconds grows 0.2 s per second (2i - 0.05 s at observation i).  Once it is more than the
 # window (90 s) behind, its commit samples (every 30 s) show a 54 s rise: WARN.
@@ -175,18 +181,28 @@ STATUS_CASES = [
      SLOW_COMMITTER, CFG, "OK*150"),
     ("broker deploy: one lower commit then back within 20 s: a blip, not REWIND", BLIP, CFG, "OK*20"),
     ("one lower commit at the latest observation is held, not REWIND yet", BLIP_LAST, CFG, "OK*7"),
-    ("a lower commit that may have stood for 110 s (HW unknown meanwhile): REWIND when seen back",
-     DROP_WITH_GAP, CFG, "OK*15 REWIND OK"),
-    ("probe every 60 s: a lower commit seen once, back 120 s after the observation before it: REWIND once",
-     DROP_SPARSE, CFG, "OK*4 REWIND OK"),
-    ("real rewind (reset to an earlier offset, persisted): REWIND from the confirmation while the drop is "
-     "in the window, then the re-read's growing lag in seconds is WARN", REWIND, CFG, "OK*7 REWIND*8 WARN*6"),
-    ("rewind_confirmations=3 needs three lower observations", REWIND, LagConfig(rewind_confirmations=3),
-     "OK*8 REWIND*7 WARN*6"),
-    ("rewind_confirmations=1: the first lower commit is a rewind", REWIND, LagConfig(rewind_confirmations=1),
-     "OK*6 REWIND*9 WARN*6"),
-    ("rewind then back past the old offset: REWIND ends", REWIND_RECOVERS, CFG, "OK*7 REWIND OK*2"),
+    ("a lower commit that may have stood for 110 s (HW unknown meanwhile): REWIND when seen back, held "
+     "(rewind_hold_ms 120 s)", DROP_WITH_GAP, CFG, "OK*15 REWIND*2"),
+    ("... without the hold: REWIND for the one observation that shows it", DROP_WITH_GAP,
+     LagConfig(rewind_hold_ms=0), "OK*15 REWIND OK"),
+    ("probe every 60 s: a lower commit seen once, back 120 s after the observation before it: REWIND, "
+     "held at the next observation", DROP_SPARSE, CFG, "OK*4 REWIND*2"),
+    ("real rewind (reset to an earlier offset, persisted): REWIND from the confirmation, held 120 s, then "
+     "the re-read's growing lag in seconds is WARN", REWIND, CFG, "OK*7 REWIND*12 WARN*2"),
+    ("... without the hold: REWIND while the drop is in the window", REWIND, LagConfig(rewind_hold_ms=0),
+     "OK*7 REWIND*8 WARN*6"),
+    ("rewind_confirmations=3 needs three lower observations", REWIND,
+     LagConfig(rewind_confirmations=3, rewind_hold_ms=0), "OK*8 REWIND*7 WARN*6"),
+    ("rewind_confirmations=1: the first lower commit is a rewind", REWIND,
+     LagConfig(rewind_confirmations=1, rewind_hold_ms=0), "OK*6 REWIND*9 WARN*6"),
+    ("rewind then back past the old offset at the next observations: REWIND held", REWIND_RECOVERS, CFG,
+     "OK*7 REWIND*3"),
+    ("... without the hold: REWIND ends", REWIND_RECOVERS, LagConfig(rewind_hold_ms=0), "OK*7 REWIND OK*2"),
     ("rewind but caught up: rule 1 wins", REWIND_CAUGHT_UP, CFG, "OK*8"),
+    ("a confirmed rewind, caught up at the next observation: still REWIND (held), not OK",
+     REWIND_CONFIRMED_CAUGHT_UP, CFG, "OK*7 REWIND*2"),
+    ("... without the hold: caught up wins", REWIND_CONFIRMED_CAUGHT_UP, LagConfig(rewind_hold_ms=0),
+     "OK*7 REWIND OK"),
     ("consumer at 80 % of its producers' speed: WARN once more than the window behind with a 54 s rise",
      FALLING_BEHIND, CFG, "OK*46 WARN*14"),
     ("falling behind, then stops committing: WARN -> STALL -> STOP", WARN_THEN_STOP, CFG,
@@ -230,13 +246,15 @@ TRANSITION_CASES = [
     ("slow committer: nothing", SLOW_COMMITTER, CFG, []),
     ("broker deploy blip: nothing", BLIP, CFG, []),
     ("flat noisy lag: nothing", FLAT_NOISY, CFG, []),
-    ("a lower commit that may have stood 110 s: REWIND (critical) opened and resolved", DROP_WITH_GAP, CFG,
+    ("a lower commit that may have stood 110 s: REWIND (critical) opened, held past the run's end",
+     DROP_WITH_GAP, CFG, [(150, STATUS, "open", C, "REWIND")]),
+    ("... resolved at the next observation without the hold", DROP_WITH_GAP, LagConfig(rewind_hold_ms=0),
      [(150, STATUS, "open", C, "REWIND"), (160, STATUS, "resolve", C, "OK")]),
-    ("real rewind: REWIND (critical), then REWIND -> WARN; ConsumerLagHigh once the lag in offsets has been "
-     "over 10 000 for 60 s (110 -> 170 s)", REWIND, CFG,
+    ("real rewind: REWIND (critical), held 120 s, then REWIND -> WARN; ConsumerLagHigh once the lag in "
+     "offsets has been over 10 000 for 60 s (110 -> 170 s)", REWIND, CFG,
      [(70, STATUS, "open", C, "REWIND"),
-      (150, STATUS, "resolve", C, "WARN"), (150, STATUS, "open", W, "WARN"),
-      (170, HIGH, "open", W, None)]),
+      (170, HIGH, "open", W, None),
+      (190, STATUS, "resolve", C, "WARN"), (190, STATUS, "open", W, "WARN")]),
     ("falling behind: WARN", FALLING_BEHIND, CFG, [(460, STATUS, "open", W, "WARN")]),
     ("falling behind then stops: WARN -> STALL -> STOP; ConsumerLagHigh after 300 s + 60 s", WARN_THEN_STOP, CFG,
      [(460, STATUS, "open", W, "WARN"),
@@ -327,16 +345,16 @@ LAG_SECONDS_CASES = [
                          ids=[c[0] for c in LAG_SECONDS_CASES])
 def test_lag_seconds(name, history, committed, now, cfg, behind, expected):
     behind_ms = None if behind is None else behind * 1000
-    est = L.estimate_lag_seconds(history, committed, now * 1000, cfg, behind_since=behind_ms)
+    est = LE.estimate_lag_seconds(history, committed, now * 1000, cfg, behind_since=behind_ms)
     got = None if est is None else (est.seconds, est.basis)
     assert got == expected
-    number = L.lag_seconds(history, committed, now * 1000, cfg, behind_since=behind_ms)
+    number = LE.lag_seconds(history, committed, now * 1000, cfg, behind_since=behind_ms)
     assert number == (None if expected is None else expected[0])
     if est is not None:
         assert est.lower_bound == (est.basis == "lower-bound")
     # the HW marks ([t, hw]) give the same answer as full points ([t, committed, hw])
     marks = [[p[0], p[2]] for p in history]
-    assert L.estimate_lag_seconds(marks, committed, now * 1000, cfg, behind_since=behind_ms) == est
+    assert LE.estimate_lag_seconds(marks, committed, now * 1000, cfg, behind_since=behind_ms) == est
 
 
 @pytest.mark.parametrize("window", [10, 64])
@@ -396,7 +414,7 @@ def test_lag_seconds_is_always_finite_non_negative_and_bounded(steps, committed,
         history.append([t, 0, hw])
     now = t + later
     cfg = LagConfig(max_extrapolation_ms=max_extra)
-    est = L.estimate_lag_seconds(history, committed, now, cfg)
+    est = LE.estimate_lag_seconds(history, committed, now, cfg)
     assert math.isfinite(est.seconds) and est.seconds >= 0
     assert (est.basis == "caught-up") == (committed >= hw)
     # never more than the oldest point's age plus the extrapolation cap (ms precision)
@@ -413,19 +431,19 @@ def test_lag_seconds_is_always_finite_non_negative_and_bounded(steps, committed,
 def test_marks_stay_bounded_and_cover_hours_at_a_resolution_proportional_to_age():
     marks: list = []
     for i in range(12 * 360):  # 12 h at 10 s, 10 records/s
-        L.add_mark(marks, 10_000 * i, 100 * i, CFG.hw_marks)
+        LE.add_mark(marks, 10_000 * i, 100 * i, CFG.hw_marks)
         assert len(marks) <= CFG.hw_marks
     now = marks[-1][0]
     assert now - marks[0][0] >= 5 * 3600_000  # hours back
     for a, b in zip(marks, marks[1:]):  # each gap under MARK_RATIO x the younger mark's age, or one interval
-        assert b[0] - a[0] <= max(10_000, L.MARK_RATIO * (now - b[0]))
+        assert b[0] - a[0] <= max(10_000, LE.MARK_RATIO * (now - b[0]))
     assert marks[-1] == [now, 100 * (12 * 360 - 1)]
 
 
 def test_a_flat_hw_keeps_the_first_and_last_point_of_the_run():
     marks: list = []
     for t, hw in [(0, 100), (10, 200), (20, 200), (30, 200), (40, 200), (50, 300)]:
-        L.add_mark(marks, t * 1000, hw, 32)
+        LE.add_mark(marks, t * 1000, hw, 32)
     assert marks == [[0, 100], [10_000, 200], [40_000, 200], [50_000, 300]]
 
 
@@ -446,61 +464,61 @@ BEHIND = P((0, 0, 5000), (30, 300, 5300), (60, 600, 5600))  # committing, far mo
 
 EVAL_CASES = [
     # id, history, state (stuck [t s, c, hw], waits ms, trend), expected
-    ("empty history", [], {}, (OK, L.RULE_FEW_POINTS)),
+    ("empty history", [], {}, (OK, LS.RULE_FEW_POINTS)),
     ("1: lag 0 at the latest point, committed unchanged for an hour", P((0, 5, 5), (3600, 5, 5)), {},
-     (OK, L.RULE_CAUGHT_UP)),
+     (OK, LS.RULE_CAUGHT_UP)),
     ("1: caught up at the latest point after a long stuck run", P((0, 5, 9), (10, 5, 9), (20, 5, 9), (30, 9, 9)), {},
-     (OK, L.RULE_CAUGHT_UP)),
+     (OK, LS.RULE_CAUGHT_UP)),
     ("2: confirmed rewind", P((0, 100, 150), (10, 200, 250), (20, 50, 300), (30, 60, 350)), {},
-     (REWIND_, L.RULE_REWIND)),
+     (REWIND_, LS.RULE_REWIND)),
     ("2: a single lower commit at the end is held, not (yet) a rewind",
-     P((0, 100, 150), (10, 200, 250), (20, 50, 300)), {}, (OK, L.RULE_KEPT_UP)),
+     P((0, 100, 150), (10, 200, 250), (20, 50, 300)), {}, (OK, LS.RULE_KEPT_UP)),
     ("2: a lower commit back 20 s after the observation before it: a blip",
-     P((0, 100, 150), (10, 200, 250), (20, 50, 300), (30, 300, 350)), {}, (OK, L.RULE_KEPT_UP)),
+     P((0, 100, 150), (10, 200, 250), (20, 50, 300), (30, 300, 350)), {}, (OK, LS.RULE_KEPT_UP)),
     ("2: ... back only 120 s after it (it may have stood that long): a rewind, reported at that observation",
-     P((0, 100, 150), (60, 200, 250), (120, 50, 300), (180, 300, 350)), {}, (REWIND_, L.RULE_REWIND)),
+     P((0, 100, 150), (60, 200, 250), (120, 50, 300), (180, 300, 350)), {}, (REWIND_, LS.RULE_REWIND)),
     ("3: stuck 420 s, commits every 10 s, records arriving -> STOP",
      P((400, 10, 500), (410, 10, 600), (420, 10, 700)), {"stuck": [0, 10, 20], "waits": [10_000]},
-     (STOP, L.RULE_STOP)),
+     (STOP, LS.RULE_STOP)),
     ("3: stuck 420 s on a flat HW (records waiting, producers quiet) -> STOP too",
      P((400, 10, 20), (410, 10, 20), (420, 10, 20)), {"stuck": [0, 10, 20], "waits": [10_000]},
-     (STOP, L.RULE_STOP)),
+     (STOP, LS.RULE_STOP)),
     ("3: stuck 420 s by a consumer that usually waits 200 s: within 3 x -> not stuck",
      P((400, 10, 500), (410, 10, 600), (420, 10, 700)), {"stuck": [0, 10, 20], "waits": [200_000]},
-     (OK, L.RULE_FEW_POINTS)),
+     (OK, LS.RULE_FEW_POINTS)),
     ("3: ... 1 210 s: past 6 x -> STOP", P((1200, 10, 500), (1210, 10, 600)),
-     {"stuck": [0, 10, 20], "waits": [200_000, 150_000]}, (STOP, L.RULE_STOP)),
+     {"stuck": [0, 10, 20], "waits": [200_000, 150_000]}, (STOP, LS.RULE_STOP)),
     ("3: an older stuck run of a different offset does not count",
      P((400, 11, 500), (410, 11, 600), (420, 11, 700)), {"stuck": [0, 10, 20], "waits": [10_000]},
-     (OK, L.RULE_FEW_POINTS)),
+     (OK, LS.RULE_FEW_POINTS)),
     ("4: stuck 100 s, commits every 10 s -> STALL", P(*[(10 * i, 10, 20 + i) for i in range(11)]),
-     {"waits": [10_000]}, (STALL, L.RULE_STALL)),
+     {"waits": [10_000]}, (STALL, LS.RULE_STALL)),
     ("4: stuck 100 s, cadence unknown, HW flat (it had all it needed to commit) -> STALL",
-     P((0, 10, 20), (50, 10, 20), (100, 10, 20)), {}, (STALL, L.RULE_STALL)),
+     P((0, 10, 20), (50, 10, 20), (100, 10, 20)), {}, (STALL, LS.RULE_STALL)),
     ("4: stuck 100 s, cadence unknown, records arriving (it may be filling a batch) -> not yet",
-     P((0, 10, 20), (50, 10, 30), (100, 10, 40)), {}, (OK, L.RULE_FEW_POINTS)),
+     P((0, 10, 20), (50, 10, 30), (100, 10, 40)), {}, (OK, LS.RULE_FEW_POINTS)),
     ("4: stuck 100 s by a consumer that usually waits 60 s -> not yet",
-     P((0, 10, 20), (50, 10, 30), (100, 10, 40)), {"waits": [60_000]}, (OK, L.RULE_FEW_POINTS)),
+     P((0, 10, 20), (50, 10, 30), (100, 10, 40)), {"waits": [60_000]}, (OK, LS.RULE_FEW_POINTS)),
     ("4: ... 190 s: past 3 x 60 s -> STALL", P((0, 10, 20), (100, 10, 30), (190, 10, 40)), {"waits": [60_000]},
-     (STALL, L.RULE_STALL)),
+     (STALL, LS.RULE_STALL)),
     ("4: the run starts at the first point with lag > 0", P((0, 10, 10), (10, 10, 30), (100, 10, 40)),
-     {"waits": [10_000]}, (OK, L.RULE_KEPT_UP)),
+     {"waits": [10_000]}, (OK, LS.RULE_KEPT_UP)),
     ("5: the latest commit is past the window's oldest HW: kept up (Burrow's 'lag 0 in the window', widened)",
-     P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300)), {}, (OK, L.RULE_KEPT_UP)),
+     P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300)), {}, (OK, LS.RULE_KEPT_UP)),
     ("6: lag in seconds at commits 100, 130, 160 s -> WARN", BEHIND, {"trend": S((0, 100), (30, 130), (60, 160))},
-     (WARN, L.RULE_LAG_RISING)),
+     (WARN, LS.RULE_LAG_RISING)),
     ("6: rising with dips -> WARN (Burrow's 'never decreasing between commits' misses it)", BEHIND,
-     {"trend": S((0, 100), (30, 130), (60, 120), (90, 150), (120, 140), (150, 170))}, (WARN, L.RULE_LAG_RISING)),
+     {"trend": S((0, 100), (30, 130), (60, 120), (90, 150), (120, 140), (150, 170))}, (WARN, LS.RULE_LAG_RISING)),
     ("6: flat with noise (slope > 0, last > first): OK", BEHIND,
-     {"trend": S((0, 100), (30, 104), (60, 97), (90, 103), (120, 99), (150, 105))}, (OK, L.RULE_OK)),
+     {"trend": S((0, 100), (30, 104), (60, 97), (90, 103), (120, 99), (150, 105))}, (OK, LS.RULE_OK)),
     ("6: a clean rise of 20 s, below warn_min_rise_ms: OK", BEHIND, {"trend": S((0, 100), (30, 110), (60, 120))},
-     (OK, L.RULE_OK)),
+     (OK, LS.RULE_OK)),
     ("6: a 60 s rise drowned in noise (2 x 48 s): OK", BEHIND,
-     {"trend": S((0, 100), (30, 160), (60, 95), (90, 190), (120, 100), (150, 200))}, (OK, L.RULE_OK)),
-    ("6: last not above first: OK", BEHIND, {"trend": S((0, 100), (30, 190), (60, 100))}, (OK, L.RULE_OK)),
+     {"trend": S((0, 100), (30, 160), (60, 95), (90, 190), (120, 100), (150, 200))}, (OK, LS.RULE_OK)),
+    ("6: last not above first: OK", BEHIND, {"trend": S((0, 100), (30, 190), (60, 100))}, (OK, LS.RULE_OK)),
     ("6: two samples are too few for a trend", BEHIND, {"trend": S((0, 100), (30, 200))},
-     (OK, L.RULE_FEW_POINTS)),
-    ("6: no samples given (a window alone has none): OK", BEHIND, {}, (OK, L.RULE_FEW_POINTS)),
+     (OK, LS.RULE_FEW_POINTS)),
+    ("6: no samples given (a window alone has none): OK", BEHIND, {}, (OK, LS.RULE_FEW_POINTS)),
 ]
 
 
@@ -509,29 +527,29 @@ def test_evaluate_status(name, history, state, expected):
     stuck = state.get("stuck")
     stuck_ms = None if stuck is None else [stuck[0] * 1000, stuck[1], stuck[2]]
     now = history[-1][0] if history else 0
-    assert L.evaluate_status(history, CFG, now, stuck=stuck_ms, waits=state.get("waits"),
+    assert LS.evaluate_status(history, CFG, now, stuck=stuck_ms, waits=state.get("waits"),
                              trend=state.get("trend")) == expected
 
 
 def test_flat_noisy_samples_would_fool_a_naive_slope_rule():
     """The noise test is what keeps noisy samples OK: their least-squares slope is > 0 and the
     last is above the first, which is all a naive rule asks."""
-    tr = L._trend(S((0, 100), (30, 104), (60, 97), (90, 103), (120, 99), (150, 105)))
+    tr = LS._trend(S((0, 100), (30, 104), (60, 97), (90, 103), (120, 99), (150, 105)))
     assert tr["slope"] > 0 and tr["last_lag_s"] > tr["first_lag_s"]
     assert tr["rise_s"] * 1000 < CFG.warn_min_rise_ms
-    tr = L._trend(S((0, 100), (30, 160), (60, 95), (90, 190), (120, 100), (150, 200)))
-    assert tr["rise_s"] * 1000 >= CFG.warn_min_rise_ms and tr["rise_s"] <= L.TREND_NOISE_FACTOR * tr["noise_s"]
+    tr = LS._trend(S((0, 100), (30, 160), (60, 95), (90, 190), (120, 100), (150, 200)))
+    assert tr["rise_s"] * 1000 >= CFG.warn_min_rise_ms and tr["rise_s"] <= LS.TREND_NOISE_FACTOR * tr["noise_s"]
 
 
 def test_warn_holds_while_the_lag_in_seconds_still_rises():
     """WARN opens on a clear rise (30 s, beyond noise) and holds while the lag in seconds rises
     at all: a producer speeding up for a minute, which slows the rise, does not end it."""
     slow_rise = S((0, 100), (30, 110), (60, 120))  # 20 s: not enough to open WARN
-    assert L.evaluate(BEHIND, CFG, 60_000, trend=slow_rise).status is OK
-    v = L.evaluate(BEHIND, CFG, 60_000, trend=slow_rise, warned=True)
-    assert (v.status, v.rule, v.detail["held"]) == (WARN, L.RULE_LAG_RISING, True)
-    assert L.evaluate(BEHIND, CFG, 60_000, trend=S((0, 100), (30, 130), (60, 90)), warned=True).status is OK
-    assert L.evaluate(BEHIND, CFG, 60_000, trend=S((0, 100), (30, 130), (60, 101), (90, 100)),
+    assert LS.evaluate(BEHIND, CFG, 60_000, trend=slow_rise).status is OK
+    v = LS.evaluate(BEHIND, CFG, 60_000, trend=slow_rise, warned=True)
+    assert (v.status, v.rule, v.detail["held"]) == (WARN, LS.RULE_LAG_RISING, True)
+    assert LS.evaluate(BEHIND, CFG, 60_000, trend=S((0, 100), (30, 130), (60, 90)), warned=True).status is OK
+    assert LS.evaluate(BEHIND, CFG, 60_000, trend=S((0, 100), (30, 130), (60, 101), (90, 100)),
                       warned=True).status is OK  # slope < 0: no longer rising
 
 
@@ -561,8 +579,8 @@ def test_a_slow_committer_is_judged_by_its_own_cadence():
     learned that: a wait of 250 s is normal; STALL would take 750 s, STOP 1 500 s."""
     _, _, s = feed(SLOW_COMMITTER)
     assert max(s["waits"]) == 250_000
-    v = L.evaluate(s["history"], CFG, s["last_seen"], s["stuck"], s["waits"], s["trend"])
-    stall, stop, cadence = L.stuck_limits(CFG, s["waits"], True)
+    v = LS.evaluate(s["history"], CFG, s["last_seen"], s["stuck"], s["waits"], s["trend"])
+    stall, stop, cadence = LS.stuck_limits(CFG, s["waits"], True)
     assert (stall, stop, cadence) == (750_000, 1_500_000, 250_000) and v.status is LagStatus.OK
 
 
@@ -639,12 +657,12 @@ def test_status_change_resolves_the_old_alert_and_opens_a_new_one_with_a_new_id_
     assert s["open"][STATUS.value]["id"] == stop_open.alert_id
     # WARN's evidence: the commit samples of the lag in seconds and the fitted rise
     ev = warn_open.evidence
-    assert ev["rule"] == L.RULE_LAG_RISING and ev["samples"] == 10 and ev["warn_min_rise_ms"] == 30_000
+    assert ev["rule"] == LS.RULE_LAG_RISING and ev["samples"] == 10 and ev["warn_min_rise_ms"] == 30_000
     assert [x[0] for x in ev["lag_samples"]] == [30_000 * k for k in range(6, 16)]
     assert ev["rise_s"] == pytest.approx(54.0) and ev["noise_s"] == pytest.approx(0.0, abs=0.01)
     assert ev["first_lag_s"] == pytest.approx(35.95) and ev["last_lag_s"] == pytest.approx(89.95)
     # STALL's and STOP's: the stuck run and the limits from the commit cadence
-    for x, rule in ((stall_open, L.RULE_STALL), (stop_open, L.RULE_STOP)):
+    for x, rule in ((stall_open, LS.RULE_STALL), (stop_open, LS.RULE_STOP)):
         assert x.evidence["rule"] == rule and x.evidence["stuck_since"] == 590_000
         assert x.evidence["commit_cadence_ms"] == 10_000
         assert (x.evidence["stall_limit_ms"], x.evidence["stop_limit_ms"]) == (90_000, 300_000)
@@ -656,7 +674,7 @@ def test_status_change_resolves_the_old_alert_and_opens_a_new_one_with_a_new_id_
 def test_rewind_evidence_names_the_offsets():
     out, _ = feed_raw(REWIND)
     rw = [x for x in out if x.alert is STATUS][0]
-    assert rw.evidence["status"] == "REWIND" and rw.evidence["rule"] == L.RULE_REWIND
+    assert rw.evidence["status"] == "REWIND" and rw.evidence["rule"] == LS.RULE_REWIND
     assert (rw.evidence["from_offset"], rw.evidence["to_offset"], rw.evidence["at"]) == (5000, 0, 60_000)
     assert rw.evidence["confirmations"] == 2
 
@@ -671,7 +689,7 @@ def test_a_rewind_recognised_by_time_says_it_has_recovered_and_how_long_it_may_h
 
 def test_a_held_blip_is_shown_as_set_aside():
     statuses, _, s = feed(BLIP_LAST)
-    v = L.evaluate(s["history"], CFG, 60_000, s["stuck"])
+    v = LS.evaluate(s["history"], CFG, 60_000, s["stuck"])
     assert v.set_aside == [[60_000, 1000, 6050]] and v.view[-1] == [50_000, 5000, 5050]
 
 
@@ -744,15 +762,15 @@ def test_every_status_is_produced_by_a_table_case_and_alerts_with_its_severity()
 
 
 def test_every_rule_is_named_by_a_table_case():
-    assert {c[3][1] for c in EVAL_CASES} == {L.RULE_CAUGHT_UP, L.RULE_REWIND, L.RULE_STOP, L.RULE_STALL,
-                                              L.RULE_KEPT_UP, L.RULE_LAG_RISING, L.RULE_OK, L.RULE_FEW_POINTS}
+    assert {c[3][1] for c in EVAL_CASES} == {LS.RULE_CAUGHT_UP, LS.RULE_REWIND, LS.RULE_STOP, LS.RULE_STALL,
+                                              LS.RULE_KEPT_UP, LS.RULE_LAG_RISING, LS.RULE_OK, LS.RULE_FEW_POINTS}
 
 
 # --- bounded, ordered, deterministic, serialisable --------------------------------------
 
 def _bounded(s, cfg):
     return (len(s["history"]) <= cfg.window and len(s.get("marks", [])) <= cfg.hw_marks
-            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= L.TREND_POINTS)
+            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= LC.TREND_POINTS)
 
 
 def test_state_never_exceeds_its_bounds():
@@ -886,5 +904,5 @@ def test_valid_edge_configs():
                      lag_high_for_ms=0, blip_max_ms=0, warn_min_rise_ms=0, cadence_factor=1).lag_high_seconds is None
     # a stall limit above the stop limit: no STALL before STOP
     cfg = LagConfig(stall_after_ms=600_000, stop_after_ms=60_000)
-    assert L.stuck_limits(cfg, None, False)[:2] == (60_000, 60_000)
-    assert L.stuck_limits(cfg, [1000], False)[:2] == (60_000, 60_000)
+    assert LS.stuck_limits(cfg, None, False)[:2] == (60_000, 60_000)
+    assert LS.stuck_limits(cfg, [1000], False)[:2] == (60_000, 60_000)

@@ -19,11 +19,12 @@ import pytest
 
 from streaming.rules import base as rules
 from streaming.rules import partition as rp
+from streaming.rules import partition_config as rpc
 from streaming.rules import topic as rt
 from streaming.rules.base import Alert, Severity
 
 E = "k/t/0"
-CFG = rp.PartitionRulesConfig()
+CFG = rpc.PartitionRulesConfig()
 S = 1000
 MIN = 60 * S
 
@@ -211,7 +212,7 @@ def test_leader_changed(steps, expected, only):
 def test_leader_changed_evidence_counts_the_episode():
     steps = [(1000, "md", md(leader=1, epoch=5)), (2000, "md", md(leader=2, epoch=6)),
              (3000, "md", md(leader=1, epoch=7)), (4000, "md", md(leader=1, epoch=8)), (4000 + Q, "tick")]
-    _, s, out = run(steps, LEADER, cfg=rp.PartitionRulesConfig(leader_history_max=2))
+    _, s, out = run(steps, LEADER, cfg=rpc.PartitionRulesConfig(leader_history_max=2))
     opened, resolved = out
     assert opened.evidence == {"old_leader": 1, "new_leader": 2, "old_epoch": 5, "new_epoch": 6, "changes": 1,
                                "preferred_leader": 1, "epoch_reset": False}
@@ -641,7 +642,7 @@ def test_stale_reports_are_counted():
 
 
 def test_client_list_is_bounded():
-    cfg = rp.PartitionRulesConfig(count_change_clients_max=50)
+    cfg = rpc.PartitionRulesConfig(count_change_clients_max=50)
     steps = [(1000 + i, "chg", chg(f"app-{i}", 3, 6, 1000 + i)) for i in range(60)] + [(1000 + PW, "tick")]
     _, s, out = run_topic(steps, cfg)
     ev = out[-1].evidence
@@ -679,8 +680,8 @@ def test_config_defaults():
     ("leader_quiet_ms", 0), ("imbalance_after_ms", -1), ("hw_stall_ms", 1.5), ("unobserved_after_ms", "60s"),
     ("count_change_clients_max", True), ("epoch_reset_after", None)])
 def test_config_is_validated(field, value):
-    with pytest.raises(rp.PartitionRulesConfigError, match=f"partition_rules.{field}: must be"):
-        rp.PartitionRulesConfig(**{field: value})
+    with pytest.raises(rpc.PartitionRulesConfigError, match=f"partition_rules.{field}: must be"):
+        rpc.PartitionRulesConfig(**{field: value})
 
 
 def test_config_is_frozen():

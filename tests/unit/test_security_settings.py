@@ -15,7 +15,8 @@ from kafka_monitor import cli
 from kafka_monitor.config import ConfigError, build
 from monitor.access import FatalClientError, fatal_reason, missing_acl
 from monitor.emitter import EventEmitter
-from monitor.probe import Probe, ProbeConfig
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig
 from tests.support.capture import CapturingProducer
 

@@ -7,9 +7,13 @@ import json
 import pandas as pd
 import pytest
 
-from streaming.rules.group import GroupRulesConfig
+from streaming.rules.client import ClientRulesConfig
+from streaming.rules.source import SourceRulesConfig
 
 from streaming.state import function as st
+from streaming.state import fold as sfold
+from streaming.state import codec
+from streaming.state import rows as st_rows
 from streaming.job import FLAT_COLUMNS
 from tests.support.state_fakes import FakeState, call, canary, goff, pmd, poff, rows
 
@@ -27,8 +31,8 @@ def test_batch_folds_in_event_order_and_emits_gauges_and_transitions():
     gp = out[out.kind == "group_partition"].iloc[0]
     assert (gp.committed_offset, gp.lag, gp.consumer_group) == (450, 50, "g")
     assert s.timeout == st.StateConfig().tick_ms
-    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0", "group_partition|k/g/t/0"}
-    assert list(out.columns) == [n for n, _ in st.OUTPUT_COLUMNS]
+    assert set(codec.stored_entities(s.value[0])) == {"partition|k/t/0", "group_partition|k/g/t/0"}
+    assert list(out.columns) == [n for n, _ in st_rows.OUTPUT_COLUMNS]
 
 
 def test_state_carries_over_between_batches():
@@ -88,7 +92,7 @@ def test_entities_not_seen_for_the_ttl_are_removed_with_their_alerts_resolved():
     assert list(removed.partition) == [1]
     resolved = out[(out.kind == "alert") & (out.action == "resolve")]
     assert set(resolved.alert) == {"IsrShrink", "UnderReplicated"}
-    assert set(st.stored_entities(s.value[0])) == {"partition|k/t/0"}
+    assert set(codec.stored_entities(s.value[0])) == {"partition|k/t/0"}
 
 
 def test_timeout_evicts_by_the_clock_and_drops_empty_state():
@@ -141,16 +145,16 @@ def test_quarantine_bucket_counts_by_reason_and_keeps_no_state():
 def test_admit(applied, etype, source, t, event_id, expected):
     s: dict = {}
     for a in applied:
-        assert st.admit(s, *a) is None
-    assert st.admit(s, etype, source, t, event_id) == expected
+        assert sfold.admit(s, *a) is None
+    assert sfold.admit(s, etype, source, t, event_id) == expected
 
 
 def test_memory_of_ids_per_entity_is_bounded():
     s: dict = {}
     for i in range(100):
-        st.admit(s, "partition_offsets", "p", 1000, f"e{i}")
-    assert len(s["applied"][("partition_offsets", "p")][1]) == st.DEDUP_IDS
-    st.admit(s, "partition_offsets", "p", 2000, "x")
+        sfold.admit(s, "partition_offsets", "p", 1000, f"e{i}")
+    assert len(s["applied"][("partition_offsets", "p")][1]) == sfold.DEDUP_IDS
+    sfold.admit(s, "partition_offsets", "p", 2000, "x")
     assert s["applied"][("partition_offsets", "p")] == (2000, ["x"])
 
 
@@ -159,14 +163,14 @@ def test_sources_remembered_per_entity_are_bounded():
     MAX_SOURCES per type, forgetting the one that reported longest ago; the others keep their
     clocks, and another type's sources are not touched."""
     s: dict = {}
-    assert st.admit(s, "partition_metadata", "old", 500, "m") is None
-    for i in range(st.MAX_SOURCES + 3):
-        assert st.admit(s, "partition_offsets", f"probe-{i}", 1000 + i, f"e{i}") is None
+    assert sfold.admit(s, "partition_metadata", "old", 500, "m") is None
+    for i in range(sfold.MAX_SOURCES + 3):
+        assert sfold.admit(s, "partition_offsets", f"probe-{i}", 1000 + i, f"e{i}") is None
     offsets = sorted(src for typ, src in s["applied"] if typ == "partition_offsets")
-    assert offsets == sorted(f"probe-{i}" for i in range(3, st.MAX_SOURCES + 3))
+    assert offsets == sorted(f"probe-{i}" for i in range(3, sfold.MAX_SOURCES + 3))
     assert ("partition_metadata", "old") in s["applied"]
-    assert st.admit(s, "partition_offsets", "probe-5", 1004, "x") == "out_of_order"  # still remembered
-    assert st.admit(s, "partition_offsets", "probe-0", 900, "y") is None  # forgotten: a new source again
+    assert sfold.admit(s, "partition_offsets", "probe-5", 1004, "x") == "out_of_order"  # still remembered
+    assert sfold.admit(s, "partition_offsets", "probe-0", 900, "y") is None  # forgotten: a new source again
 
 
 def test_a_replayed_event_changes_nothing_and_is_counted():
@@ -186,7 +190,7 @@ def test_a_replayed_event_changes_nothing_and_is_counted():
     # counts as out of order, the replay of the latest (e2) as a duplicate
     assert {r.alert: r["count"] for _, r in out[out.kind == "dropped"].iterrows()} == {
         "duplicate": 1, "out_of_order": 2}
-    assert st.stored_entities(s.value[0])["partition|k/t/0"]["isr"] == [1, 3]
+    assert codec.stored_entities(s.value[0])["partition|k/t/0"]["isr"] == [1, 3]
 
 
 # -- gauges are sent when they change ----------------------------------------------------------
@@ -207,18 +211,18 @@ def test_unchanged_entities_are_not_sent_again_within_a_run():
 
 def test_the_change_signature_covers_every_exported_field():
     ents: dict = {}
-    st.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
+    sfold.fold(ents, rows({**pmd(1, 1000, [1, 2]), "event_id": "a"}, {**poff(2, 1000, 9), "event_id": "b"},
                        {**goff(3, 1000, 4, 9), "event_id": "c"}), st.StateConfig())
     fields = {"partition": ("leader", "replicas", "isr", "high_watermark", "log_start_offset", "last_stable_offset"),
               "group_partition": ("committed_offset", "high_watermark", "lag", "lag_seconds", "lag_status",
                                   "read_committed_lag")}
     for s in ents.values():
-        row = st._entity_row(s)
-        assert st._exported(s) == tuple(row[f] for f in fields[s["kind"]]), s["kind"]
+        row = st_rows._entity_row(s)
+        assert st_rows._exported(s) == tuple(row[f] for f in fields[s["kind"]]), s["kind"]
 
 
 def test_text_columns_are_the_string_columns_of_the_flat_rows():
-    assert st._TEXT_COLUMNS == {n for n, t in FLAT_COLUMNS if t == "string"}
+    assert st_rows._TEXT_COLUMNS == {n for n, t in FLAT_COLUMNS if t == "string"}
 
 
 def test_bucket_keys_are_distinct_stable_and_spread():
@@ -234,7 +238,7 @@ def test_quarantine_samples_are_bounded_per_batch_and_any_event_time_is_survived
     """The quarantine bucket gets every refused row of a batch: it reads them frame by frame,
     lists each (reason, size, time) but keeps samples only within the batch's budget; a refused
     row's observed_at may be anything (2**63 - 1 arrives as the float 2**63)."""
-    monkeypatch.setattr(st, "QUARANTINE_SAMPLE_BUDGET", 10)
+    monkeypatch.setattr(st_rows, "QUARANTINE_SAMPLE_BUDGET", 10)
     fn = st.make_state_function(st.StateConfig())
     frames = [rows({"reason": "oversized", "raw": "x" * 6, "raw_bytes": 100_000, "observed_at": None},
                    {"reason": "malformed_json", "raw": "{bad", "raw_bytes": 4, "observed_at": float(2 ** 63)}),
@@ -293,14 +297,15 @@ def test_timers_expire_at_their_moment_whatever_the_batches():
     events = [mr(i, t) for i, t in enumerate(times)] + [hb(100 + i, t) for i, t in enumerate([0, 1000, 5000, 6000])]
     events.sort(key=lambda e: e["observed_at"])
 
-    cfg = st.StateConfig(group=GroupRulesConfig(silence_grace_ms=0))  # the factors' limits alone
+    cfg = st.StateConfig(client=ClientRulesConfig(silence_grace_ms=0),  # the factors' limits alone
+                         source=SourceRulesConfig(silence_grace_ms=0))
 
     def run(batches):
         ents, out = {}, []
         for b in batches:
-            got, _ = st.fold(ents, rows(*b), cfg)
+            got, _ = sfold.fold(ents, rows(*b), cfg)
             out += got
-            out += st.tick(ents, max(e["observed_at"] for e in b), cfg)
+            out += sfold.tick(ents, max(e["observed_at"] for e in b), cfg)
         return sorted((t.at, t.alert.value, t.action) for t in out)
 
     whole = run([events])
@@ -485,14 +490,14 @@ def test_alert_columns_are_the_alert_rows():
                             severity_override=rules.Severity.CRITICAL),
            rules.Transition(rules.Alert.SOURCE_SILENT, "open", "a3", 3_000, "source|c/p",
                             {"cluster": "c", "source": "p"}, {"silent_ms": 60_000})]
-    rows = st._frame([st._row(kind="alert", action=t.action, cluster=t.labels["cluster"], topic=t.labels.get("topic"),
+    rows = st_rows._frame([st_rows._row(kind="alert", action=t.action, cluster=t.labels["cluster"], topic=t.labels.get("topic"),
                               partition=t.labels.get("partition"), consumer_group=t.labels.get("group"),
                               source=t.labels.get("source"), broker=t.labels.get("broker"), alert=t.alert.value,
                               alert_id=t.alert_id, severity=t.severity.name.lower(),
                               evidence=json.dumps(t.evidence, sort_keys=True, default=str), at=t.at) for t in ts])
-    cols = st._frame(st._transition_columns(ts))
+    cols = st_rows._frame(st_rows._transition_columns(ts))
     pd.testing.assert_frame_equal(cols, rows)
     assert cols["severity"].tolist() == ["warning", "critical", rules.SEVERITY[rules.Alert.SOURCE_SILENT].name.lower()]
     assert json.loads(cols["evidence"][0]) == {"a": str({1, 2}), "isr": [1, 3], "removed": [2], "z": 1}
     assert cols["broker"].isna().tolist() == [False, True, True]
-    assert len(st._frame(st._transition_columns([]), [])) == 0
+    assert len(st_rows._frame(st_rows._transition_columns([]), [])) == 0

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from streaming.rules import dispatch
 from streaming.rules import partition as rules_partition
 from streaming.state import function as st
+from streaming.state import codec
 from tests.support.state_fakes import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
@@ -22,13 +24,13 @@ FORMAT2, FORMAT2_META = OLDER[0], OLDER_META[0]
 
 
 def test_every_older_format_has_a_migration():
-    assert st._FORMAT == 6
-    assert sorted(st._MIGRATIONS) == list(range(1, st._FORMAT))
+    assert codec._FORMAT == 6
+    assert sorted(codec._MIGRATIONS) == list(range(1, codec._FORMAT))
 
 
 @pytest.mark.parametrize("old, meta", list(zip(OLDER, OLDER_META)), ids=["format2", "format3", "format4", "format5"])
 def test_a_job_restarts_on_a_state_written_by_a_previous_version(old, meta):
-    assert st.decode_state(old)["format"] == meta["format"]
+    assert codec.decode_state(old)["format"] == meta["format"]
     s = FakeState(value=(old,))
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="after-upgrade"))
     # the first batch of the new run restates what the previous version had open ...
@@ -41,10 +43,10 @@ def test_a_job_restarts_on_a_state_written_by_a_previous_version(old, meta):
     resolved = out[(out.kind == "alert") & (out.action == "resolve")]
     assert sorted(resolved.alert) == ["IsrShrink", "UnderReplicated"]
     assert set(resolved.alert_id) == set(restated.alert_id)  # the same episodes, not new ones
-    stored = st.decode_state(s.value[0])
-    assert stored["format"] == st._FORMAT and stored["fields"] == st.FIELDS
-    assert s.value[0].startswith(st._ENVELOPE)
-    assert sorted(st.stored_entities(s.value[0])) == meta["entities"]
+    stored = codec.decode_state(s.value[0])
+    assert stored["format"] == codec._FORMAT and stored["fields"] == codec.FIELDS
+    assert s.value[0].startswith(codec._ENVELOPE)
+    assert sorted(codec.stored_entities(s.value[0])) == meta["entities"]
     assert len(stored["partitions"]["keys"]), "the quiet partitions are compacted into the table again"
 
 
@@ -66,9 +68,9 @@ def test_the_tables_columns_come_back_exactly_from_their_encoding():
 
 
 def test_the_oldest_format_a_dict_of_entities_is_read():
-    entities = st.stored_entities(FORMAT2)
+    entities = codec.stored_entities(FORMAT2)
     old = pickle.dumps(entities)  # format 1: no envelope, no partition table
-    got, table, run = st._unpack(old, "r")
+    got, table, run = codec._unpack(old, "r")
     assert sorted(got) == FORMAT2_META["entities"] and len(table) == 0 and run is None
     assert got["partition|k/t/0"]["open"].keys() == {"IsrShrink", "UnderReplicated"}
 
@@ -80,26 +82,26 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
     for t in (1_000, 11_000, 21_000):
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
-    assert len(st.decode_state(s.value[0])["partitions"]["keys"]), "precondition: partitions in the table"
+    assert len(codec.decode_state(s.value[0])["partitions"]["keys"]), "precondition: partitions in the table"
 
     def new_partition(cluster, topic, partition):
         return {**rules_partition.new_partition(cluster, topic, partition), "added_later": 7}
 
-    monkeypatch.setitem(st._TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
-    monkeypatch.setattr(st, "FIELDS", st.FIELDS + (("partition", ("added_later",)),))
-    entities, table, _ = st._unpack(s.value[0], "r")
+    monkeypatch.setitem(dispatch.TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
+    monkeypatch.setattr(codec, "FIELDS", codec.FIELDS + (("partition", ("added_later",)),))
+    entities, table, _ = codec._unpack(s.value[0], "r")
     parts = {k: e for k, e in entities.items() if e["kind"] == "partition"}
     assert len(parts) == 3 and len(table) == 0
     assert all(e["added_later"] == 7 for e in parts.values())
     # stored again with the new signature: read as it is the next time
-    st._store(s, entities, table, st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
-    assert st.decode_state(s.value[0])["fields"] == st.FIELDS
+    codec._store(s, entities, table)
+    assert codec.decode_state(s.value[0])["fields"] == codec.FIELDS
 
 
 def test_a_state_from_a_newer_version_is_refused_with_what_to_do():
-    newer = pickle.dumps({"format": st._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
-    with pytest.raises(st.StateFormatError, match=r"format 7, written by a newer kafka-monitor.*formats 1\.\.6"):
-        st._unpack(newer, "r")
+    newer = pickle.dumps({"format": codec._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
+    with pytest.raises(codec.StateFormatError, match=r"format 7, written by a newer kafka-monitor.*formats 1\.\.6"):
+        codec._unpack(newer, "r")
 
 
 def test_a_state_in_todays_format_is_not_reworked():
@@ -107,7 +109,7 @@ def test_a_state_in_todays_format_is_not_reworked():
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
     for t in (1_000, 11_000):
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
-    _, table, _ = st._unpack(s.value[0], "r")
+    _, table, _ = codec._unpack(s.value[0], "r")
     assert len(table) > 0, "the table is kept as it is when the signature matches"
 
 
@@ -121,7 +123,7 @@ def test_format6_stores_a_cold_part_once_for_partitions_alike_and_narrow_columns
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
     for t in (1_000, 11_000):
         call(fn, 0, rows(*(x for p in range(20) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
-    table = st.decode_state(s.value[0])["partitions"]
+    table = codec.decode_state(s.value[0])["partitions"]
     assert len(table["keys"]) == 20
     stored = pt.encode(table)
     cold = stored["arrays"]["cold"]
@@ -130,7 +132,7 @@ def test_format6_stores_a_cold_part_once_for_partitions_alike_and_narrow_columns
     back = pt.decode(stored)
     assert back["arrays"]["cold"].equals(table["arrays"]["cold"])
     assert all(back["ints"][c].dtype == np.int64 and np.array_equal(back["ints"][c], table["ints"][c]) for c in table["ints"])
-    _, t, _ = st._unpack(s.value[0], "r")
+    _, t, _ = codec._unpack(s.value[0], "r")
     got = {(d["cluster"], d["topic"], d["partition"]) for d in map(t.peek, t.live_keys())}
     assert got == {("k", "t", p) for p in range(20)}
 
@@ -139,9 +141,9 @@ def test_format3_table_signatures_are_read_as_the_strings_format4_compares():
     """Format 4 keeps a quiet partition's metadata signature as its repr: a format 3 table's
     tuples are converted, so a repeated snapshot still finds its partition quiet."""
     from streaming.state.table import PartitionTable
-    v = st.decode_state(OLDER[1])
+    v = codec.decode_state(OLDER[1])
     assert v["format"] == 3
-    table = PartitionTable(st._MIGRATIONS[4](st._MIGRATIONS[3](v))["partitions"], run_id="r")
+    table = PartitionTable(codec._MIGRATIONS[4](codec._MIGRATIONS[3](v))["partitions"], run_id="r")
     keys = table.live_keys()
     assert keys, "precondition: the fixture has partitions in the table"
     sigs = [table.value("sig", table.index[k]) for k in keys]

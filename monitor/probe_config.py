@@ -1,0 +1,180 @@
+"""The probe's settings (``ProbeConfig``, the ``[probe]`` section) and its share of a cluster.
+
+Sharing a cluster (``share = "i/n"``): n probes, each with its own ``source``, split one cluster
+by a stable hash of names, crc32 of the UTF-8 name modulo n (``share_of``; not Python's
+``hash()``, which differs between processes).  Probe i watches the topics whose share is i — their
+partitions' metadata and offsets, and every group's committed offsets on them (``group_offsets``
+are read with the high watermarks of the same probe, so HW >= committed still holds within one
+observation) — and describes the groups whose share is i (``group_state``).  So every partition,
+every group partition and every group is reported by exactly one probe; each still lists the
+cluster's metadata and every matching group's committed offsets, and keeps only its share.  The
+heartbeat carries ``share``; when one probe stops, the job's SourceSilent names it, and the
+partitions of its share go unobserved.  ``ProbeScope`` answers, for one probe, what it watches.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+OFFSETS_VIA = ("list_offsets", "fetch")
+
+
+class ConfigError(ValueError):
+    """A setting with a value that cannot work; the message names the setting."""
+
+
+def share_of(name: str, count: int) -> int:
+    """The share (1..count) a topic or group belongs to when ``count`` probes split a cluster:
+    crc32 of its UTF-8 name modulo count, plus 1 — the same in every process and release."""
+    return zlib.crc32(name.encode("utf-8")) % count + 1
+
+
+def parse_share(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """``"i/n"`` -> (i, n) with 1 <= i <= n; None or "" -> None (the whole cluster)."""
+    if text is None or not str(text).strip():
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ConfigError(f"probe.share: must be \"i/n\" with 1 <= i <= n (this probe's share of n), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass
+class ProbeConfig:
+    bootstrap_servers: str
+    events_topic: str = "kafka-monitor.events"
+    #: cluster label; default: the cluster id the brokers report
+    cluster: Optional[str] = None
+    source: str = field(default_factory=lambda: f"probe-{socket.gethostname()}")
+    interval_s: float = 10.0
+    offsets_via: str = "list_offsets"
+    topics_include: str = ".*"
+    topics_exclude: str = "^__"
+    groups_include: str = ".*"
+    groups_exclude: str = "^kafka-monitor-"
+    request_timeout_s: float = 10.0
+    #: periodic metadata refresh (Kafka's metadata.max.age.ms); default: every interval_s
+    metadata_max_age_s: Optional[float] = None
+    #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
+    refresh_backoff_s: float = 1.0
+    #: statistics interval of the probe's metadata client, where leader epochs come from; default
+    #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
+    stats_interval_s: Optional[float] = None
+    #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
+    #: refresh, answered by the next (see monitor.topic_configs); 10 s: at every refresh at the
+    #: default interval, and no faster at shorter ones (0: at every refresh)
+    config_refresh_s: float = 10.0
+    #: a partition's metadata is sent when it changes, and at least this often when it does not
+    #: (0: after every refresh)
+    metadata_snapshot_s: float = 60.0
+    #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
+    #: their names, see share_of); empty: the whole cluster
+    share: str = ""
+    #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
+    kafka: dict[str, str] = field(default_factory=dict)
+    #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
+    events_kafka: dict[str, str] = field(default_factory=dict)
+    #: run the canary (monitor/canary.py): acks=all writes to canary_topic, read back, reported
+    canary: bool = False
+    canary_topic: str = "kafka-monitor-canary"
+    #: seconds between two canary writes to one partition (one partition per broker)
+    canary_interval_s: float = 1.0
+    #: replicas of each canary partition (at most the number of brokers)
+    canary_replication_factor: int = 3
+
+    def validate(self) -> "ProbeConfig":
+        if not self.bootstrap_servers:
+            raise ConfigError("probe.bootstrap_servers: required (host:port[,host:port...])")
+        if not self.events_topic:
+            raise ConfigError("probe.events_topic: must not be empty")
+        if not self.interval_s > 0:
+            raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
+        if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
+            raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
+        if self.stats_interval_s is not None and not 0.05 <= self.stats_interval_s <= 60:
+            raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
+        if not self.metadata_snapshot_s >= 0:
+            raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
+                              f"refresh), got {self.metadata_snapshot_s}")
+        if not self.config_refresh_s >= 0:
+            raise ConfigError(f"probe.config_refresh_s: must be >= 0 (0 = at every metadata refresh), "
+                              f"got {self.config_refresh_s}")
+        if not self.refresh_backoff_s >= 0:
+            raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
+        if self.offsets_via not in OFFSETS_VIA:
+            raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
+        parse_share(self.share)
+        if self.canary:
+            share = parse_share(self.share)
+            if share is not None and share[0] != 1:
+                raise ConfigError(f"probe.canary: run the canary on one probe of the {share[1]} that share the "
+                                  f"cluster, the one with share 1/{share[1]} (this one has {self.share}): the job "
+                                  f"keeps one report per canary partition")
+            if not self.canary_topic:
+                raise ConfigError("probe.canary_topic: must not be empty")
+            if not 0.05 <= self.canary_interval_s <= 60:
+                raise ConfigError(f"probe.canary_interval_s: must be within 0.05..60, got {self.canary_interval_s}")
+            if not 1 <= self.canary_replication_factor <= 32:
+                raise ConfigError(f"probe.canary_replication_factor: must be within 1..32, got "
+                                  f"{self.canary_replication_factor}")
+        for name in ("topics_include", "topics_exclude", "groups_include", "groups_exclude"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as e:
+                raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
+        return self
+
+    def stats_interval(self) -> float:
+        """The statistics interval in effect: ``stats_interval_s``, or by default the largest
+        fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
+        costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
+        partitions); the probe reads one per refresh, and times its periodic refreshes so
+        that one comes right after each (``_refresh_start_in`` in monitor/topology.py), which
+        works when the statistics interval divides the refresh period."""
+        if self.stats_interval_s is not None:
+            return self.stats_interval_s
+        k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
+        return min(60.0, max(0.05, self.interval_s / k))
+
+    def client_conf(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+
+
+class ProbeScope:
+    """What one probe watches: the topics and groups its patterns match and, when probes share
+    the cluster, that are in its share."""
+
+    def __init__(self, cfg: ProbeConfig):
+        self._topics_in = re.compile(cfg.topics_include)
+        self._topics_out = re.compile(cfg.topics_exclude)
+        self._groups_in = re.compile(cfg.groups_include)
+        self._groups_out = re.compile(cfg.groups_exclude)
+        self._watched_cache: dict[str, bool] = {}
+        #: (i, n) when n probes share the cluster (None: the whole cluster)
+        self.share = parse_share(cfg.share)
+
+    def owns(self, name: str) -> bool:
+        """Whether a topic or group is in this probe's share (always, without one)."""
+        return self.share is None or share_of(name, self.share[1]) == self.share[0]
+
+    def share_text(self) -> Optional[str]:
+        return None if self.share is None else f"{self.share[0]}/{self.share[1]}"
+
+    def watched(self, topic: str) -> bool:
+        hit = self._watched_cache.get(topic)
+        if hit is None:
+            if len(self._watched_cache) > 1_000_000:
+                self._watched_cache.clear()
+            hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
+                                                and not self._topics_out.search(topic) and self.owns(topic))
+        return hit
+
+    def watched_groups(self, names: list[str]) -> list[str]:
+        """The groups of ``names`` the group patterns match (every share's: a group's committed
+        offsets on this share's topics are reported by this probe)."""
+        return [g for g in names if self._groups_in.search(g) and not self._groups_out.search(g)]

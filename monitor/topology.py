@@ -1,0 +1,305 @@
+"""The probe's metadata refreshes: ``ProbeTopologyMixin``, the part of ``monitor.probe.Probe``
+that lists the cluster's metadata, turns it into a cluster view and sends what changed.
+
+Metadata follows the Java client's rules (``monitor.metadata.MetadataCache``): a refresh runs at
+start (bootstrap), every ``metadata_max_age_s`` (periodic, default: every interval), and as soon
+as the refresh backoff allows after something invalidated the metadata — a failed connection,
+a timed-out request, a partition without a leader, an error such as NOT_LEADER_OR_FOLLOWER in
+any response the probe gets, a topic it has not seen (new_topic).  Each attempt is one
+``metadata_refresh`` event with its reason and cause.  After a successful one, a watched
+partition gets a ``partition_metadata`` when its leader, leader epoch, replicas, ISR, offline
+replicas, min.insync.replicas or error differ from what the probe last sent for it, and at least
+every ``metadata_snapshot_s`` even when nothing changed (a job started on an empty checkpoint,
+or one that missed an event, has the whole view within that time).  The first snapshots are
+spread over that period, so a large cluster's partitions do not all come due in one refresh.
+Sending changes only is what keeps the job's work following change: at 100,000 partitions a
+full view every 10 s is 100,000 events that say nothing new.  Each ``partition_offsets``
+carries ``metadata_at``, the time of the refresh that last confirmed the partition's view, so
+the job knows the view it holds is current without receiving it again.
+
+A refresh also counts each broker's leaderships and replicas (``broker_state``), reads each
+watched topic's min.insync.replicas (``monitor.topic_configs``) and leader epochs
+(``monitor.leader_epochs``), and notes the topics that are gone (``monitor.gone``).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+import zlib
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from monitor.cluster_view import ClusterView
+from monitor.contract import Broker, BrokerState, MetadataRefresh, PartitionCountChange, PartitionMetadata
+from monitor.gcpause import gc_paused
+from monitor.metadata import Reason
+
+if TYPE_CHECKING:
+    from monitor.emitter import EventEmitter
+    from monitor.gone import GoneTracker
+    from monitor.leader_epochs import LeaderEpochs
+    from monitor.metadata import MetadataCache
+    from monitor.probe_config import ProbeConfig, ProbeScope
+    from monitor.topic_configs import TopicConfigs
+
+
+class ProbeTopologyMixin:
+    """``Probe``'s metadata refreshes (mixed into it; not used on its own)."""
+
+    if TYPE_CHECKING:  # provided by Probe
+        cfg: ProbeConfig
+        metadata: MetadataCache
+        _admin: Any
+        _ops: Any
+        _retry_conf: Optional[dict[str, Any]]
+        _emitter: EventEmitter
+        _epochs: LeaderEpochs
+        _scope: ProbeScope
+        _gone: GoneTracker
+        topic_configs: TopicConfigs
+        _broker_lock: threading.Lock
+        _writes_held: Optional[tuple[int, int, int]]
+        _next_observation: Optional[float]
+        _refresh_busy_s: float
+
+        def _now_ms(self) -> int: ...
+
+        def _warn_once(self, kind: str, msg: str, *args: Any) -> None: ...
+
+        def invalidate(self, error: Any, where: str) -> Optional[str]: ...
+
+        def _emit_rows(self, cls: type, rows: Sequence[tuple], observed_at: int) -> list[int]: ...
+
+    def _init_topology(self) -> None:
+        #: a refresh's request time (a moving average)
+        self._list_s: Optional[float] = None
+        self._ops_brokers: frozenset = frozenset()  # the brokers the last good refresh listed
+        self._watched_partitions: list[tuple[str, int]] = []
+        #: the broker_state counts, and the view they were counted from (_emit_broker_states)
+        self._broker_sig: Optional[tuple] = None
+        self._broker_counts: tuple = ({}, {}, {})
+        #: each watched partition's leader (the ListOffsets requests go to one broker each)
+        self._watched_leaders: list[int] = []
+        #: when the last successful refresh (the one _watched_partitions come from) ran, epoch ms
+        self._watched_at: Optional[int] = None
+        #: (topic, partition) -> (what was last sent, when it is due again)
+        self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
+        self.refresh_retries = 0  # metadata requests sent again through a new client
+        self.refresh_failures = 0  # metadata requests that failed, retried or not
+
+    def refresh_metadata(self) -> bool:
+        """One metadata refresh attempt, reported as a ``metadata_refresh`` event (and a
+        ``partition_metadata`` per watched partition that changed or whose snapshot is due, when
+        it succeeded)."""
+        started = time.monotonic()
+        try:
+            with gc_paused():
+                return self._refresh_metadata()
+        finally:
+            self._refresh_busy_s += time.monotonic() - started
+
+    def refresh_wait_s(self) -> float:
+        """How long a metadata request waits before it is sent again: a quarter of the interval,
+        at least 2 s and three times the usual answer's time, at most the request timeout."""
+        usual = 3 * self._list_s if self._list_s is not None else 0.0
+        return min(self.cfg.request_timeout_s, max(2.0, 0.25 * self.cfg.interval_s, usual))
+
+    def _list_topics(self) -> Any:
+        """The cluster's metadata.  librdkafka sends the request to the usable broker it last
+        sent to, which is often a paused one, and a second try through the same client (or the
+        offsets client) went there again.  So the first attempt waits ``refresh_wait_s()``, and a
+        timed-out one is sent again, for the rest of the request timeout, through a new client:
+        its connection to a paused broker never gets past ApiVersion, so it asks another."""
+        first = self.refresh_wait_s() if self._retry_conf is not None else self.cfg.request_timeout_s
+        try:
+            return self._admin.list_topics(timeout=first)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if self._retry_conf is None or not isinstance(err, KafkaError) or err.code() != KafkaError._TIMED_OUT:
+                raise
+        self.refresh_retries += 1
+        client = AdminClient(self._retry_conf)
+        try:
+            return client.list_topics(timeout=max(first, self.cfg.request_timeout_s - first))
+        finally:
+            del client  # nothing of it is in flight once list_topics returned
+
+    def _refresh_metadata(self) -> bool:
+        reason, cause = self.metadata.next_reason()
+        t0, sent_at = time.monotonic(), self._now_ms()
+        try:
+            md = self._list_topics()
+        except KafkaException as e:  # transport failure, timeout
+            err = e.args[0] if e.args else e
+            self.refresh_failures += 1
+            self.metadata.failed_update(error=str(err))
+            self.invalidate(err, "metadata request")
+            self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,
+                                               duration_ms=(time.monotonic() - t0) * 1000, error=str(err),
+                                               metadata_max_age_ms=self.metadata.metadata_max_age_ms))
+            self._warn_once("metadata", "metadata refresh failed: %s", err)
+            return False
+        duration_ms = (time.monotonic() - t0) * 1000
+        self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
+        watched_now = [n for n, t in md.topics.items() if self._scope.watched(n) and t.error is None]
+        epochs = self._epochs.leader_epochs(self._admin, watched_now, {(n, p.id): p.leader for n in watched_now
+                                                                        for p in md.topics[n].partitions.values()})
+        previous_ok = self.metadata.last_successful_refresh_ms
+        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
+                                                                 previous=self.metadata.cluster), sent_at=sent_at)
+        now = change.at_ms
+        view = self.metadata.cluster
+        if not change.ok or view is None:
+            self._emitter.emit(MetadataRefresh(version=change.version, reason=reason, cause=cause, ok=False,
+                                               duration_ms=duration_ms, error=change.error), observed_at=now)
+            return False
+        if self.cfg.cluster is None and view.cluster_id:
+            self._emitter.cluster = view.cluster_id
+        brokers = frozenset(b.node_id for b in view.brokers)
+        if self._ops is not self._admin and (change.leader_changes or brokers != self._ops_brokers):
+            # a broker that left the cluster: the offsets client forgets it only from its own
+            # metadata; until then librdkafka 2.16 retries connecting to it without a pause
+            # (~15,000 attempts a second, a core's worth of CPU, seen on the real cluster)
+            self._sync_ops_metadata()
+        self._ops_brokers = brokers
+        n_parts = sum(t.partition_count for t in view.topics.values())
+        self._emitter.emit(MetadataRefresh(
+            version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
+            node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
+            controller_id=view.controller_id,
+            brokers=[Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in view.brokers],
+            topic_count=len(view.topics), partition_count=n_parts,
+            partition_count_changes=[
+                PartitionCountChange(topic=t, old_count=old, new_count=new,
+                                     unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
+                for t, (old, new) in sorted(change.partition_count_changes.items()) if self._scope.owns(t)],
+            leaderless_partitions=len(change.no_leader),
+            metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
+        if self._scope.share is None or self._scope.share[0] == 1:
+            with self._broker_lock:
+                self._emit_broker_states(view, change.version, now)
+        topics = [n for n, t in view.topics.items() if self._scope.watched(n) and t.error is None]  # sorted by name
+        if not topics:
+            self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
+                            "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
+                            "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
+                            self.cfg.topics_include, self.cfg.topics_exclude)
+        min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers else None)
+        # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
+        # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
+        # same object while nothing changed, so "unchanged" is mostly an identity test.
+        watched: list[tuple[str, int]] = []
+        leaders: list[int] = []
+        md_sent, sent = self._md_sent, {}
+        rows, pending = [], []
+        version = change.version
+        for name in topics:
+            mi = min_isr.get(name)
+            for pv in view.topics[name].partitions:  # sorted by partition
+                tp = (name, pv.partition)
+                watched.append(tp)
+                leaders.append(pv.leader)
+                shown = (pv, mi)
+                last = md_sent.get(tp)
+                if last is not None and now < last[1] and last[0] == shown:
+                    sent[tp] = last
+                    continue
+                rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
+                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error))
+                pending.append((tp, shown, last is None))
+        failed = set(self._emit_rows(PartitionMetadata, rows, now))
+        for i, (tp, shown, first) in enumerate(pending):
+            if i not in failed:  # not enqueued: tried again at the next refresh
+                sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=first))
+        self._md_sent = sent  # partitions no longer watched are forgotten
+        self._gone.note_topics(view, topics, now)
+        if watched != self._watched_partitions:
+            self._watched_partitions = watched
+        if leaders != self._watched_leaders:
+            self._watched_leaders = leaders
+        self._watched_at = now
+        self._epochs.refresh_done()
+        return True
+
+    def _emit_broker_states(self, view: ClusterView, version: int, now: int) -> None:
+        """One ``broker_state`` per broker the response lists or a replica names: what it leads,
+        holds, and holds out of the ISR, over every partition of the response.  Counted again
+        only when a topic changed (unchanged topics are the same objects, ClusterView.from_confluent)."""
+        sig = (tuple(map(id, view.topics.values())), view.brokers)
+        if sig != self._broker_sig:
+            leads: collections.Counter = collections.Counter()
+            holds: collections.Counter = collections.Counter()
+            behind: collections.Counter = collections.Counter()
+            for t in view.topics.values():
+                for pv in t.partitions:
+                    leads[pv.leader] += 1
+                    holds.update(pv.replicas)
+                    if len(pv.isr) != len(pv.replicas):
+                        behind.update(r for r in pv.replicas if r not in pv.isr)
+            self._broker_counts = (leads, holds, behind)
+            self._broker_sig = sig
+        leads, holds, behind = self._broker_counts
+        live = {b.node_id: b for b in view.brokers}
+        held = self._writes_held
+        rows = []
+        for node in sorted(set(live) | set(holds)):
+            b = live.get(node)
+            since, waiting = (held[1], held[2]) if held is not None and held[0] == node else (None, None)
+            rows.append((node, b is not None, version, leads.get(node, 0), holds.get(node, 0), behind.get(node, 0),
+                         None if b is None else b.host, None if b is None else b.port, None if b is None else b.rack,
+                         None, since, waiting))
+        self._emit_rows(BrokerState, rows, now)
+
+    def _refresh_start_in(self) -> float:
+        """Seconds until the next metadata refresh should start (0: now).
+
+        Kafka's rules say when one is due (``MetadataCache.time_to_next_update``), and a refresh
+        for any reason but the periodic one (bootstrap, invalidated, new topic) starts then.  A
+        periodic one starts a little early — never by more than one statistics period — at the
+        moment that makes its response arrive just before one of the metadata client's
+        statistics documents, and that document arrive before the next observation is due: it
+        then waits a fraction of a second for the leader epochs instead of half a statistics
+        interval on average (which lets that interval be long: its documents are what cost), and
+        the observation stays on its schedule."""
+        due = self.metadata.time_to_next_update() / 1000.0
+        if due <= 0:
+            return 0.0
+        stats = self._epochs
+        if (self._list_s is None or stats.ts <= 0 or stats.supported is False
+                or self.metadata.next_reason()[0] != Reason.PERIODIC):
+            return due
+        period, lead = stats.period, 1.5 * self._list_s + 0.25
+        if lead + stats.after_s >= period:
+            return due
+        now = time.monotonic()
+        latest = now + due + lead  # the statistics it waits for: not after this ...
+        if self._next_observation is not None and self._next_observation > now + due:
+            latest = min(latest, self._next_observation - stats.after_s)  # ... nor after this
+        tick = stats.ts + math.floor((latest - stats.ts) / period) * period
+        backoff = (self.metadata.last_refresh_ms + self.metadata.refresh_backoff_ms - self._now_ms()) / 1000.0
+        return max(0.0, tick - lead - now, backoff)
+
+    def _sync_ops_metadata(self) -> None:
+        """Leaders moved: bring the second client's metadata to what the probe just saw, so that
+        its ListOffsets go to the new leaders (it would learn them only from a
+        NOT_LEADER_OR_FOLLOWER answer, and the probe would see that error where the single
+        client it had before did not)."""
+        try:
+            self._ops.list_topics(timeout=self.cfg.request_timeout_s)
+        except KafkaException as e:
+            self.invalidate(e.args[0] if e.args else e, "metadata request (offsets client)")
+            self._warn_once("ops_metadata", "metadata refresh of the offsets client failed: %s", e)
+
+    def _snapshot_after_ms(self, tp: tuple[str, int], first: bool) -> int:
+        """How long after sending a partition's metadata it is sent again unchanged: the snapshot
+        period, except after the first send, when it is spread over (0, period] by a hash of the
+        partition, so that the snapshots of a large cluster are not all due in one refresh."""
+        period = int(self.cfg.metadata_snapshot_s * 1000)
+        if not first or period <= 0:
+            return period
+        return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
