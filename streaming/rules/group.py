@@ -385,9 +385,12 @@ def tick_group(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAU
             state["lag_since"] = now
         duration = _age(now, state["lag_since"])
         if duration > cfg.empty_with_lag_after_ms:
-            out += _open(state, Alert.GROUP_EMPTY_WITH_LAG, entity, labels, now, {
-                **evidence, "lag_since": state["lag_since"], "duration_ms": duration,
-                "threshold_ms": cfg.empty_with_lag_after_ms})
+            # stamped with the moment it fell due, not the batch's: a job that read the same
+            # events in other micro-batches (restarted, replayed) opens it with the same id
+            at = min(now, state["lag_since"] + cfg.empty_with_lag_after_ms + 1)
+            out += _open(state, Alert.GROUP_EMPTY_WITH_LAG, entity, labels, at, {
+                **evidence, "lag_since": state["lag_since"], "duration_ms": _age(at, state["lag_since"]),
+                "threshold_ms": cfg.empty_with_lag_after_ms, "observed_at": now})
     else:
         state["lag_since"] = None
         out += _resolve(state, Alert.GROUP_EMPTY_WITH_LAG, entity, labels, now, evidence)

@@ -221,16 +221,16 @@ GROUP_CASES = [
      [(10 * M + 1, EMPTY, "open"), (13 * M, EMPTY, "resolve")], 1),
     ("the lag reaching 0 resolves",
      [gs(0, "Empty"), tick(0, [5]), tick(11 * M, [5]), tick(12 * M, [0])],
-     [(11 * M, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
+     [(10 * M + 1, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
     ("unknown lags don't count: all unknown never opens",
      [gs(0, "Empty"), tick(0, [None, None]), tick(11 * M, [None, None]), tick(30 * M, [None])], [], 0),
     ("unknown lags don't count: known zeros with unknowns is no lag",
      [gs(0, "Empty"), tick(0, [None, 0]), tick(11 * M, [None, 0])], [], 0),
     ("unknown lags don't count: one known lag is enough",
-     [gs(0, "Empty"), tick(0, [None, 3]), tick(11 * M, [None, 3])], [(11 * M, EMPTY, "open")], 0),
+     [gs(0, "Empty"), tick(0, [None, 3]), tick(11 * M, [None, 3])], [(10 * M + 1, EMPTY, "open")], 0),
     ("all lags unknown holds an open alert (no recovery)",
      [gs(0, "Empty"), tick(0, [4]), tick(11 * M, [4]), tick(12 * M, [None]), tick(13 * M, [])],
-     [(11 * M, EMPTY, "open")], 0),
+     [(10 * M + 1, EMPTY, "open")], 0),
     ("the lag timer starts at the first tick that sees lag, not when the group emptied",
      [gs(0, "Empty"), tick(5 * M, [0]), tick(6 * M, [4]), tick(16 * M, [4]), tick(16 * M + 1, [4])],
      [(16 * M + 1, EMPTY, "open")], 0),
@@ -241,14 +241,14 @@ GROUP_CASES = [
      [gs(0, "Stable", members=1), tick(0, [100]), tick(30 * M, [100])], [], 0),
     ("Dead resolves GroupEmptyWithLag (no offsets to be behind on)",
      [gs(0, "Empty"), tick(0, [4]), tick(11 * M, [4]), gs(12 * M, "Dead"), tick(13 * M, [4])],
-     [(11 * M, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
+     [(10 * M + 1, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
     ("Unknown holds an open GroupEmptyWithLag, then Empty again keeps it open without reopening",
      [gs(0, "Empty"), tick(0, [4]), tick(11 * M, [4]), gs(12 * M, "Unknown"), tick(12 * M, [4]),
       gs(13 * M, "Empty"), tick(13 * M, [4]), tick(30 * M, [4])],
-     [(11 * M, EMPTY, "open")], 0),
+     [(10 * M + 1, EMPTY, "open")], 0),
     ("lag 0 resolves even while the coordinator's last word is Unknown",
      [gs(0, "Empty"), tick(0, [4]), tick(11 * M, [4]), gs(12 * M, "Unknown"), tick(12 * M, [0])],
-     [(11 * M, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
+     [(10 * M + 1, EMPTY, "open"), (12 * M, EMPTY, "resolve")], 0),
     ("Unknown does not start the lag timer",
      [gs(0, "Unknown"), tick(0, [4]), tick(30 * M, [4])], [], 0),
 ]
@@ -295,8 +295,9 @@ def test_empty_with_lag_evidence_sums_known_lags():
     (opened,) = got
     assert opened.severity is Severity.WARNING
     assert opened.evidence == {"total_lag": 12, "max_lag": 7, "lagging_partitions": 2, "known_partitions": 3,
-                               "unknown_partitions": 1, "empty_since": 0, "lag_since": 0, "duration_ms": 11 * M,
-                               "threshold_ms": 10 * M}
+                               "unknown_partitions": 1, "empty_since": 0, "lag_since": 0, "duration_ms": 10 * M + 1,
+                               "threshold_ms": 10 * M, "observed_at": 11 * M}
+    assert opened.at == 10 * M + 1  # when it fell due, not the tick that saw it: the same in any batches
 
 
 def test_empty_min_total_lag_is_configurable():
