@@ -1,14 +1,8 @@
 """Healthy consumers raise no lag alert; dead ones are called STOP: a seeded simulator of
 ordinary consumers, observed as the probe observes them, run through the lag rules.
 
-The simulator (tests/support/lag_simulation.py: pure numpy, 100 ms steps) writes records with a wandering rate, lets a consumer
-read them with a capacity and a fetch delay (or a processing latency), commits the way real
-consumers do (auto-commit every 5 s, or every N records), and observes the group as the probe
-does: every 10 s (a little jitter), the committed offset read a few ms before the HW, the
-observation stamped with the HW's time.  It knows the truth: the lag in seconds is the age of
-the oldest record the group has not consumed, the record at offset = committed.  The monitor
-starts with an empty state while the consumers are already running (a fresh deployment: its
-first minutes are part of the run).
+The simulator, its profiles and bounds: tests/support/lag_simulation.py (how it writes, consumes,
+commits and observes, and how it knows the true lag).
 
 What is asserted (the bounds docs/lag-rules.md quotes):
 
