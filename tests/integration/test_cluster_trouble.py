@@ -21,6 +21,7 @@ from tests.conftest import unique, wait_for
 from streaming.rules.client import ClientRulesConfig
 from streaming.rules.source import SourceRulesConfig
 from streaming.state.function import StateConfig
+from tests.support.kafka_cluster import in_sync
 from tests.support.local_job import LocalJob
 from tests.support.real_cluster import TopicWriter, probe_for
 
@@ -33,15 +34,6 @@ INTERVAL_S = 2.0
 #: MetadataStale opens after 2 x this without a successful refresh; a cycle whose requests wait
 #: for a broker that just went away (request_timeout_s each) stays well within it
 MAX_AGE_S = 5.0
-
-
-def in_sync(cluster, topic: str) -> bool:
-    try:
-        parts = cluster.partitions(topic)
-    except Exception:  # noqa: BLE001 - not answering yet
-        return False
-    return bool(parts) and all(leader >= 0 and len(isr) == len(replicas) == 3
-                               for leader, replicas, isr in parts.values())
 
 
 def batches(events):

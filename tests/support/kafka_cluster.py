@@ -22,6 +22,17 @@ class ExternalKafka(KafkaCluster):
                     f"points at an external cluster ({self.bootstrap_servers})")
 
 
+def in_sync(cluster, topic: str) -> bool:
+    """Every partition of ``topic`` has a leader and all 3 replicas in its ISR (False while the
+    cluster does not answer)."""
+    try:
+        parts = cluster.partitions(topic)
+    except Exception:  # noqa: BLE001 - not answering yet
+        return False
+    return bool(parts) and all(leader >= 0 and len(isr) == len(replicas) == 3
+                               for leader, replicas, isr in parts.values())
+
+
 @pytest.fixture(scope="session")
 def kafka_cluster():
     external = os.environ.get("KAFKA_MONITOR_TEST_KAFKA")
