@@ -85,8 +85,9 @@ class ClusterFaultsMixin:
         self._signal(n, signal.SIGCONT)
         n.paused = False
 
-    def start_broker(self, broker_id: int, timeout: float = 120.0) -> None:
-        """Start a stopped broker again (same ports and log dir) and wait until it is registered."""
+    def start_broker(self, broker_id: int, timeout: float = 120.0, wait: bool = True) -> None:
+        """Start a stopped broker again (same ports and log dir) and wait until it is registered
+        (``wait=False``: launch only, then :meth:`wait_ready` for several at once)."""
         self._require_managed("start_broker")
         n = self._broker(broker_id)
         if not n.running():
@@ -94,7 +95,8 @@ class ClusterFaultsMixin:
             # fresh admin clients: a client that knew the broker before it went away could still
             # be waiting on its old connection 30 s later (CI, after every broker was restarted)
             self._admin = self._observer_admin = None
-        self.wait_ready(timeout, brokers=[broker_id])
+        if wait:
+            self.wait_ready(timeout, brokers=[broker_id])
 
     def restart_broker(self, broker_id: int, timeout: float = 120.0) -> None:
         """Stop the broker if it runs (controlled), start it again, wait until it is registered."""

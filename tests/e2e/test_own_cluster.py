@@ -152,8 +152,30 @@ class Watch:
 def wait_broker_down(own, brokers, timeout: float) -> None:
     """Until BrokerDown is open on /metrics for every broker in ``brokers``, the query up."""
     want = {("BrokerDown", str(b)) for b in brokers}
-    wait_for(lambda: want <= broker_alerts(own["url"]) and own["query"].exception() is None, timeout=timeout,
-             interval=0.5, what=f"BrokerDown for brokers {sorted(brokers)} on /metrics")
+    try:
+        wait_for(lambda: want <= broker_alerts(own["url"]) and own["query"].exception() is None, timeout=timeout,
+                 interval=0.5, what=f"BrokerDown for brokers {sorted(brokers)} on /metrics")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{situation(own)}") from None
+
+
+def situation(own) -> str:
+    """What the cluster, the probe and the job show, for a failure's message."""
+    c, out = own["cluster"], []
+    for topic in (own["events"], own["alerts"], own["rep"]):
+        try:
+            out.append(f"{topic}: {c.partitions(topic)}")
+        except Exception as e:  # noqa: BLE001 - part of the picture
+            out.append(f"{topic}: {e!r}")
+    em = own["probe"].emitter
+    out.append(f"probe: sent {em.sent} dropped {em.dropped} last error {em.last_error} renewals {em.renewals}")
+    try:
+        out.append(f"broker alerts on /metrics: {sorted(broker_alerts(own['url']))}")
+        out.append(f"query exception: {own['query'].exception()}; last progress: "
+                   f"{json.dumps(own['query'].lastProgress)[:1500]}")
+    except Exception as e:  # noqa: BLE001
+        out.append(repr(e))
+    return "\n".join(out)
 
 
 def wait_broker_back(own, brokers) -> None:
@@ -335,8 +357,9 @@ def test_two_brokers_down_the_job_reads_and_publishes_from_the_last_one(own):
             batches = value(own["url"], "kafka_monitor_job_batches_total")
             assert_alive(own, batches, f"brokers {down} were stopped")
         finally:
-            for b in down:
-                c.start_broker(b)
+            for b in down:  # both launched before either is waited for: one late does not leave two down
+                c.start_broker(b, wait=False)
+            c.wait_ready(180, brokers=down)
         wait_broker_back(own, down)
     assert not w.failures, w.failures[:3]
 
