@@ -343,22 +343,22 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         exporter.batch_done = batch_done  # type: ignore[method-assign]
         # the driver's share of the sink (after the batch's rows are collected): time in these
         spent: dict[str, list[float]] = {"sink_rows": [], "exporter_apply": [], "alerts_publish": []}
-        from streaming import job as job_module
         from streaming.sinks import alerts as alerts_module
-        restore = [(job_module, "sink_rows", job_module.sink_rows), (exporter, "apply", exporter.apply),
+        from streaming.sinks import batch as batch_module
+        restore = [(batch_module, "sink_rows", batch_module.sink_rows), (exporter, "apply", exporter.apply),
                    (alerts_module.AlertsTopicSink, "publish", alerts_module.AlertsTopicSink.publish)]
         for obj, name, f in restore:
             setattr(obj, name, _timing(f, spent[{"sink_rows": "sink_rows", "apply": "exporter_apply",
                                                   "publish": "alerts_publish"}[name]]))
         # what each batch's sink got: alert transitions, and gauge rows by kind
         kinds: list[Counter] = []
-        timed_sink_rows = job_module.sink_rows
+        timed_sink_rows = batch_module.sink_rows
 
         def counted_sink_rows(t):
             rows = timed_sink_rows(t)
             kinds.append(Counter(r["kind"] for r in rows))
             return rows
-        job_module.sink_rows = counted_sink_rows
+        batch_module.sink_rows = counted_sink_rows
         times = os.environ.get(TIMES_ENV)
         if times:
             open(times, "w").close()
