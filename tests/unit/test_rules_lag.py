@@ -584,6 +584,68 @@ def test_a_slow_committer_is_judged_by_its_own_cadence():
     assert (stall, stop, cadence) == (750_000, 1_500_000, 250_000) and v.status is LagStatus.OK
 
 
+def _renumbered(seq):
+    return [(10 * i, c, hw) for i, (_, c, hw) in enumerate(seq)]
+
+
+# 3 records/s, a commit every 1 000 records (every 340 s), the monitor starting 300 s into a gap
+LOW_RATE_EVERY_N = _renumbered(every_n(400, lambda i: 30)[30:])
+
+
+def test_a_committer_slower_than_stop_after_ms_is_judged_by_its_commit_step_from_its_first_commit():
+    """Issue 35: cadence unknown, a wait over stop_after_ms (300 s) was STOP, and a wait that
+    reached STOP was never learned: STOP at every 340 s gap.  Now, until a wait is known, the
+    time the producers took to write the last commit step (1 000 records: ~333 s) stands for
+    the cadence (STOP after 6 x that); then the waits are learned as usual."""
+    statuses, out, s = feed(LOW_RATE_EVERY_N)
+    assert out == [] and set(statuses) == {"OK"}
+    assert s["step"] == 1000 and s["waits"] and set(s["waits"]) <= {330_000, 340_000}
+    assert L._step_cadence({"step": 1000, "marks": [[0, 0], [340_000, 1020]]}, 1020, 340_000, CFG) == [333_166]
+
+
+def test_a_first_wait_that_reached_stop_is_learned_while_no_cadence_is_known():
+    """The monitor saw it caught up at 0 s, then its first gap (330 s) reached STOP: one page.
+    With no wait known, that wait is learned all the same (an outage that reaches STOP once
+    the cadence is known is not: test_commit_cadence_samples_are_the_waits_between_commits)."""
+    statuses, out, s = feed(every_n(120, lambda i: 30))
+    assert [(t, a, act, st) for t, a, act, _, st in out] == [(320, STATUS, "open", "STOP"),
+                                                            (350, STATUS, "resolve", "OK")]
+    assert s["waits"][0] == 340_000 and set(statuses[36:]) == {"OK"}
+
+
+# 3 records/s, a commit every 1 200 records (every 400 s): its lag in seconds passes 300 s for
+# ~100 s before every commit; it then dies (last commit seen at 2 460 s), the producers go on
+EVERY_400_S = _renumbered(every_n(300, lambda i: 30, every=1200)[35:])
+EVERY_400_S_DIES = EVERY_400_S + [(EVERY_400_S[-1][0] + 10 * k, EVERY_400_S[-1][1], EVERY_400_S[-1][2] + 30 * k)
+                                  for k in range(1, 200)]
+
+
+def test_consumer_lag_high_on_seconds_does_not_count_the_consumers_own_wait_between_commits():
+    """Issue 35: a consumer committing every 400 s has records 300-400 s old before every commit;
+    ConsumerLagHigh on seconds paged at every gap.  Its seconds half now discounts the time
+    the consumer has sat on its offset, up to its cadence less one interval (390 s): it opens
+    once the lag is 300 s beyond that — 750 s after the last commit of the dead one, still
+    before its STALL (3 x 400 s)."""
+    out, s = feed_raw(EVERY_400_S_DIES)
+    high = [x for x in out if x.alert is HIGH]
+    assert [x.at for x in high] == [3_210_000]
+    ev = high[0].evidence
+    assert ev["tripped"] == ["seconds"] and ev["lag_seconds_between_commits"] == 390.0
+    assert ev["lag_seconds"] == pytest.approx(759.833) and ev["tripped_since"] == 3_150_000
+    status = [x for x in out if x.alert is STATUS]
+    assert [(x.at, x.evidence["status"]) for x in status] == [(3_670_000, "STALL")]
+
+
+def test_an_auto_committing_consumer_has_nothing_discounted():
+    """Its cadence is one observation interval: the discount is 0 and a dead one trips
+    ConsumerLagHigh as soon as before (test_consumer_lag_high_by_seconds_says_which_threshold_tripped)."""
+    _, _, s = feed(DEAD_WRITING)
+    assert L.between_commits_ms(s["stuck"], s["waits"], s["history"], s["last_seen"]) == 0
+    assert L.between_commits_ms(None, [400_000], s["history"], s["last_seen"]) == 0
+    assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 100_000) == 100_000
+    assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 500_000) == 390_000
+
+
 # --- ConsumerLagHigh: held, not a single observation -------------------------------------
 
 def test_consumer_lag_high_needs_the_threshold_exceeded_for_lag_high_for_ms():
