@@ -14,10 +14,12 @@ State per group-partition (plain JSON values, every list bounded): ``history`` (
 ``window`` observations ``[t, committed, hw]``), ``marks`` (at most ``hw_marks`` ``[t, hw]``
 points, thinned geometrically with age), ``anchor`` (``[committed, written_at]``), ``stuck``
 (``[t, committed, hw]``), ``waits`` (at most :data:`CADENCE_SAMPLES` ms), ``trend`` (at most
-:data:`TREND_POINTS` ``[t, lag_ms]``), ``step`` (offsets the last commit moved forward),
-``high_since`` and ``first_seen`` (ms), ``lag_seconds``, ``lag_seconds_basis``, ``status``,
-``rewound`` (``[first seen at, from, to]`` of the last rewind, while ``rewind_hold_ms`` holds
-it).
+:data:`TREND_POINTS` ``[t, lag_ms]``), ``drift`` (at most :data:`DRIFT_POINTS` ``[t, lag_ms]``, at
+least :data:`DRIFT_STEP_MS` apart), ``drift_clear`` (the time of the drift's latest sample when
+rule 5 found no drift in it: not tested again until the next), ``step`` (offsets the last
+commit moved forward), ``high_since`` and ``first_seen`` (ms), ``lag_seconds``,
+``lag_seconds_basis``, ``status``, ``rewound`` (``[first seen at, from, to]`` of the last
+rewind, while ``rewind_hold_ms`` holds it).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any, Optional, Sequence
 
 from streaming.rules import base as rules
 from streaming.rules.base import Alert, Severity, Transition
-from streaming.rules.lag_config import DEFAULT_CONFIG, TREND_POINTS, TREND_STEP_MS, LagConfig
+from streaming.rules.lag_config import (DEFAULT_CONFIG, DRIFT_POINTS, DRIFT_STEP_MS, TREND_POINTS, TREND_STEP_MS,
+                                       LagConfig)
 from streaming.rules.lag_estimate import LagSeconds, Point, add_mark, written_at
-from streaming.rules.lag_status import RULE_REWIND, LagStatus, _lag, evaluate
+from streaming.rules.lag_status import RULE_DRIFT, RULE_REWIND, LagStatus, _lag, drifting, evaluate
 
 #: rules 3-4: the commit cadence is the longest of the last this-many waits
 CADENCE_SAMPLES = 8
@@ -186,7 +189,8 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
                  rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
-                       ("trend", []), ("step", None), ("high_since", None), ("rewound", None)):
+                       ("trend", []), ("drift", []), ("drift_clear", None), ("step", None),
+                       ("high_since", None), ("rewound", None)):
         state.setdefault(key, empty)
     if hw is None:
         state.update(lag_seconds=None, lag_seconds_basis=None)
@@ -194,7 +198,7 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     add_mark(state["marks"], int(now), hw, cfg.hw_marks)
     if committed is None:
         state.update(lag_seconds=None, lag_seconds_basis=None, status=None, stuck=None, anchor=None, trend=[],
-                     high_since=None)
+                     drift=[], high_since=None)
         why = {"reason": "no committed offset", "committed": None, "hw": hw}
         return (rules._resolve(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, dict(why))
                 + _resolve_status(state, entity, labels, now, dict(why)))
@@ -214,21 +218,35 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
         state["waits"] = (state["waits"] + [int(now - old_stuck[0])])[-CADENCE_SAMPLES:]
     est = _lag_now(state, committed, hw, now, cfg,
                    old_stuck[0] if old_stuck is not None and old_stuck[1] == committed else None)
-    trend = state["trend"]
+    trend, drift = state["trend"], state["drift"]
     if committed >= hw:
         state["trend"] = [[int(now), 0]]
+        state["drift"] = [[int(now), 0]]
     elif prev_committed is not None and committed < prev_committed:
-        state["trend"] = []
-    elif (prev_committed is not None and committed > prev_committed and est.basis == "interpolated"
-          and (not trend or now - trend[-1][0] >= TREND_STEP_MS)):
-        state["trend"] = (trend + [[int(now), int(round(est.seconds * 1000))]])[-TREND_POINTS:]
+        state["trend"] = state["drift"] = []
+    elif prev_committed is not None and committed > prev_committed and est.basis == "interpolated":
+        sample = [int(now), int(round(est.seconds * 1000))]
+        if not trend or now - trend[-1][0] >= TREND_STEP_MS:
+            state["trend"] = (trend + [sample])[-TREND_POINTS:]
+        if not drift or now - drift[-1][0] >= DRIFT_STEP_MS:
+            state["drift"] = (drift + [sample])[-DRIFT_POINTS:]
     if prev_committed is not None and committed > prev_committed:
         state["step"] = committed - prev_committed
     waits = state["waits"] or _step_cadence(state, hw, now, cfg)
     previous = state["status"]
     rewound = state["rewound"]
-    verdict = evaluate(history, cfg, now, old_stuck, waits, state["trend"],
-                       stalled=previous in (_STALL, _STOP), warned=previous == _WARN, rewound=rewound)
+    warned = previous == _WARN
+    was = state["open"].get(_STATUS_ALERT)  # each WARN rule holds its own WARN
+    drift_warned = warned and was is not None and was["evidence"].get("rule") == RULE_DRIFT
+    drift = state["drift"]
+    if drift and not drift_warned:  # rule 5's drift test, once per sample (the series changes every 3 min)
+        if state["drift_clear"] != drift[-1][0] and drifting(drift) is None:
+            state["drift_clear"] = drift[-1][0]
+        if state["drift_clear"] == drift[-1][0]:
+            drift = []
+    verdict = evaluate(history, cfg, now, old_stuck, waits, state["trend"], drift=drift,
+                       stalled=previous in (_STALL, _STOP), warned=warned, rewound=rewound,
+                       drift_warned=drift_warned)
     if verdict.rule == RULE_REWIND:  # held from when this rewind was first seen
         d = verdict.detail
         if rewound is None or rewound[2] != d["to_offset"] or now - rewound[0] >= cfg.rewind_hold_ms:

@@ -43,6 +43,10 @@ START_ERR_REL = 0.5
 #: once it is more than the window (90 s) behind — after 90 / (1 - 0.78) = 410 s at worst, 300 s
 #: at 70 % — and the next commit sample (every 30 s) shows the rise
 FALLING_WARN_BOUND_S = 450.0
+#: a consumer at 90-99 % of its producers' speed (records written evenly) is WARN within this
+#: long of slowing down, whatever the producers' rate (measured: 99 % 21-22 min, 95 % ~9 min,
+#: 90 % ~6 min; from a fresh monitor 13 min at 90-95 %)
+DRIFT_WARN_BOUND_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class Profile:
     #: production rate: wanders (log-space Ornstein-Uhlenbeck) within this range; (0, 0): none
     rate: tuple[float, float] = (0.0, 0.0)
     rate_tau_s: float = 900.0
+    #: records written evenly at the rate, not as a Poisson stream
+    steady: bool = False
     #: the rate also follows the day: multiplied by a factor going from 1 down to this and back
     #: (a cosine of period ``diurnal_period_s``); 1: no daily cycle
     diurnal_low: float = 1.0
@@ -82,7 +88,7 @@ class Profile:
     quiet_at_s: Optional[float] = None
     #: a last batch written as the consumer dies (records), so records are waiting
     last_batch: int = 0
-    kind: str = "healthy"   # healthy | dead | falling
+    kind: str = "healthy"   # healthy | dead | falling | drift
     #: commit gaps longer than stop_after_ms and lag_high_seconds: the gap under way when the
     #: monitor starts (no cadence, no commit step known yet) may raise STOP and ConsumerLagHigh,
     #: and the lag of its record, written before the monitor's first observation, is
@@ -130,7 +136,28 @@ FALLING = Profile("falling-behind", "45-55 records/s, auto-commit every 5 s; 10 
                   "the consumer slows to 35 records/s (64-78 % of the rate)", rate=(45.0, 55.0),
                   slow_capacity=35.0, slow_from_s=600.0, kind="falling")
 
-PROFILES = {p.name: p for p in HEALTHY + DEAD + [FALLING]}
+#: a consumer slightly slower than its producers: keeps up until DRIFT_FROM_S, then processes
+#: ``fraction`` of the producers' steady rate (its lag in seconds rises 1 - fraction s per s)
+DRIFT_FROM_S = 600.0
+DRIFT_FRACTIONS = (0.90, 0.95, 0.99)
+DRIFT_RATES = (5.0, 50.0, 500.0)
+
+
+def drift_profile(fraction: float, rate: float, steady: bool = True) -> Profile:
+    """Records written evenly (``steady``: the lag rises steadily, 1 - fraction s per s), or as a
+    Poisson stream (the true lag then also wanders by about sqrt(t / rate) s: at 99 % of 5
+    records/s that is as much as the drift over half an hour)."""
+    return Profile(f"drift-{round(fraction * 100)}pct-{rate:g}rps" + ("" if steady else "-poisson"),
+                   f"{rate:g} records/s ({'evenly' if steady else 'Poisson'}), auto-commit every 5 s; "
+                   f"{DRIFT_FROM_S:.0f} s after the monitor starts the consumer slows to {fraction:.0%} of that",
+                   rate=(rate, rate), steady=steady, slow_capacity=fraction * rate, slow_from_s=DRIFT_FROM_S,
+                   kind="drift")
+
+
+DRIFT = [drift_profile(f, r) for f in DRIFT_FRACTIONS for r in DRIFT_RATES]
+DRIFT_POISSON = [drift_profile(f, r, steady=False) for f in DRIFT_FRACTIONS for r in DRIFT_RATES]
+
+PROFILES = {p.name: p for p in HEALTHY + DEAD + [FALLING] + DRIFT + DRIFT_POISSON}
 
 
 # --- the simulated system ---------------------------------------------------------------
@@ -172,7 +199,10 @@ def build(p: Profile, seconds: float, rng: np.random.Generator) -> System:
         rate = rate * (p.diurnal_low + (1 - p.diurnal_low) * (1 + np.cos(2 * math.pi * t / p.diurnal_period_s + phase)) / 2)
     if p.quiet_at_s is not None:
         rate[t >= WARM_SYSTEM_S + p.quiet_at_s] = 0.0
-    counts = rng.poisson(rate * DT).astype(np.int64)
+    if p.steady:  # evenly spaced records: no arrival noise (the lag of a slower consumer rises steadily)
+        counts = np.diff(np.floor(np.concatenate([[0.0], np.cumsum(rate * DT)]))).astype(np.int64)
+    else:
+        counts = rng.poisson(rate * DT).astype(np.int64)
     if p.bursts is not None:
         gap, lo, hi, over = p.bursts
         at = rng.exponential(gap)

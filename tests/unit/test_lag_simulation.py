@@ -25,12 +25,15 @@ What is asserted (the bounds docs/lag-rules.md quotes):
   consumer that committed every few seconds, within ``DEAD_SLOW_STOP_BOUND_S`` (1 500 s) for the
   one committing every 1 000 records (its limits scale with its cadence);
 - a consumer slowed to 64-78 % of its producers' speed is WARN within ``FALLING_WARN_BOUND_S``
-  (450 s) of slowing down, stays WARN, and is nothing worse.
+  (450 s) of slowing down, stays WARN, and is nothing worse;
+- a consumer slowed to 90, 95 or 99 % of its producers' speed (``DRIFT``: 5, 50 and 500
+  records/s, written evenly) is WARN within ``DRIFT_WARN_BOUND_S`` (30 min) of slowing down,
+  whatever the rate, stays WARN, and is nothing worse.
 
 CI runs ``SIM_HOURS`` (12 h) per healthy profile and ``DEAD_RUNS`` (8) deaths per dead profile
 in a few seconds; ``KAFKA_MONITOR_LAG_SIM_HOURS`` and ``KAFKA_MONITOR_LAG_SIM_DEAD_RUNS`` run
-more.  ``bench/lag_sim_bench.py`` runs the same profiles against the rules before and after
-issue 14 and writes the figures to ``bench/results/lag-simulation.json``.
+more.  ``bench/lag_sim_bench.py`` runs the same profiles against the rules before issue 14,
+before issue 35 and now, and writes the figures to ``bench/results/lag-simulation.json``.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ import os
 import numpy as np
 import pytest
 
-from tests.support.lag_simulation import (DEAD, DEAD_SLOW_STOP_BOUND_S, DEAD_STOP_BOUND_S, ERR_ABS_S, ERR_REL,
-                                          FALLING, FALLING_WARN_BOUND_S, HEALTHY, PROFILES,
+from tests.support.lag_simulation import (DEAD, DEAD_SLOW_STOP_BOUND_S, DEAD_STOP_BOUND_S, DRIFT, DRIFT_WARN_BOUND_S,
+                                          ERR_ABS_S, ERR_REL, FALLING, FALLING_WARN_BOUND_S, HEALTHY, PROFILES,
                                           START_ERR_REL, WARMUP_S, Run, alerts_opened, dead_figures,
                                           first_status_after, seed_of, simulate)
 
 SIM_HOURS = float(os.environ.get("KAFKA_MONITOR_LAG_SIM_HOURS", "12"))
 DEAD_RUNS = int(os.environ.get("KAFKA_MONITOR_LAG_SIM_DEAD_RUNS", "8"))
+DRIFT_RUNS = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,6 +117,22 @@ def test_a_consumer_slower_than_its_producers_is_warn_and_nothing_worse(i):
     # once WARN, it stays WARN: the lag keeps growing
     k = run.statuses.index("WARN")
     assert set(run.statuses[k:]) == {"WARN"}
+
+
+@pytest.mark.parametrize("profile", DRIFT, ids=[p.name for p in DRIFT])
+def test_a_consumer_slightly_slower_than_its_producers_is_warn_within_the_bound_whatever_their_rate(profile):
+    """Issue 35: at 90-99 % of the producers' speed the lag in seconds rises 0.01-0.1 s per s;
+    the long series of commit samples makes it WARN within DRIFT_WARN_BOUND_S of slowing down
+    (records written evenly: the slope is steady), never before, and it stays WARN."""
+    for i in range(DRIFT_RUNS):
+        run = simulate(profile, 1.0, seed_of(profile.name, i))
+        slow_from = int(run.t_ms[0]) + int(profile.slow_from_s * 1000)
+        assert {s for s in run.statuses} <= {"OK", "WARN"}
+        assert "WARN" not in [s for t, s in zip(run.t_ms.tolist(), run.statuses) if t < slow_from]
+        first = first_status_after(run, "WARN", slow_from)
+        assert first is not None and first <= DRIFT_WARN_BOUND_S, (i, first)
+        k = run.statuses.index("WARN")
+        assert set(run.statuses[k:]) == {"WARN"}, i
 
 
 def test_the_simulator_knows_the_true_lag():

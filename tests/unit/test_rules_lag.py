@@ -461,6 +461,7 @@ def S(*pts):
 
 OK, WARN, STALL, STOP, REWIND_ = LagStatus.OK, LagStatus.WARN, LagStatus.STALL, LagStatus.STOP, LagStatus.REWIND
 BEHIND = P((0, 0, 5000), (30, 300, 5300), (60, 600, 5600))  # committing, far more than the window behind
+KEPT_UP = P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300))  # committing, less than the window behind
 
 EVAL_CASES = [
     # id, history, state (stuck [t s, c, hw], waits ms, trend), expected
@@ -505,6 +506,16 @@ EVAL_CASES = [
      {"waits": [10_000]}, (OK, LS.RULE_KEPT_UP)),
     ("5: the latest commit is past the window's oldest HW: kept up (Burrow's 'lag 0 in the window', widened)",
      P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300)), {}, (OK, LS.RULE_KEPT_UP)),
+    ("5: the long series (3 min apart) rises 2 -> 18 s: drifting, although less than a window behind -> WARN",
+     KEPT_UP, {"drift": S((0, 2), (180, 6), (360, 10), (540, 14), (720, 18))}, (WARN, LS.RULE_DRIFT)),
+    ("5: ... a rise of 8 s (2 -> 10 s) is within a consumer's usual wobble: kept up, OK", KEPT_UP,
+     {"drift": S((0, 2), (180, 4), (360, 6), (540, 8), (720, 10))}, (OK, LS.RULE_KEPT_UP)),
+    ("5: a slow consumer's lag wandering 60 -> 84 s: less than the lag it rose from, OK", BEHIND,
+     {"drift": S((0, 60), (180, 66), (360, 72), (540, 78), (720, 84))}, (OK, LS.RULE_FEW_POINTS)),
+    ("5: flat, then one high sample (a burst being drained): not without it, OK", KEPT_UP,
+     {"drift": S((0, 1), (180, 1), (360, 2), (540, 1), (720, 2), (900, 25))}, (OK, LS.RULE_KEPT_UP)),
+    ("5: four samples are too few for a drift", KEPT_UP, {"drift": S((0, 2), (180, 20), (360, 40), (540, 60))},
+     (OK, LS.RULE_KEPT_UP)),
     ("6: lag in seconds at commits 100, 130, 160 s -> WARN", BEHIND, {"trend": S((0, 100), (30, 130), (60, 160))},
      (WARN, LS.RULE_LAG_RISING)),
     ("6: rising with dips -> WARN (Burrow's 'never decreasing between commits' misses it)", BEHIND,
@@ -528,7 +539,7 @@ def test_evaluate_status(name, history, state, expected):
     stuck_ms = None if stuck is None else [stuck[0] * 1000, stuck[1], stuck[2]]
     now = history[-1][0] if history else 0
     assert LS.evaluate_status(history, CFG, now, stuck=stuck_ms, waits=state.get("waits"),
-                             trend=state.get("trend")) == expected
+                             trend=state.get("trend"), drift=state.get("drift")) == expected
 
 
 def test_flat_noisy_samples_would_fool_a_naive_slope_rule():
@@ -644,6 +655,24 @@ def test_an_auto_committing_consumer_has_nothing_discounted():
     assert L.between_commits_ms(None, [400_000], s["history"], s["last_seen"]) == 0
     assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 100_000) == 100_000
     assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 500_000) == 390_000
+
+
+# A consumer at 99 % of its producers' speed (990 of 1 000 records per 10 s), caught up at 0 s:
+# its lag in seconds rises 0.01 s per second, 9 s in 15 min; it never falls a window behind.
+DRIFTING_99 = [(10 * i, 990 * i, 1000 * i) for i in range(300)]
+
+
+def test_a_consumer_slightly_slower_than_its_producers_is_warn_from_the_long_series():
+    """Issue 35: rule 5 (kept up) called it OK for hours.  The long series of commit samples
+    (3 min apart) shows the rise: WARN once it is 10 s and beyond noise, with and without the
+    latest sample: 21 min in."""
+    statuses, out, s = feed(DRIFTING_99)
+    first = statuses.index("WARN")
+    assert first * 10 == 21 * 60 and set(statuses[first:]) == {"WARN"}
+    opened = [x for x in feed_raw(DRIFTING_99)[0] if x.alert is STATUS][0]
+    assert opened.evidence["rule"] == LS.RULE_DRIFT and opened.evidence["rise_s"] >= LS.DRIFT_MIN_RISE_S
+    assert len(s["drift"]) == LC.DRIFT_POINTS
+    assert all(b[0] - a[0] >= LC.DRIFT_STEP_MS for a, b in zip(s["drift"], s["drift"][1:]))
 
 
 # --- ConsumerLagHigh: held, not a single observation -------------------------------------
@@ -825,14 +854,16 @@ def test_every_status_is_produced_by_a_table_case_and_alerts_with_its_severity()
 
 def test_every_rule_is_named_by_a_table_case():
     assert {c[3][1] for c in EVAL_CASES} == {LS.RULE_CAUGHT_UP, LS.RULE_REWIND, LS.RULE_STOP, LS.RULE_STALL,
-                                              LS.RULE_KEPT_UP, LS.RULE_LAG_RISING, LS.RULE_OK, LS.RULE_FEW_POINTS}
+                                              LS.RULE_DRIFT, LS.RULE_KEPT_UP, LS.RULE_LAG_RISING, LS.RULE_OK,
+                                              LS.RULE_FEW_POINTS}
 
 
 # --- bounded, ordered, deterministic, serialisable --------------------------------------
 
 def _bounded(s, cfg):
     return (len(s["history"]) <= cfg.window and len(s.get("marks", [])) <= cfg.hw_marks
-            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= LC.TREND_POINTS)
+            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= LC.TREND_POINTS
+            and len(s.get("drift", [])) <= LC.DRIFT_POINTS)
 
 
 def test_state_never_exceeds_its_bounds():
@@ -898,6 +929,15 @@ def test_state_from_before_issue_14_is_picked_up():
     for t, c, hw in DEAD_WRITING[2:]:
         L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
     assert s["status"] == "STOP" and _bounded(s, CFG)
+
+
+def test_state_from_before_issue_35_is_picked_up():
+    """A state stored before issue 35 (no drift, no step) is carried on: they start empty."""
+    _, _, s = feed(DRIFTING_99[:100])
+    del s["drift"], s["step"]
+    for t, c, hw in DRIFTING_99[100:]:
+        L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
+    assert s["status"] == "WARN" and s["step"] == 990 and _bounded(s, CFG)
 
 
 @settings(max_examples=200, deadline=None)
