@@ -911,7 +911,7 @@ def test_state_is_plain_json_and_pickle_serialisable_in_every_status():
 
 def test_state_round_trip_mid_stream_gives_the_same_result():
     """The state store serialises between micro-batches: resuming from a JSON copy changes nothing."""
-    for seq in (DEAD_WRITING, WARN_THEN_STOP, SLOW_COMMITTER):
+    for seq in (DEAD_WRITING, WARN_THEN_STOP, SLOW_COMMITTER, DRIFTING_99, LOW_RATE_EVERY_N):
         _, straight = feed_raw(seq)
         s = L.new_group_partition("k", "g", "t", 0)
         for t, c, hw in seq:
@@ -929,6 +929,21 @@ def test_state_from_before_issue_14_is_picked_up():
     for t, c, hw in DEAD_WRITING[2:]:
         L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
     assert s["status"] == "STOP" and _bounded(s, CFG)
+
+
+def test_the_stored_state_carries_the_drift_series_and_the_commit_step():
+    """A group partition is a plain dict in its bucket's stored value: the codec carries the
+    fields issue 35 added (drift, drift_clear, step) as they are, no migration needed."""
+    from streaming.state import codec
+    from streaming.state.table import PartitionTable
+
+    _, _, s = feed(DRIFTING_99)
+    s["kind"] = "group_partition"
+    value = codec.encode_state({"format": codec._FORMAT, "entities": {E: s}, "run": "r", "fields": codec.FIELDS,
+                                "partitions": PartitionTable(None, run_id="r").state({})})
+    got = codec.stored_entities(value, "r")[E]
+    assert (got["drift"], got["drift_clear"], got["step"], got["status"]) == (s["drift"], s["drift_clear"], 990, "WARN")
+    assert len(got["drift"]) == LC.DRIFT_POINTS
 
 
 def test_state_from_before_issue_35_is_picked_up():
