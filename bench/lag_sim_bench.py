@@ -1,13 +1,15 @@
-"""Lag rules on simulated consumers, before and after issue 14: alerts per simulated hour on
-healthy consumers, the error of the lag in seconds, and how soon dead consumers are called.
+"""Lag rules on simulated consumers, before issue 14, before issue 35 and now: alerts per
+simulated hour on healthy consumers, the error of the lag in seconds, how soon dead consumers
+are called and how soon consumers slightly slower than their producers are WARN.
 
 The simulator is ``tests/support/lag_simulation.py`` (the one ``tests/unit/test_lag_simulation.py`` asserts on) (seeded; records written with
 a wandering rate, consumers that auto-commit every 5 s or every 1 000 records, observed as the
 probe observes them: every 10 s, the committed offset read a few ms before the HW; the true
 lag in seconds is the age of the record at offset = committed).  Each profile runs against
 
-* "before": the lag rules as of ``--before-rev`` (default: the last commit before issue 14),
-  imported with that revision's ``streaming`` and ``monitor`` from a temporary copy
+* "before_issue_14": the lag rules as of ``--issue14-rev`` (the last commit before issue 14),
+* "before": the lag rules as of ``--before-rev`` (default: the last commit before issue 35),
+  each imported with that revision's ``streaming`` and ``monitor`` from a temporary copy
   (``git archive``) for the run only, and
 * "after": ``streaming/rules/lag.py`` (and the lag_* modules it imports) as in the working tree,
 
@@ -22,9 +24,13 @@ each with its own default ``LagConfig``.  Figures per profile and version:
   STALL, the first STOP and ConsumerLagHigh (p50 and max over the runs), the first non-OK
   status, how many runs were called WARN after the death, how many never reached STOP;
 * the falling-behind profile: seconds from the slow-down to the first WARN;
+* the drift profiles (``DRIFT``, records written evenly, and ``DRIFT_POISSON``, a Poisson
+  stream; 90, 95 and 99 % of 5, 50 and 500 records/s; ``--drift-runs`` each, 2 h, "before"
+  and "after" only): minutes from the slow-down to the first WARN (p50, max), how many runs
+  were not WARN by the end, and the WARN share of the observations after the first WARN;
 * the cost of one ``on_group_offsets`` call (CPU µs, best of 5 passes over a 6 h run).
 
-    python bench/lag_sim_bench.py                       # 24 h per profile (4 seeds x 6 h), 20 deaths
+    python bench/lag_sim_bench.py                       # 24 h per profile (4 seeds x 6 h), 20 deaths, 8 drifts
     python bench/lag_sim_bench.py --hours 6 --seeds 2 --dead-runs 8
     python bench/lag_sim_bench.py --before-rev HEAD~3
 
@@ -55,7 +61,10 @@ from streaming.rules import lag as rules_lag  # noqa: E402
 from tests.support import lag_simulation as sim  # noqa: E402
 
 #: the last commit of streaming/rules/lag.py before issue 14
-BEFORE_REV = "0f1c80a1ab61c42a7749569496efa0318505bbfa"
+ISSUE14_REV = "0f1c80a1ab61c42a7749569496efa0318505bbfa"
+#: the last commit before issue 35 (main when it started)
+BEFORE_REV = "d812381"
+DRIFT_HOURS = 2.0
 
 #: (profile, LagConfig settings for both versions): variants of the healthy profiles, not
 #: asserted by the test — to show where the rules' limits are
@@ -183,6 +192,23 @@ def falling_figures(mod: ModuleType, runs: int) -> dict[str, Any]:
             "runs_worse_than_warn": worse}
 
 
+def drift_figures(profile: sim.Profile, mod: ModuleType, runs: int) -> dict[str, Any]:
+    firsts, never, share = [], 0, []
+    for i in range(runs):
+        run = sim.simulate(profile, DRIFT_HOURS, sim.seed_of(profile.name, i), mod)
+        f = sim.first_status_after(run, "WARN", int(run.t_ms[0] + profile.slow_from_s * 1000))
+        if f is None:
+            never += 1
+            continue
+        firsts.append(f / 60.0)
+        k = run.statuses.index("WARN")
+        share.append(sum(1 for s in run.statuses[k:] if s == "WARN") / len(run.statuses[k:]))
+    return {"runs": runs, "warn_after_slowdown_min": {"p50": _q(firsts, 50), "max": round(max(firsts), 1)
+                                                      if firsts else None},
+            "runs_not_warn_within_min": {"runs": never, "min": round(DRIFT_HOURS * 60 - profile.slow_from_s / 60, 1)},
+            "warn_share_after_first_warn_min": round(min(share), 3) if share else None}
+
+
 def cost_us(mod: ModuleType) -> dict[str, float]:
     out = {}
     for name in ("steady-autocommit", "commit-every-n", "slow-bounded"):
@@ -203,12 +229,15 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=6.0, help="simulated hours per healthy run")
     ap.add_argument("--seeds", type=int, default=4, help="runs (seeds) per healthy profile")
     ap.add_argument("--dead-runs", type=int, default=20, help="deaths per dead profile")
+    ap.add_argument("--drift-runs", type=int, default=8, help="runs per drift profile")
     ap.add_argument("--before-rev", default=BEFORE_REV, help="git revision of the 'before' rules")
+    ap.add_argument("--issue14-rev", default=ISSUE14_REV, help="git revision of the rules before issue 14")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "lag-simulation.json"))
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        versions = {"before": load_before(args.before_rev, pathlib.Path(tmp)), "after": rules_lag}
+        versions = {"before_issue_14": load_before(args.issue14_rev, pathlib.Path(tmp) / "i14"),
+                    "before": load_before(args.before_rev, pathlib.Path(tmp) / "before"), "after": rules_lag}
         healthy: dict[str, Any] = {}
         stress: dict[str, Any] = {}
         dead: dict[str, Any] = {}
@@ -220,25 +249,42 @@ def main() -> None:
         for p in sim.DEAD:
             dead[p.name] = {"what": p.what, **{v: dead_figures(p, m, args.dead_runs) for v, m in versions.items()}}
         falling = {"what": sim.FALLING.what, **{v: falling_figures(m, args.dead_runs) for v, m in versions.items()}}
+        drift = {p.name: {"what": p.what, **{v: drift_figures(p, versions[v], args.drift_runs)
+                                             for v in ("before", "after")}}
+                 for p in sim.DRIFT + sim.DRIFT_POISSON}
         cost = {v: cost_us(m) for v, m in versions.items()}
 
-    print(f"{'profile':30s} {'alerts/h before':>16s} {'after':>8s}  {'|err| p99 s before':>19s} {'after':>7s}")
+    print(f"{'profile':30s} {'alerts/h i14-before':>20s} {'before':>7s} {'after':>6s}  "
+          f"{'|err| p99 s before':>19s} {'after':>6s}  after: by type")
     for group in (healthy, stress):
         for name, f in group.items():
-            print(f"{name:30s} {f['before']['alerts_per_hour_total']:16.2f} {f['after']['alerts_per_hour_total']:8.2f}"
-                  f"  {f['before']['lag_seconds_error']['abs_p99_s']!s:>19s} {f['after']['lag_seconds_error']['abs_p99_s']!s:>7s}")
+            print(f"{name:30s} {f['before_issue_14']['alerts_per_hour_total']:20.2f} "
+                  f"{f['before']['alerts_per_hour_total']:7.2f} {f['after']['alerts_per_hour_total']:6.2f}  "
+                  f"{f['before']['lag_seconds_error']['abs_p99_s']!s:>19s} "
+                  f"{f['after']['lag_seconds_error']['abs_p99_s']!s:>6s}  {f['after']['alerts_per_hour']}")
+    print("dead (max over the runs, s; before / after): STALL, STOP, ConsumerLagHigh")
     for name, f in dead.items():
         b, a = f["before"], f["after"]
-        print(f"{name:30s} STALL {b['stall_s']['max']}s/{a['stall_s']['max']}s  STOP {b['stop_s']['max']}s/"
-              f"{a['stop_s']['max']}s (max before/after)  first {b['first_status_after_death']} / "
+        print(f"{name:30s} STALL {b['stall_s']['max']}/{a['stall_s']['max']}  STOP {b['stop_s']['max']}/"
+              f"{a['stop_s']['max']}  High {b['lag_high_s']['max']}/{a['lag_high_s']['max']} "
+              f"(p50 {b['lag_high_s']['p50']}/{a['lag_high_s']['p50']})  first {b['first_status_after_death']} / "
               f"{a['first_status_after_death']}")
     print(f"falling-behind: WARN after {falling['before']['warn_after_slowdown_s']} / "
           f"{falling['after']['warn_after_slowdown_s']}")
+    print("drift: minutes from the slow-down to WARN, p50 / max (runs not WARN by the end), before -> after")
+    for name, f in drift.items():
+        b, a = f["before"], f["after"]
+        print(f"{name:30s} {b['warn_after_slowdown_min']['p50']!s:>6s} / {b['warn_after_slowdown_min']['max']!s:>6s} "
+              f"({b['runs_not_warn_within_min']['runs']})  ->  {a['warn_after_slowdown_min']['p50']!s:>6s} / "
+              f"{a['warn_after_slowdown_min']['max']!s:>6s} ({a['runs_not_warn_within_min']['runs']})  "
+              f"WARN share after first {a['warn_share_after_first_warn_min']}")
     print(f"cost µs/observation: {cost}")
 
     report.write(args.out, "lag-simulation",
                  args={"hours_per_run": args.hours, "seeds": args.seeds, "dead_runs": args.dead_runs,
-                       "before_rev": args.before_rev, "probe_interval_s": sim.PROBE_S, "step_s": sim.DT,
+                       "drift_runs": args.drift_runs, "drift_hours": DRIFT_HOURS,
+                       "before_rev": args.before_rev, "issue14_rev": args.issue14_rev,
+                       "probe_interval_s": sim.PROBE_S, "step_s": sim.DT,
                        "error_after_s_of_history": sim.WARMUP_S},
                  bounds_asserted_by_the_test={
                      "healthy": "no ConsumerLagHigh, no ConsumerLagStatus, status OK at every observation",
@@ -246,8 +292,10 @@ def main() -> None:
                                           f"after {sim.WARMUP_S:.0f} s of history; before that never over",
                      "dead_stop_within_s": sim.DEAD_STOP_BOUND_S,
                      "dead_commit_every_n_stop_within_s": sim.DEAD_SLOW_STOP_BOUND_S,
-                     "falling_behind_warn_within_s": sim.FALLING_WARN_BOUND_S},
-                 healthy=healthy, stress_variants=stress, dead=dead, falling_behind=falling,
+                     "falling_behind_warn_within_s": sim.FALLING_WARN_BOUND_S,
+                     "drift_warn_within_s": sim.DRIFT_WARN_BOUND_S,
+                     "long_gaps": "healthy from the first commit the monitor sees"},
+                 healthy=healthy, stress_variants=stress, dead=dead, falling_behind=falling, drift=drift,
                  cost_us_per_observation=cost)
 
 

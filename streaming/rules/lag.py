@@ -14,7 +14,10 @@ State per group-partition (plain JSON values, every list bounded): ``history`` (
 ``window`` observations ``[t, committed, hw]``), ``marks`` (at most ``hw_marks`` ``[t, hw]``
 points, thinned geometrically with age), ``anchor`` (``[committed, written_at]``), ``stuck``
 (``[t, committed, hw]``), ``waits`` (at most :data:`CADENCE_SAMPLES` ms), ``trend`` (at most
-:data:`TREND_POINTS` ``[t, lag_ms]``), ``high_since`` and ``first_seen`` (ms), ``lag_seconds``,
+:data:`TREND_POINTS` ``[t, lag_ms]``), ``drift`` (at most :data:`DRIFT_POINTS` ``[t, lag_ms]``, at
+least :data:`DRIFT_STEP_MS` apart), ``drift_clear`` (the time of the drift's latest sample when
+rule 5 found no drift in it: not tested again until the next), ``step`` (offsets the last
+commit moved forward), ``high_since`` and ``first_seen`` (ms), ``lag_seconds``,
 ``lag_seconds_basis``, ``status``, ``rewound`` (``[first seen at, from, to]`` of the last
 rewind, while ``rewind_hold_ms`` holds it).
 """
@@ -26,9 +29,10 @@ from typing import Any, Optional, Sequence
 
 from streaming.rules import base as rules
 from streaming.rules.base import Alert, Severity, Transition
-from streaming.rules.lag_config import DEFAULT_CONFIG, TREND_POINTS, TREND_STEP_MS, LagConfig
+from streaming.rules.lag_config import (DEFAULT_CONFIG, DRIFT_POINTS, DRIFT_STEP_MS, TREND_POINTS, TREND_STEP_MS,
+                                       LagConfig)
 from streaming.rules.lag_estimate import LagSeconds, Point, add_mark, written_at
-from streaming.rules.lag_status import RULE_REWIND, LagStatus, _lag, evaluate
+from streaming.rules.lag_status import RULE_DRIFT, RULE_REWIND, LagStatus, _lag, drifting, evaluate
 
 #: rules 3-4: the commit cadence is the longest of the last this-many waits
 CADENCE_SAMPLES = 8
@@ -84,13 +88,28 @@ def _offset(v: Any) -> Optional[int]:
     return None if v < 0 else v
 
 
-def _lag_high(lag: Optional[int], est: Optional[LagSeconds], cfg: LagConfig) -> list[str]:
+def _lag_high(lag: Optional[int], seconds: Optional[float], cfg: LagConfig) -> list[str]:
     tripped = []
     if lag is not None and cfg.lag_high_offsets is not None and lag > cfg.lag_high_offsets:
         tripped.append("offsets")
-    if est is not None and cfg.lag_high_seconds is not None and est.seconds > cfg.lag_high_seconds:
+    if seconds is not None and cfg.lag_high_seconds is not None and seconds > cfg.lag_high_seconds:
         tripped.append("seconds")
     return tripped
+
+
+def between_commits_ms(stuck: Optional[Sequence[int]], waits: Sequence[int], history: Sequence[Point],
+                       now: int) -> int:
+    """How much of the lag in seconds is the consumer's own wait between two commits, which
+    ConsumerLagHigh's seconds half does not count: the time it has sat on its committed
+    offset (since the stuck run's first observation), at most its cadence (the longest recent
+    wait) less one observation interval (a wait of k intervals is at least k - 1 intervals on
+    one offset).  An auto-committing consumer's cadence is one interval: nothing is
+    discounted, its lag in seconds is what it was; a stopped consumer's discount stops growing
+    at its cadence, so it trips the threshold that much later, never later than that."""
+    if stuck is None or not waits or len(history) < 2:
+        return 0
+    interval = history[-1][0] - history[-2][0]
+    return int(max(0, min(now - stuck[0], max(waits) - interval)))
 
 
 def _with_severity(ts: list[Transition], severity: Optional[Severity]) -> list[Transition]:
@@ -103,6 +122,19 @@ def _resolve_status(state: dict, entity: str, labels: dict, now: int, evidence: 
         return []
     severity = STATUS_SEVERITY[LagStatus[was["evidence"]["status"]]]
     return _with_severity(rules._resolve(state, Alert.CONSUMER_LAG_STATUS, entity, labels, now, evidence), severity)
+
+
+def _step_cadence(state: dict, hw: int, now: int, cfg: LagConfig) -> list[int]:
+    """While no wait is known: the time the producers took to write the records of the
+    consumer's last commit step (its last committed offset less the one before), as a
+    provisional cadence, ``[ms]`` (``[]``: no step seen yet).  A consumer that commits every
+    5 s, every N records or every few minutes moves its commit by about what was written in
+    one of its waits; so this is its cadence at today's rate, from its first commit on."""
+    step = state["step"]
+    if not step or step >= hw:
+        return []
+    at, _ = written_at(state["marks"], hw - step, cfg)
+    return [int(max(0, now - at))]
 
 
 def _lag_now(state: dict, committed: int, hw: int, now: int, cfg: LagConfig,
@@ -157,7 +189,8 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
                  rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
-                       ("trend", []), ("high_since", None), ("rewound", None)):
+                       ("trend", []), ("drift", []), ("drift_clear", None), ("step", None),
+                       ("high_since", None), ("rewound", None)):
         state.setdefault(key, empty)
     if hw is None:
         state.update(lag_seconds=None, lag_seconds_basis=None)
@@ -165,7 +198,7 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     add_mark(state["marks"], int(now), hw, cfg.hw_marks)
     if committed is None:
         state.update(lag_seconds=None, lag_seconds_basis=None, status=None, stuck=None, anchor=None, trend=[],
-                     high_since=None)
+                     drift=[], high_since=None)
         why = {"reason": "no committed offset", "committed": None, "hw": hw}
         return (rules._resolve(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, dict(why))
                 + _resolve_status(state, entity, labels, now, dict(why)))
@@ -178,23 +211,42 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     # the stuck run ended with a commit past it: one more sample of the commit cadence — not
     # a run already under way at the first observation (its start is unknown, the wait would
     # be too short), not an outage that reached STOP (not how this consumer usually commits)
+    # unless no wait is known yet: STOP is then stop_after_ms, and a consumer whose every wait
+    # is longer (every 1 000 records at 3 records/s) would never have its cadence learned
     if (old_stuck is not None and committed > old_stuck[1] and old_stuck[0] > first_seen
-            and state["status"] != _STOP):
+            and (state["status"] != _STOP or not state["waits"])):
         state["waits"] = (state["waits"] + [int(now - old_stuck[0])])[-CADENCE_SAMPLES:]
     est = _lag_now(state, committed, hw, now, cfg,
                    old_stuck[0] if old_stuck is not None and old_stuck[1] == committed else None)
-    trend = state["trend"]
+    trend, drift = state["trend"], state["drift"]
     if committed >= hw:
         state["trend"] = [[int(now), 0]]
+        state["drift"] = [[int(now), 0]]
     elif prev_committed is not None and committed < prev_committed:
-        state["trend"] = []
-    elif (prev_committed is not None and committed > prev_committed and est.basis == "interpolated"
-          and (not trend or now - trend[-1][0] >= TREND_STEP_MS)):
-        state["trend"] = (trend + [[int(now), int(round(est.seconds * 1000))]])[-TREND_POINTS:]
+        state["trend"] = state["drift"] = []
+    elif prev_committed is not None and committed > prev_committed and est.basis == "interpolated":
+        sample = [int(now), int(round(est.seconds * 1000))]
+        if not trend or now - trend[-1][0] >= TREND_STEP_MS:
+            state["trend"] = (trend + [sample])[-TREND_POINTS:]
+        if not drift or now - drift[-1][0] >= DRIFT_STEP_MS:
+            state["drift"] = (drift + [sample])[-DRIFT_POINTS:]
+    if prev_committed is not None and committed > prev_committed:
+        state["step"] = committed - prev_committed
+    waits = state["waits"] or _step_cadence(state, hw, now, cfg)
     previous = state["status"]
     rewound = state["rewound"]
-    verdict = evaluate(history, cfg, now, old_stuck, state["waits"], state["trend"],
-                       stalled=previous in (_STALL, _STOP), warned=previous == _WARN, rewound=rewound)
+    warned = previous == _WARN
+    was = state["open"].get(_STATUS_ALERT)  # each WARN rule holds its own WARN
+    drift_warned = warned and was is not None and was["evidence"].get("rule") == RULE_DRIFT
+    drift = state["drift"]
+    if drift and not drift_warned:  # rule 5's drift test, once per sample (the series changes every 3 min)
+        if state["drift_clear"] != drift[-1][0] and drifting(drift) is None:
+            state["drift_clear"] = drift[-1][0]
+        if state["drift_clear"] == drift[-1][0]:
+            drift = []
+    verdict = evaluate(history, cfg, now, old_stuck, waits, state["trend"], drift=drift,
+                       stalled=previous in (_STALL, _STOP), warned=warned, rewound=rewound,
+                       drift_warned=drift_warned)
     if verdict.rule == RULE_REWIND:  # held from when this rewind was first seen
         d = verdict.detail
         if rewound is None or rewound[2] != d["to_offset"] or now - rewound[0] >= cfg.rewind_hold_ms:
@@ -212,7 +264,8 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
 
     # ConsumerLagHigh: a threshold exceeded at every observation for lag_high_for_ms.  The
     # evidence is built only for a transition: most observations change nothing.
-    tripped = _lag_high(lag, est, cfg)
+    discount = between_commits_ms(verdict.stuck, waits, history, now)
+    tripped = _lag_high(lag, max(0.0, est.seconds - discount / 1000.0), cfg)
     if not tripped:
         state["high_since"] = None
     elif state["high_since"] is None:
@@ -222,6 +275,7 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     if (held and not is_open) or (not tripped and is_open):
         high_ev = {"lag": lag, "lag_seconds": est.seconds, "lag_seconds_basis": est.basis,
                    "lag_seconds_is_lower_bound": est.lower_bound,
+                   "lag_seconds_between_commits": round(discount / 1000.0, 3),
                    "lag_high_offsets": cfg.lag_high_offsets, "lag_high_seconds": cfg.lag_high_seconds,
                    "lag_high_for_ms": cfg.lag_high_for_ms, "tripped": tripped,
                    "tripped_since": state["high_since"], "committed": committed, "hw": hw}

@@ -13,6 +13,9 @@ MARKS_CAP = 128
 #: rule 6: commit samples of the lag in seconds: at most this many, at least this far apart
 TREND_POINTS = 10
 TREND_STEP_MS = 30_000
+#: rule 5 (drift): the long series of commit samples: at most this many, at least this far apart
+DRIFT_POINTS = 10
+DRIFT_STEP_MS = 180_000
 
 
 def _is_int(v: Any) -> bool:

@@ -13,7 +13,10 @@ Rules of :func:`evaluate` (first match wins; the verdict names its rule):
 3. ``3-stop``       committed unchanged with lag > 0 for longer than the stop limit → STOP.
 4. ``4-stall``      … for longer than the stall limit → STALL.  Both limits scale with the
    partition's observed commit cadence (Burrow's STOP does too).
-5. ``5-kept-up``    the latest commit is at or past the oldest HW of the window → OK.
+5. ``5-lag-drifting`` the lag in seconds, sampled at commits at least 3 min apart over up to
+   27 min, rises beyond noise, by at least 10 s and by at least the lag it rose from → WARN,
+   even when the consumer is less than a window behind; held while it still rises at all.
+   ``5-kept-up``  the latest commit is at or past the oldest HW of the window → OK.
 6. ``6-lag-rising`` the lag in seconds, sampled when the consumer commits, rises beyond noise
    and by at least ``warn_min_rise_ms`` → WARN; held while it still rises at all.
 7. ``7-ok`` / ``7-ok-few-points`` → OK.
@@ -29,14 +32,23 @@ from typing import Any, Optional, Sequence
 from streaming.rules.lag_config import DEFAULT_CONFIG, LagConfig
 from streaming.rules.lag_estimate import Point
 
-#: rule 6: the fitted rise must exceed this many residual standard deviations
+#: rules 5 and 6: the fitted rise must exceed this many residual standard deviations
 TREND_NOISE_FACTOR = 2.0
+#: rule 5 (drift): commit samples needed (at least DRIFT_STEP_MS apart: 12 min at 5)
+DRIFT_MIN_POINTS = 5
+#: rule 5 (drift): the smallest fitted rise, s, whatever the span
+DRIFT_MIN_RISE_S = 10.0
+#: rule 5 (drift): … and at least this × the lag it rose from (the fitted line at the first
+#: sample): the lag of a slow but stable consumer, 50-130 s behind, wanders by up to 0.73 × that
+#: within the series' 27 min (simulated, 240 h); one falling behind from a few seconds doubles
+DRIFT_MIN_RISE_RATIO = 1.0
 
 RULE_CAUGHT_UP = "1-caught-up"
 RULE_REWIND = "2-rewind"
 RULE_REWIND_HELD = "2-rewind-held"
 RULE_STOP = "3-stop"
 RULE_STALL = "4-stall"
+RULE_DRIFT = "5-lag-drifting"
 RULE_KEPT_UP = "5-kept-up"
 RULE_LAG_RISING = "6-lag-rising"
 RULE_OK = "7-ok"
@@ -179,9 +191,60 @@ def _trend(samples: Sequence[Sequence[float]]) -> dict:
             "slope": round(slope, 6), "rise_s": round(rise, 3), "noise_s": round(noise, 3)}
 
 
+def _drift_fit(samples: Sequence[Sequence[int]]) -> Optional[tuple[float, float]]:
+    """(fitted rise s, the lag it rose from s) when ``samples`` show a drift beyond noise and
+    by at least the floors, else None."""
+    n = len(samples)
+    if n < DRIFT_MIN_POINTS - 1 or samples[-1][1] <= samples[0][1]:
+        return None
+    slope, rise, noise = _fit(samples)
+    rose_from = max(0.0, _start(samples, slope))
+    if (slope <= 0 or rise <= TREND_NOISE_FACTOR * noise or rise < DRIFT_MIN_RISE_S
+            or rise < DRIFT_MIN_RISE_RATIO * rose_from):
+        return None
+    return rise, rose_from
+
+
+def _start(samples: Sequence[Sequence[int]], slope: float) -> float:
+    """The least-squares line's value at the first sample, s."""
+    n = len(samples)
+    t0 = samples[0][0]
+    mx = sum((s[0] - t0) / 1000.0 for s in samples) / n
+    my = sum(s[1] / 1000.0 for s in samples) / n
+    return my - slope * mx
+
+
+def drifting(samples: Sequence[Sequence[int]], warned: bool = False) -> Optional[dict]:
+    """Rule 5's test of the long series of commit samples (``[t ms, lag ms]``, at least
+    ``DRIFT_STEP_MS`` apart): the WARN evidence of a drift, or None.
+
+    A drift: at least ``DRIFT_MIN_POINTS`` samples, the last at least half
+    ``DRIFT_MIN_RISE_S`` above the first (a cheap test first: most series fail it), a
+    least-squares rise beyond noise (``TREND_NOISE_FACTOR``), of at least ``DRIFT_MIN_RISE_S``
+    and at least ``DRIFT_MIN_RISE_RATIO`` × the lag it rose from (the line at the first
+    sample); and all of this already without the latest sample (one high sample — a burst
+    being drained — is not a drift).  ``warned``: held while the line still rises at all and
+    the last sample is above the first.  The floors are absolute, not relative to the
+    producers' rate: a consumer at 99 % of their speed (0.01 s/s) is WARN ~21 min after it
+    slowed down at 5 or at 500 records/s."""
+    if len(samples) < DRIFT_MIN_POINTS or samples[-1][1] <= samples[0][1]:
+        return None
+    if not warned and samples[-1][1] - samples[0][1] < DRIFT_MIN_RISE_S * 500:  # cheap: no fit
+        return None
+    if warned:
+        if _fit(samples)[0] <= 0:
+            return None
+    elif _drift_fit(samples) is None or _drift_fit(samples[:-1]) is None:
+        return None
+    rose_from = max(0.0, _start(samples, _fit(samples)[0]))
+    return {**_trend(samples), "min_rise_s": max(DRIFT_MIN_RISE_S, round(DRIFT_MIN_RISE_RATIO * rose_from, 3)),
+            "held": warned, "lag_samples": [list(s) for s in samples]}
+
+
 def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional[Sequence[int]] = None,
              waits: Optional[Sequence[int]] = None, trend: Optional[Sequence[Sequence[int]]] = None,
-             stalled: bool = False, warned: bool = False, rewound: Optional[Sequence[int]] = None) -> Verdict:
+             stalled: bool = False, warned: bool = False, rewound: Optional[Sequence[int]] = None,
+             drift: Optional[Sequence[Sequence[int]]] = None, drift_warned: bool = False) -> Verdict:
     """:func:`evaluate_status` with everything it found (for evidence and the state).
 
     ``stuck``: the state's stuck run from the previous observation; ``waits``: the recent
@@ -192,7 +255,10 @@ def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional
     taken back while the run lasts); ``warned``: the previous observation was WARN (WARN then
     holds while the lag in seconds still rises at all: a producer speeding up for a minute
     does not end it); ``rewound``: the last confirmed rewind, ``[first seen at, from offset,
-    to offset]`` (rule 0 holds it)."""
+    to offset]`` (rule 0 holds it); ``drift``: the long series of commit samples,
+    ``[t, lag ms]`` at least ``DRIFT_STEP_MS`` apart (rule 5, :func:`drifting`);
+    ``drift_warned``: the WARN now open was opened by rule 5 (it then holds while the series
+    still rises at all; ``warned`` holds rule 6's)."""
     if not history:
         return Verdict(LagStatus.OK, RULE_FEW_POINTS, [], [], [], None, {})
     view, blips, pending, rewind = _scan(history, cfg.rewind_confirmations, cfg.blip_max_ms)
@@ -223,6 +289,12 @@ def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional
             return v(LagStatus.STOP, RULE_STOP, **why)
         if stuck_for > stall_ms or (stalled and stuck is not None and stuck[0] == new_stuck[0]):
             return v(LagStatus.STALL, RULE_STALL, **why)
+    # 5. its lag in seconds drifts up over the long series of commit samples (before rule 5:
+    #    a consumer slightly slower than its producers is less than a window behind for hours)
+    if drift:
+        d = drifting(drift, drift_warned)
+        if d is not None:
+            return v(LagStatus.WARN, RULE_DRIFT, **d)
     # 5. the consumer has consumed everything the partition held at the window's start
     if view[-1][1] >= view[0][2]:
         return v(LagStatus.OK, RULE_KEPT_UP, committed=view[-1][1], oldest_hw=view[0][2], since=view[0][0])
@@ -241,14 +313,15 @@ def evaluate(history: Sequence[Point], cfg: LagConfig, now: int, stuck: Optional
 
 def evaluate_status(history: Sequence[Point], cfg: LagConfig = DEFAULT_CONFIG, now: Optional[int] = None,
                     stuck: Optional[Sequence[int]] = None, waits: Optional[Sequence[int]] = None,
-                    trend: Optional[Sequence[Sequence[int]]] = None) -> tuple[LagStatus, str]:
+                    trend: Optional[Sequence[Sequence[int]]] = None,
+                    drift: Optional[Sequence[Sequence[int]]] = None) -> tuple[LagStatus, str]:
     """(status, rule) for the window ``history`` (``[t, committed, hw]`` points, oldest first,
     strictly increasing t) at time ``now`` (default: the latest point's time).  ``stuck``,
-    ``waits``, ``trend``: the state's values (see :func:`evaluate`); without them the stuck run
-    starts in the window, the commit cadence is unknown and there are no commit samples (no
-    WARN).  Rules: see the module docstring."""
+    ``waits``, ``trend``, ``drift``: the state's values (see :func:`evaluate`); without them the
+    stuck run starts in the window, the commit cadence is unknown and there are no commit
+    samples (no WARN).  Rules: see the module docstring."""
     if now is None:
         now = history[-1][0] if history else 0
-    verdict = evaluate(history, cfg, now, stuck, waits, trend)
+    verdict = evaluate(history, cfg, now, stuck, waits, trend, drift=drift)
     return verdict.status, verdict.rule
 

@@ -37,10 +37,16 @@ WARMUP_S = 600.0
 #: dead consumers: STOP within this long of the death
 DEAD_STOP_BOUND_S = 330.0
 DEAD_SLOW_STOP_BOUND_S = 1500.0
+#: long_gaps profiles, before WARMUP_S: the estimate's overstatement, relative to the true lag
+START_ERR_REL = 0.5
 #: a consumer at 64-78 % of its producers' speed is WARN within this long of slowing down:
 #: once it is more than the window (90 s) behind — after 90 / (1 - 0.78) = 410 s at worst, 300 s
 #: at 70 % — and the next commit sample (every 30 s) shows the rise
 FALLING_WARN_BOUND_S = 450.0
+#: a consumer at 90-99 % of its producers' speed (records written evenly) is WARN within this
+#: long of slowing down, whatever the producers' rate (measured: 99 % 21-22 min, 95 % ~9 min,
+#: 90 % ~6 min; from a fresh monitor 13 min at 90-95 %)
+DRIFT_WARN_BOUND_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,12 @@ class Profile:
     #: production rate: wanders (log-space Ornstein-Uhlenbeck) within this range; (0, 0): none
     rate: tuple[float, float] = (0.0, 0.0)
     rate_tau_s: float = 900.0
+    #: records written evenly at the rate, not as a Poisson stream
+    steady: bool = False
+    #: the rate also follows the day: multiplied by a factor going from 1 down to this and back
+    #: (a cosine of period ``diurnal_period_s``); 1: no daily cycle
+    diurnal_low: float = 1.0
+    diurnal_period_s: float = 86_400.0
     #: bursts: (mean gap s, min size, max size, seconds to write one)
     bursts: Optional[tuple[float, int, int, float]] = None
     #: consumer: records/s it can process, fetch delay range (s)
@@ -60,10 +72,12 @@ class Profile:
     #: a processing latency wandering within this range (s): the consumer is this far behind
     latency: Optional[tuple[float, float]] = None
     latency_tau_s: float = 3600.0
-    #: "auto" (every commit_every_s) or "records" (every commit_every_n records)
+    #: "auto" (every commit_every_s), "records" (every commit_every_n records) or "batch" (wakes
+    #: every batch_every s — a uniform draw — consumes what is there and commits)
     commit: str = "auto"
     commit_every_s: float = 5.0
     commit_every_n: int = 1000
+    batch_every: tuple[float, float] = (180.0, 360.0)
     #: from slow_from_s (after the monitor's first observation) on, the consumer processes only
     #: this many records/s
     slow_capacity: Optional[float] = None
@@ -74,7 +88,12 @@ class Profile:
     quiet_at_s: Optional[float] = None
     #: a last batch written as the consumer dies (records), so records are waiting
     last_batch: int = 0
-    kind: str = "healthy"   # healthy | dead | falling
+    kind: str = "healthy"   # healthy | dead | falling | drift
+    #: commit gaps longer than stop_after_ms and lag_high_seconds: the gap under way when the
+    #: monitor starts (no cadence, no commit step known yet) may raise STOP and ConsumerLagHigh,
+    #: and the lag of its record, written before the monitor's first observation, is
+    #: extrapolated with the little rate seen so far (within START_ERR_REL)
+    long_gaps: bool = False
 
 
 HEALTHY = [
@@ -91,6 +110,16 @@ HEALTHY = [
     Profile("slow-bounded", "a slow but stable consumer: processing latency wandering 50-130 s, rate "
             "5-15 records/s (lag 250-1 950 records), auto-commit every 5 s", rate=(5.0, 15.0),
             latency=(50.0, 130.0), latency_tau_s=7200.0),
+    Profile("diurnal", "producers following the day: 300-500 records/s at the peak, 50 times less at night (a "
+            "24 h cosine), a consumer with 600 records/s of capacity, auto-commit every 5 s",
+            rate=(300.0, 500.0), diurnal_low=0.02, capacity=600.0),
+    Profile("bursty-producers", "producers at 0.5-2 records/s that write 6 000-24 000 records over 2 min "
+            "(50-200 records/s) every ~15 min, now and then two at once; a 300 records/s consumer, "
+            "auto-commit every 5 s", rate=(0.5, 2.0), bursts=(900.0, 6_000, 24_000, 120.0), capacity=300.0),
+    Profile("commit-every-n-low-rate", "2-4 records/s, the consumer keeps up but commits every 1 000 records "
+            "(every 250-500 s)", rate=(2.0, 4.0), commit="records", long_gaps=True),
+    Profile("batch-consumer", "5-20 records/s; the consumer wakes every 3-6 min, consumes what is there and "
+            "commits", rate=(5.0, 20.0), commit="batch", long_gaps=True),
 ]
 
 DEAD = [
@@ -107,7 +136,28 @@ FALLING = Profile("falling-behind", "45-55 records/s, auto-commit every 5 s; 10 
                   "the consumer slows to 35 records/s (64-78 % of the rate)", rate=(45.0, 55.0),
                   slow_capacity=35.0, slow_from_s=600.0, kind="falling")
 
-PROFILES = {p.name: p for p in HEALTHY + DEAD + [FALLING]}
+#: a consumer slightly slower than its producers: keeps up until DRIFT_FROM_S, then processes
+#: ``fraction`` of the producers' steady rate (its lag in seconds rises 1 - fraction s per s)
+DRIFT_FROM_S = 600.0
+DRIFT_FRACTIONS = (0.90, 0.95, 0.99)
+DRIFT_RATES = (5.0, 50.0, 500.0)
+
+
+def drift_profile(fraction: float, rate: float, steady: bool = True) -> Profile:
+    """Records written evenly (``steady``: the lag rises steadily, 1 - fraction s per s), or as a
+    Poisson stream (the true lag then also wanders by about sqrt(t / rate) s: at 99 % of 5
+    records/s that is as much as the drift over half an hour)."""
+    return Profile(f"drift-{round(fraction * 100)}pct-{rate:g}rps" + ("" if steady else "-poisson"),
+                   f"{rate:g} records/s ({'evenly' if steady else 'Poisson'}), auto-commit every 5 s; "
+                   f"{DRIFT_FROM_S:.0f} s after the monitor starts the consumer slows to {fraction:.0%} of that",
+                   rate=(rate, rate), steady=steady, slow_capacity=fraction * rate, slow_from_s=DRIFT_FROM_S,
+                   kind="drift")
+
+
+DRIFT = [drift_profile(f, r) for f in DRIFT_FRACTIONS for r in DRIFT_RATES]
+DRIFT_POISSON = [drift_profile(f, r, steady=False) for f in DRIFT_FRACTIONS for r in DRIFT_RATES]
+
+PROFILES = {p.name: p for p in HEALTHY + DEAD + [FALLING] + DRIFT + DRIFT_POISSON}
 
 
 # --- the simulated system ---------------------------------------------------------------
@@ -144,9 +194,15 @@ def build(p: Profile, seconds: float, rng: np.random.Generator) -> System:
     n = int(round((WARM_SYSTEM_S + seconds) / DT))
     t = np.arange(n) * DT
     rate = _wander(rng, n, *p.rate, p.rate_tau_s) if p.rate[1] > 0 else np.zeros(n)
+    if p.diurnal_low < 1.0:
+        phase = rng.uniform(0, 2 * math.pi)
+        rate = rate * (p.diurnal_low + (1 - p.diurnal_low) * (1 + np.cos(2 * math.pi * t / p.diurnal_period_s + phase)) / 2)
     if p.quiet_at_s is not None:
         rate[t >= WARM_SYSTEM_S + p.quiet_at_s] = 0.0
-    counts = rng.poisson(rate * DT).astype(np.int64)
+    if p.steady:  # evenly spaced records: no arrival noise (the lag of a slower consumer rises steadily)
+        counts = np.diff(np.floor(np.concatenate([[0.0], np.cumsum(rate * DT)]))).astype(np.int64)
+    else:
+        counts = rng.poisson(rate * DT).astype(np.int64)
     if p.bursts is not None:
         gap, lo, hi, over = p.bursts
         at = rng.exponential(gap)
@@ -181,6 +237,14 @@ def build(p: Profile, seconds: float, rng: np.random.Generator) -> System:
     if p.commit == "auto":
         every = int(round(p.commit_every_s / DT))
         steps = np.arange(int(rng.integers(0, every)), end, every)
+        values = pos[steps]
+    elif p.commit == "batch":
+        at = float(rng.uniform(0, p.batch_every[1]))
+        steps_b = []
+        while at < end * DT:
+            steps_b.append(int(at / DT))
+            at += float(rng.uniform(*p.batch_every))
+        steps = np.array(steps_b, dtype=np.int64)
         values = pos[steps]
     else:
         steps_l, values_l, last, k = [0], [int(pos[0])], int(pos[0]), 0
@@ -232,6 +296,8 @@ class Run:
     t_ms: np.ndarray
     transitions: list            # (t_ms, alert value, action, status or None)
     death_t_ms: Optional[int]
+    #: when the monitor first saw the committed offset move (the end of the gap under way at its start)
+    first_commit_ms: Optional[int] = None
 
 
 def monitor(obs: Observed, rules_module: ModuleType, cfg: Any = None) -> tuple[list, np.ndarray, list, list]:
@@ -257,7 +323,9 @@ def simulate(p: Profile, hours: float, seed: int, rules_module: ModuleType = rul
     obs = observe(sys_, seconds, rng)
     statuses, est, basis, trans = monitor(obs, rules_module, cfg)
     death = None if sys_.death_t is None else int(round(sys_.death_t * 1000))
-    return Run(p.name, hours, statuses, est, basis, obs.true_lag_s, obs.t_ms, trans, death)
+    moved = np.flatnonzero(obs.committed != obs.committed[0])
+    first_commit = int(obs.t_ms[moved[0]]) if len(moved) else None
+    return Run(p.name, hours, statuses, est, basis, obs.true_lag_s, obs.t_ms, trans, death, first_commit)
 
 
 # --- figures ------------------------------------------------------------------------------

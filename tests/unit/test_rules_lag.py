@@ -461,6 +461,7 @@ def S(*pts):
 
 OK, WARN, STALL, STOP, REWIND_ = LagStatus.OK, LagStatus.WARN, LagStatus.STALL, LagStatus.STOP, LagStatus.REWIND
 BEHIND = P((0, 0, 5000), (30, 300, 5300), (60, 600, 5600))  # committing, far more than the window behind
+KEPT_UP = P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300))  # committing, less than the window behind
 
 EVAL_CASES = [
     # id, history, state (stuck [t s, c, hw], waits ms, trend), expected
@@ -505,6 +506,16 @@ EVAL_CASES = [
      {"waits": [10_000]}, (OK, LS.RULE_KEPT_UP)),
     ("5: the latest commit is past the window's oldest HW: kept up (Burrow's 'lag 0 in the window', widened)",
      P((0, 0, 100), (10, 1000, 1200), (20, 2000, 2300)), {}, (OK, LS.RULE_KEPT_UP)),
+    ("5: the long series (3 min apart) rises 2 -> 18 s: drifting, although less than a window behind -> WARN",
+     KEPT_UP, {"drift": S((0, 2), (180, 6), (360, 10), (540, 14), (720, 18))}, (WARN, LS.RULE_DRIFT)),
+    ("5: ... a rise of 8 s (2 -> 10 s) is within a consumer's usual wobble: kept up, OK", KEPT_UP,
+     {"drift": S((0, 2), (180, 4), (360, 6), (540, 8), (720, 10))}, (OK, LS.RULE_KEPT_UP)),
+    ("5: a slow consumer's lag wandering 60 -> 84 s: less than the lag it rose from, OK", BEHIND,
+     {"drift": S((0, 60), (180, 66), (360, 72), (540, 78), (720, 84))}, (OK, LS.RULE_FEW_POINTS)),
+    ("5: flat, then one high sample (a burst being drained): not without it, OK", KEPT_UP,
+     {"drift": S((0, 1), (180, 1), (360, 2), (540, 1), (720, 2), (900, 25))}, (OK, LS.RULE_KEPT_UP)),
+    ("5: four samples are too few for a drift", KEPT_UP, {"drift": S((0, 2), (180, 20), (360, 40), (540, 60))},
+     (OK, LS.RULE_KEPT_UP)),
     ("6: lag in seconds at commits 100, 130, 160 s -> WARN", BEHIND, {"trend": S((0, 100), (30, 130), (60, 160))},
      (WARN, LS.RULE_LAG_RISING)),
     ("6: rising with dips -> WARN (Burrow's 'never decreasing between commits' misses it)", BEHIND,
@@ -528,7 +539,7 @@ def test_evaluate_status(name, history, state, expected):
     stuck_ms = None if stuck is None else [stuck[0] * 1000, stuck[1], stuck[2]]
     now = history[-1][0] if history else 0
     assert LS.evaluate_status(history, CFG, now, stuck=stuck_ms, waits=state.get("waits"),
-                             trend=state.get("trend")) == expected
+                             trend=state.get("trend"), drift=state.get("drift")) == expected
 
 
 def test_flat_noisy_samples_would_fool_a_naive_slope_rule():
@@ -582,6 +593,86 @@ def test_a_slow_committer_is_judged_by_its_own_cadence():
     v = LS.evaluate(s["history"], CFG, s["last_seen"], s["stuck"], s["waits"], s["trend"])
     stall, stop, cadence = LS.stuck_limits(CFG, s["waits"], True)
     assert (stall, stop, cadence) == (750_000, 1_500_000, 250_000) and v.status is LagStatus.OK
+
+
+def _renumbered(seq):
+    return [(10 * i, c, hw) for i, (_, c, hw) in enumerate(seq)]
+
+
+# 3 records/s, a commit every 1 000 records (every 340 s), the monitor starting 300 s into a gap
+LOW_RATE_EVERY_N = _renumbered(every_n(400, lambda i: 30)[30:])
+
+
+def test_a_committer_slower_than_stop_after_ms_is_judged_by_its_commit_step_from_its_first_commit():
+    """Issue 35: cadence unknown, a wait over stop_after_ms (300 s) was STOP, and a wait that
+    reached STOP was never learned: STOP at every 340 s gap.  Now, until a wait is known, the
+    time the producers took to write the last commit step (1 000 records: ~333 s) stands for
+    the cadence (STOP after 6 x that); then the waits are learned as usual."""
+    statuses, out, s = feed(LOW_RATE_EVERY_N)
+    assert out == [] and set(statuses) == {"OK"}
+    assert s["step"] == 1000 and s["waits"] and set(s["waits"]) <= {330_000, 340_000}
+    assert L._step_cadence({"step": 1000, "marks": [[0, 0], [340_000, 1020]]}, 1020, 340_000, CFG) == [333_166]
+
+
+def test_a_first_wait_that_reached_stop_is_learned_while_no_cadence_is_known():
+    """The monitor saw it caught up at 0 s, then its first gap (330 s) reached STOP: one page.
+    With no wait known, that wait is learned all the same (an outage that reaches STOP once
+    the cadence is known is not: test_commit_cadence_samples_are_the_waits_between_commits)."""
+    statuses, out, s = feed(every_n(120, lambda i: 30))
+    assert [(t, a, act, st) for t, a, act, _, st in out] == [(320, STATUS, "open", "STOP"),
+                                                            (350, STATUS, "resolve", "OK")]
+    assert s["waits"][0] == 340_000 and set(statuses[36:]) == {"OK"}
+
+
+# 3 records/s, a commit every 1 200 records (every 400 s): its lag in seconds passes 300 s for
+# ~100 s before every commit; it then dies (last commit seen at 2 460 s), the producers go on
+EVERY_400_S = _renumbered(every_n(300, lambda i: 30, every=1200)[35:])
+EVERY_400_S_DIES = EVERY_400_S + [(EVERY_400_S[-1][0] + 10 * k, EVERY_400_S[-1][1], EVERY_400_S[-1][2] + 30 * k)
+                                  for k in range(1, 200)]
+
+
+def test_consumer_lag_high_on_seconds_does_not_count_the_consumers_own_wait_between_commits():
+    """Issue 35: a consumer committing every 400 s has records 300-400 s old before every commit;
+    ConsumerLagHigh on seconds paged at every gap.  Its seconds half now discounts the time
+    the consumer has sat on its offset, up to its cadence less one interval (390 s): it opens
+    once the lag is 300 s beyond that — 750 s after the last commit of the dead one, still
+    before its STALL (3 x 400 s)."""
+    out, s = feed_raw(EVERY_400_S_DIES)
+    high = [x for x in out if x.alert is HIGH]
+    assert [x.at for x in high] == [3_210_000]
+    ev = high[0].evidence
+    assert ev["tripped"] == ["seconds"] and ev["lag_seconds_between_commits"] == 390.0
+    assert ev["lag_seconds"] == pytest.approx(759.833) and ev["tripped_since"] == 3_150_000
+    status = [x for x in out if x.alert is STATUS]
+    assert [(x.at, x.evidence["status"]) for x in status] == [(3_670_000, "STALL")]
+
+
+def test_an_auto_committing_consumer_has_nothing_discounted():
+    """Its cadence is one observation interval: the discount is 0 and a dead one trips
+    ConsumerLagHigh as soon as before (test_consumer_lag_high_by_seconds_says_which_threshold_tripped)."""
+    _, _, s = feed(DEAD_WRITING)
+    assert L.between_commits_ms(s["stuck"], s["waits"], s["history"], s["last_seen"]) == 0
+    assert L.between_commits_ms(None, [400_000], s["history"], s["last_seen"]) == 0
+    assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 100_000) == 100_000
+    assert L.between_commits_ms([0, 1, 2], [400_000], [[0, 1, 2], [10_000, 1, 3]], 500_000) == 390_000
+
+
+# A consumer at 99 % of its producers' speed (990 of 1 000 records per 10 s), caught up at 0 s:
+# its lag in seconds rises 0.01 s per second, 9 s in 15 min; it never falls a window behind.
+DRIFTING_99 = [(10 * i, 990 * i, 1000 * i) for i in range(300)]
+
+
+def test_a_consumer_slightly_slower_than_its_producers_is_warn_from_the_long_series():
+    """Issue 35: rule 5 (kept up) called it OK for hours.  The long series of commit samples
+    (3 min apart) shows the rise: WARN once it is 10 s and beyond noise, with and without the
+    latest sample: 21 min in."""
+    statuses, out, s = feed(DRIFTING_99)
+    first = statuses.index("WARN")
+    assert first * 10 == 21 * 60 and set(statuses[first:]) == {"WARN"}
+    opened = [x for x in feed_raw(DRIFTING_99)[0] if x.alert is STATUS][0]
+    assert opened.evidence["rule"] == LS.RULE_DRIFT and opened.evidence["rise_s"] >= LS.DRIFT_MIN_RISE_S
+    assert len(s["drift"]) == LC.DRIFT_POINTS
+    assert all(b[0] - a[0] >= LC.DRIFT_STEP_MS for a, b in zip(s["drift"], s["drift"][1:]))
 
 
 # --- ConsumerLagHigh: held, not a single observation -------------------------------------
@@ -763,14 +854,16 @@ def test_every_status_is_produced_by_a_table_case_and_alerts_with_its_severity()
 
 def test_every_rule_is_named_by_a_table_case():
     assert {c[3][1] for c in EVAL_CASES} == {LS.RULE_CAUGHT_UP, LS.RULE_REWIND, LS.RULE_STOP, LS.RULE_STALL,
-                                              LS.RULE_KEPT_UP, LS.RULE_LAG_RISING, LS.RULE_OK, LS.RULE_FEW_POINTS}
+                                              LS.RULE_DRIFT, LS.RULE_KEPT_UP, LS.RULE_LAG_RISING, LS.RULE_OK,
+                                              LS.RULE_FEW_POINTS}
 
 
 # --- bounded, ordered, deterministic, serialisable --------------------------------------
 
 def _bounded(s, cfg):
     return (len(s["history"]) <= cfg.window and len(s.get("marks", [])) <= cfg.hw_marks
-            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= LC.TREND_POINTS)
+            and len(s.get("waits", [])) <= L.CADENCE_SAMPLES and len(s.get("trend", [])) <= LC.TREND_POINTS
+            and len(s.get("drift", [])) <= LC.DRIFT_POINTS)
 
 
 def test_state_never_exceeds_its_bounds():
@@ -818,7 +911,7 @@ def test_state_is_plain_json_and_pickle_serialisable_in_every_status():
 
 def test_state_round_trip_mid_stream_gives_the_same_result():
     """The state store serialises between micro-batches: resuming from a JSON copy changes nothing."""
-    for seq in (DEAD_WRITING, WARN_THEN_STOP, SLOW_COMMITTER):
+    for seq in (DEAD_WRITING, WARN_THEN_STOP, SLOW_COMMITTER, DRIFTING_99, LOW_RATE_EVERY_N):
         _, straight = feed_raw(seq)
         s = L.new_group_partition("k", "g", "t", 0)
         for t, c, hw in seq:
@@ -836,6 +929,30 @@ def test_state_from_before_issue_14_is_picked_up():
     for t, c, hw in DEAD_WRITING[2:]:
         L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
     assert s["status"] == "STOP" and _bounded(s, CFG)
+
+
+def test_the_stored_state_carries_the_drift_series_and_the_commit_step():
+    """A group partition is a plain dict in its bucket's stored value: the codec carries the
+    fields issue 35 added (drift, drift_clear, step) as they are, no migration needed."""
+    from streaming.state import codec
+    from streaming.state.table import PartitionTable
+
+    _, _, s = feed(DRIFTING_99)
+    s["kind"] = "group_partition"
+    value = codec.encode_state({"format": codec._FORMAT, "entities": {E: s}, "run": "r", "fields": codec.FIELDS,
+                                "partitions": PartitionTable(None, run_id="r").state({})})
+    got = codec.stored_entities(value, "r")[E]
+    assert (got["drift"], got["drift_clear"], got["step"], got["status"]) == (s["drift"], s["drift_clear"], 990, "WARN")
+    assert len(got["drift"]) == LC.DRIFT_POINTS
+
+
+def test_state_from_before_issue_35_is_picked_up():
+    """A state stored before issue 35 (no drift, no step) is carried on: they start empty."""
+    _, _, s = feed(DRIFTING_99[:100])
+    del s["drift"], s["step"]
+    for t, c, hw in DRIFTING_99[100:]:
+        L.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t * 1000, E, CFG)
+    assert s["status"] == "WARN" and s["step"] == 990 and _bounded(s, CFG)
 
 
 @settings(max_examples=200, deadline=None)
