@@ -1023,3 +1023,21 @@ def test_valid_edge_configs():
     cfg = LagConfig(stall_after_ms=600_000, stop_after_ms=60_000)
     assert LS.stuck_limits(cfg, None, False)[:2] == (60_000, 60_000)
     assert LS.stuck_limits(cfg, [1000], False)[:2] == (60_000, 60_000)
+
+
+
+# a consumer draining a 200 000-record backlog at 5 000 per observation while the producers
+# write 1 record/s; it dies 390 s in, far behind
+DRAINING_DIES = ([(10 * i, 5000 * i, 200_000 + 10 * i) for i in range(40)]
+                 + [(390 + 10 * k, 5000 * 39, 200_390 + 10 * k) for k in range(1, 60)])
+
+
+def test_a_consumer_that_dies_draining_a_backlog_is_stall_and_stop_as_one_committing_every_interval():
+    """Its commit step (5 000 records) took the producers 5 000 s to write: as a cadence it
+    would put STOP hours after the death.  It commits at every observation, so its waits (one
+    interval) are known from its second commit on and the step is never used: STALL 100 s and
+    STOP 310 s after the last commit."""
+    statuses, out, s = feed(DRAINING_DIES)
+    assert s["step"] == 5000 and set(s["waits"]) == {10_000}
+    opened = [(t - 390, st) for t, a, act, _, st in out if a == STATUS and act == "open"]
+    assert opened == [(100, "STALL"), (310, "STOP")], opened
