@@ -20,6 +20,9 @@ class StateConfig:
     #: identifies this run of the job: an entity's gauges are sent to the exporter when they
     #: change, and once per run (a restarted job starts with an empty exporter)
     run_id: str = ""
+    #: emit, per bucket and batch, the rows it received (an ``archive_block`` row: the event
+    #: archive's, ``job.archive_dir``)
+    archive: bool = False
     lag: rules_lag_config.LagConfig = field(default_factory=rules_lag_config.LagConfig)
     partition: rules_partition_config.PartitionRulesConfig = field(default_factory=rules_partition_config.PartitionRulesConfig)
     group: rules_group.GroupRulesConfig = field(default_factory=rules_group.GroupRulesConfig)

@@ -18,7 +18,7 @@ from streaming.state.config import StateConfig
 from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
-                                  pack_block, quarantine_rows, remember_shown, removed_rows)
+                                  pack_archive, pack_block, quarantine_rows, remember_shown, removed_rows)
 
 QUARANTINE_BUCKET = -1
 
@@ -70,6 +70,10 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
                 yield _frame(quarantine_rows(pdfs))
             else:
                 frames = [f for f in pdfs if len(f)]
+                if cfg.archive:  # as received: before the rules see them
+                    packed = pack_archive(frames)
+                    if packed is not None:
+                        yield _frame([packed])
                 now = int(max(f["observed_at"].max() for f in frames))
                 yield on_rows(frames, now, state, bucket, cfg, compact_partitions)
 

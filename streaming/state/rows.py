@@ -1,7 +1,8 @@
 """The rows the state function emits: one schema (``OUTPUT_COLUMNS``) for gauges, removals,
 alert transitions, restated alerts, counts and quarantined events, built into a frame column by
 column (``_frame``); the quiet partitions' gauges packed into one row per bucket
-(``pack_block``).  How the sinks read them: streaming/sinks/batch.py.
+(``pack_block``); with the archive on, the rows a bucket received, packed likewise
+(``pack_archive``).  How the sinks read them: streaming/sinks/batch.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from streaming.state.table import NULL
 
 #: the rows the state function emits (one schema for gauges, removals, alerts and quarantine)
 OUTPUT_COLUMNS: list[tuple[str, str]] = [
-    ("kind", "string"),          # partition | partition_block | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped
+    ("kind", "string"),          # partition | partition_block | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped | archive_block
     ("action", "string"),        # upsert | remove | open | resolve | count
     ("cluster", "string"),
     ("topic", "string"),
@@ -60,7 +61,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("leader_partitions", "long"),     # kind broker: partitions it leads
     ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
     ("registered", "long"),       # kind broker: 1 while listed in the metadata, else 0
-    ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block)
+    ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block); archive_block: its received rows (pack_archive)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
 _EMPTY_ROW = dict.fromkeys(n for n, _ in OUTPUT_COLUMNS)
@@ -147,6 +148,36 @@ def pack_block(gauges: dict[str, Any]) -> dict:
         w.write_table(pa.Table.from_arrays(arrays, schema=BLOCK_SCHEMA))
     n = len(gauges["kind"])
     return _row(kind="partition_block", action="upsert", count=n, block=sink.getvalue().to_pybytes())
+
+
+#: the columns of an archived row (``pack_archive``): what the state function receives of an
+#: accepted event, FLAT_COLUMNS without those only a refused row has (its reason, its raw sample
+#: and size: null here) and without the bucket (replay computes its own from ``bucket_key``)
+ARCHIVE_DROPPED = ("reason", "raw", "raw_bytes")
+_ARROW_OF = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+             "array<bigint>": pa.list_(pa.int64())}
+ARCHIVE_SCHEMA = pa.schema([(n, _ARROW_OF[t]) for n, t in FLAT_COLUMNS if n not in ARCHIVE_DROPPED])
+
+
+def pack_archive(frames: list[pd.DataFrame]) -> Optional[dict]:
+    """The rows a bucket received in a micro-batch, as the state function got them, as one
+    ``archive_block`` output row (an Arrow IPC stream, lz4, ``ARCHIVE_SCHEMA``) for the
+    archive (streaming.sinks.archive); None when there are none.  The job sets it on with
+    ``job.archive_dir``; docs/archive.md."""
+    tables = [pa.Table.from_pandas(f[ARCHIVE_SCHEMA.names], schema=ARCHIVE_SCHEMA, preserve_index=False)
+              for f in frames if len(f)]
+    if not tables:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ARCHIVE_SCHEMA, options=_BLOCK_IPC) as w:
+        for t in tables:
+            w.write_table(t)
+    return _row(kind="archive_block", count=sum(t.num_rows for t in tables), block=sink.getvalue().to_pybytes())
+
+
+def unpack_archive(block: bytes) -> pa.Table:
+    """An ``archive_block`` row's rows (``ARCHIVE_SCHEMA``)."""
+    return pa.ipc.open_stream(block).read_all()
 
 
 def unpack_block(block: bytes) -> pa.Table:
