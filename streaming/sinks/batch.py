@@ -1,5 +1,5 @@
 """The job's ``foreachBatch`` target: a micro-batch's state output to the exporter, the
-quarantine directory and the alerts topic."""
+quarantine directory, the alerts topic and the event archive."""
 
 from __future__ import annotations
 
@@ -12,22 +12,26 @@ from pyspark.sql import DataFrame
 
 from monitor.gcpause import gc_paused
 from streaming.sinks.alerts import AlertsTopicSink
+from streaming.sinks.archive import ArchiveFiles
 from streaming.sinks.catalogue import ROW_COLUMNS
 from streaming.sinks.exporter import Exporter
 from streaming.sinks.quarantine import QuarantineFiles
-from streaming.state.rows import unpack_block
+from streaming.state.rows import ARCHIVE_SCHEMA, unpack_archive, unpack_block
 
 
 class ExporterSink:
     """foreachBatch target: applies the batch to the exporter, writes its quarantined events,
-    then publishes its alert transitions (exactly once, see streaming.sinks.alerts).  A
-    replayed batch id is harmless to all three."""
+    publishes its alert transitions (exactly once, see streaming.sinks.alerts), then archives
+    the events the state received (streaming.sinks.archive).  A replayed batch id is harmless
+    to all four."""
 
     def __init__(self, exporter: Exporter, alerts: Optional[AlertsTopicSink] = None,
-                 quarantine: Optional[QuarantineFiles] = None):
+                 quarantine: Optional[QuarantineFiles] = None, archive: Optional[ArchiveFiles] = None):
         self.exporter = exporter
         self.alerts = alerts
         self.quarantine = quarantine
+        self.archive = archive
+        self._archive_removed_reported = 0  # of archive.removed
         self.on_batch: Optional[Any] = None  # called after each batch (the watchdog)
         self._removed_reported = 0  # of quarantine.removed
         self._report_quarantine()  # what a restarted job found (and what the bound removed at its start)
@@ -53,13 +57,23 @@ class ExporterSink:
         # /metrics first: publishing waits out a fault of the alerts topic's brokers (up to
         # message.timeout.ms), and the batch's alerts should not wait with it.  A batch that
         # fails after this is replayed by a new process, whose exporter starts empty.
-        n = self.exporter.apply([r for r in rows if r["kind"] != "quarantine_event"], batch_id=batch_id)
+        n = self.exporter.apply([r for r in rows if r["kind"] not in ("quarantine_event", "archive_block")],
+                                batch_id=batch_id)
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
         if bad and self.quarantine is not None:
             self.quarantine.write(batch_id, bad)
             self._report_quarantine()
         if self.alerts is not None:
             self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
+        if self.archive is not None:
+            # last: it adds nothing to the alerts' latency; it fails the batch if it cannot write
+            blocks = [r["block"] for r in rows if r["kind"] == "archive_block"]
+            t = pa.concat_tables([unpack_archive(b) for b in blocks]) if blocks else ARCHIVE_SCHEMA.empty_table()
+            done = self.archive.write(batch_id, t)
+            self.archive.maybe_expire()
+            self.exporter.set_archive(done.rows, done.files, done.bytes, done.seconds,
+                                      self.archive.removed - self._archive_removed_reported)
+            self._archive_removed_reported = self.archive.removed
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
 
 

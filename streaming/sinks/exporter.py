@@ -571,6 +571,17 @@ class Exporter:
         if files_removed > 0:
             self.m("quarantine_files_removed_total").inc(files_removed)
 
+    def set_archive(self, rows: int, files: int, bytes_written: int, duration_s: float, partitions_removed: int = 0) -> None:
+        """A batch's write to the event archive (``streaming.sinks.archive.ArchiveFiles``), and the
+        hour directories its retention deleted since the last call."""
+        self._generation += 1
+        self.m("archive_rows_written_total").inc(rows)
+        self.m("archive_files_written_total").inc(files)
+        self.m("archive_bytes_written_total").inc(bytes_written)
+        self.m("archive_last_write_duration_seconds").set(duration_s)
+        if partitions_removed > 0:
+            self.m("archive_partitions_removed_total").inc(partitions_removed)
+
     def set_up(self, up: bool) -> None:
         self._generation += 1
         self.m("job_up").set(1 if up else 0)
