@@ -183,6 +183,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="MiB the quarantine files are kept to (default 256; > 0): past it the oldest batches' files "
                         "are deleted, never the newest one (kept even when larger); on /metrics as "
                         "kafka_monitor_quarantine_bytes and kafka_monitor_quarantine_files_removed_total")
+    j.add_argument("--archive-dir", help="the event archive: every event the state receives, as parsed, written to "
+                                         "Parquet files partitioned by cluster and hour of event time, exactly once "
+                                         "with the checkpoint (a local path, hdfs://, s3://, gs://...; default: none, "
+                                         "no archive; see docs/archive.md)")
+    j.add_argument("--archive-retention", dest="archive_retention_h", type=int,
+                   help="hours an archived hour is kept after it ends (default 168, 7 days; 0 = kept for ever); "
+                        "on /metrics as kafka_monitor_archive_partitions_removed_total")
     j.add_argument("--max-event-bytes", type=int, help="a record value longer than this is quarantined as oversized "
                                                         "without being decoded (default 65536)")
     j.add_argument("--max-clock-skew", dest="max_clock_skew_s", type=float,

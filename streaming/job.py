@@ -3,7 +3,8 @@
     source (kafka-monitor-kafka) -> mapInArrow(streaming.ingest.parsing: decode, flatten, GX gate; reason or null)
       -> bucket = pmod(xxhash64(entity), buckets), or -1 for quarantined rows
       -> groupBy(bucket).applyInPandasWithState(streaming.state.function)   [update mode, processing-time timeout]
-      -> foreachBatch: the exporter applies the rows
+      -> foreachBatch: the exporter applies the rows (and with job.archive_dir, the rows each bucket
+         received, packed by the state function, are written to the event archive: docs/archive.md)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from streaming.state import function as st
 from streaming.state.codec import STATE_SCHEMA
 from streaming.state.rows import OUTPUT_SCHEMA
 from streaming.sinks.alerts import AlertsTopicSink
+from streaming.sinks.archive import ArchiveFiles
 from streaming.sinks.batch import ExporterSink
 from streaming.sinks.catalogue import GRANULARITIES
 from streaming.sinks.exporter import Exporter
@@ -174,6 +176,12 @@ class JobConfig:
     #: the quarantine files are kept to this many MiB in all: past it the oldest batches' files
     #: are deleted (never the newest); see QuarantineFiles
     quarantine_max_mb: int = 256
+    #: the event archive: every event the state receives, as parsed, in Parquet files partitioned
+    #: by cluster and hour (a local path or a URI pyarrow knows: hdfs://, s3://, gs://, ...);
+    #: empty: no archive (streaming.sinks.archive, docs/archive.md)
+    archive_dir: Optional[str] = None
+    #: the archive's hours are deleted this many hours after they end; 0: kept for ever
+    archive_retention_h: int = 168
     #: a record value longer than this is quarantined (oversized) without being decoded
     max_event_bytes: int = 65_536
     #: observed_at may be this far after / before the record's Kafka timestamp (else
@@ -259,6 +267,9 @@ class JobConfig:
         if not self.quarantine_max_mb > 0:
             raise JobConfigError(f"job.quarantine_max_mb: must be > 0 (MiB of quarantine files kept; past it the "
                                  f"oldest are deleted), got {self.quarantine_max_mb}")
+        if self.archive_retention_h < 0:
+            raise JobConfigError(f"job.archive_retention_h: must be >= 0 (hours an archived hour is kept after it "
+                                 f"ends; 0 = kept for ever), got {self.archive_retention_h}")
         if not self.max_clock_skew_s >= 0:
             raise JobConfigError(f"job.max_clock_skew_s: must be >= 0 (0 = not checked), "
                                  f"got {self.max_clock_skew_s}")
@@ -408,6 +419,7 @@ def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
         st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
+                                              archive=bool(cfg.archive_dir),
                                               **{f: c for f, c in cfg.rule_configs().items()
                                                  if f in STATE_FAMILIES})),
         outputStructType=OUTPUT_SCHEMA,
@@ -463,7 +475,8 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
         alerts.recover()  # fails now, with a clear message, if the topic is missing
     quarantine = QuarantineFiles(cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"),
                                  cfg.quarantine_max_mb << 20)
-    sink = ExporterSink(exporter, alerts, quarantine)
+    archive = ArchiveFiles(cfg.archive_dir, cfg.archive_retention_h) if cfg.archive_dir else None
+    sink = ExporterSink(exporter, alerts, quarantine, archive)
     exporter.set_notify_holds(cfg.rule_configs()["notify"].holds_s())
     listener = ProgressListener(exporter)
     spark.streams.addListener(listener)
@@ -474,6 +487,8 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
          .foreachBatch(sink)
          .start())
     listener.query_id = str(q.id)
+    if archive is not None:
+        archive.query_id = str(q.id)  # its file names: kept across restarts from the checkpoint
     _QUERIES[listener.query_id] = (spark, listener, sink)
     exporter.set_up(True)
     return q
@@ -506,6 +521,8 @@ def stop_query(q: StreamingQuery, timeout_s: float = 30.0) -> None:
         session.streams.removeListener(listener)
         if sink.alerts is not None:
             sink.alerts.close()  # its producer would otherwise live on, reconnecting to the cluster
+        if sink.archive is not None:
+            sink.archive.join(10.0)  # a retention pass under way
 
 
 def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exit: Any = None,
