@@ -45,6 +45,13 @@ COMPRESSION = "zstd"
 OBJECT_STORES = ("s3", "gcs")
 
 
+def _temporary(path: str) -> str:
+    """Where ``path`` is written before its rename: a hidden name (``.`` first), which pyarrow's
+    and Spark's dataset readers skip."""
+    head, _, name = path.rpartition("/")
+    return f"{head}/.{name}.tmp"
+
+
 def _write_parquet(rows: pa.Table, out: Any) -> None:
     pq.write_table(rows, out, compression=COMPRESSION)
 
@@ -192,9 +199,9 @@ class ArchiveFiles:
             raise RuntimeError(f"archive: cannot read {self._manifest(query_id)}: {e}") from e
 
     def _put(self, path: str, write: Callable[[Any], None]) -> int:
-        """Write ``path`` whole (through ``path.tmp`` and a rename, except on an object store);
-        returns its size."""
-        target = path if self._object_store else path + ".tmp"
+        """Write ``path`` whole (through a temporary name and a rename, except on an object
+        store); returns its size."""
+        target = path if self._object_store else _temporary(path)
         with self.fs.open_output_stream(target) as out:
             write(out)
         if target != path:
@@ -227,7 +234,7 @@ class ArchiveFiles:
                 self._put(self._manifest(qid), lambda out: out.write(body))
             if earlier is not None:
                 for rel in set(earlier.get("files") or []) - set(rels):
-                    for p in (self._path(rel), self._path(rel) + ".tmp"):
+                    for p in (self._path(rel), _temporary(self._path(rel))):
                         try:
                             self.fs.delete_file(p)
                             done.stale_removed += p == self._path(rel)

@@ -127,6 +127,7 @@ def test_a_batch_lands_partitioned_and_reads_back_equal(tmp_path):
     one = pq.read_table(tmp_path / "arch" / f"cluster=k/hour=2025-11-29T21/{name}")  # a file alone is whole
     assert one.column("cluster").to_pylist() == ["k", "k"] and one.column("batch_id").to_pylist() == [7, 7]
     assert not list((tmp_path / "arch").rglob("*.tmp"))
+    assert ar._temporary("/a/b/f.parquet") == "/a/b/.f.parquet.tmp"
     assert (a.rows, a.files) == (3, 2)
 
 
@@ -143,8 +144,10 @@ def test_a_batch_written_again_replaces_its_files_and_its_earlier_attempts_other
     first.write(5, archived(poff(2, T0, 11), on("j", poff(3, T0, 12)), poff(4, T0 + H, 13)))  # not committed: a crash
     # the next process runs batch 5 again; record 3 was deleted by retention meanwhile, 4 is read again
     again = ArchiveFiles(d, query_id=QID)
+    left = tmp_path / "cluster=k" / "hour=2025-11-29T22" / f".{ar.file_name(5, QID)}.tmp"
+    left.write_bytes(b"a write cut short")  # hidden: readers skip it; rewritten and renamed again
     done = again.write(5, archived(poff(2, T0, 11), poff(4, T0 + H, 13)))
-    assert done.stale_removed == 1
+    assert done.stale_removed == 1 and not left.exists()
     again.write(6, archived(poff(5, T0 + H, 14)))
     assert seqs(ar.read_archive(d)) == [("k", 1, 4), ("k", 2, 5), ("k", 4, 5), ("k", 5, 6)]
     assert not (tmp_path / "cluster=j" / "hour=2025-11-29T21").exists() or \
