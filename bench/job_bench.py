@@ -28,10 +28,14 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
 - ``--state carry``: the floor plus the state's round trip: each bucket's real value (its first
   call runs the job's function) read and stored again unchanged every batch, nothing emitted;
 - ``breakdown``: where a steady batch's time goes (the state store, the state function, the
-  driver's sink) and what the driver got per batch (``<kind>_rows_per_batch``).
+  driver's sink) and what the driver got per batch (``<kind>_rows_per_batch``);
+- ``--archive both``: each size without the event archive, then with it (``job.archive_dir``):
+  its cost per batch, in the batch times, the state function's time (it packs the rows) and
+  ``archive_write_s`` (the driver's write), with its rows, files and bytes per batch.
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
     python bench/job_bench.py --sizes 1000:1000 --runs 1
+    python bench/job_bench.py --sizes 10000:10000 --runs 1 --archive both   # bench/results/job-archive.json
 
 Prints a table and writes bench/results/job.json.
 """
@@ -314,7 +318,7 @@ class Scraper:
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
-            source: str = "python", cluster=None) -> dict:
+            source: str = "python", cluster=None, archive: bool = False) -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -331,8 +335,17 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
-                        max_offsets_per_trigger=250_000, metrics_port=0, source=source)
+                        max_offsets_per_trigger=250_000, metrics_port=0, source=source,
+                        archive_dir=f"{work}/archive" if archive else None)
         exporter = Exporter(max_series=10_000_000)
+        # the archive's writes: (finished at, seconds, rows, files, bytes)
+        archived: list[tuple[float, float, int, int, int]] = []
+        set_archive = exporter.set_archive
+
+        def archive_done(rows: int, files: int, bytes_written: int, duration_s: float, removed: int = 0) -> None:
+            archived.append((time.time(), duration_s, rows, files, bytes_written))
+            set_archive(rows, files, bytes_written, duration_s, removed)
+        exporter.set_archive = archive_done  # type: ignore[method-assign]
         scraper = Scraper(f"http://127.0.0.1:{exporter.serve(0)}/metrics", scrape_rate) if scrape_rate else None
         scraped_batches: set = set()
         sinks: list[tuple[float, float, int]] = []
@@ -447,6 +460,12 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         if len(kinds) == len(sinks):
             for kind in sorted({k for c in kinds for k in c}):
                 breakdown[f"{kind}_rows_per_batch"] = statistics.median(kinds[i].get(kind, 0) for i in steady_sinks)
+    steady_archive = [a for a in archived if a[0] >= steady_from and a[2]]
+    if steady_archive:  # the driver's write of the archive (in collect_and_sink_s)
+        breakdown["archive_write_s"] = statistics.median(a[1] for a in steady_archive)
+        breakdown["archive_rows_per_batch"] = statistics.median(a[2] for a in steady_archive)
+        breakdown["archive_files_per_batch"] = statistics.median(a[3] for a in steady_archive)
+        breakdown["archive_bytes_per_batch"] = statistics.median(a[4] for a in steady_archive)
     if steady:
         later_gc = [c for c in collections if c[0] >= steady_from]
         breakdown["driver_gc_s_per_batch"] = sum(c[1] for c in later_gc) / len(steady)
@@ -463,6 +482,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         **scrape,
         "breakdown": breakdown,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
+        "archive": archive,
         "backlog_events": len(backlog),
         "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
         "drain_after_first_batch_events_per_s": later_rows / later_s if later_s else None,
@@ -508,11 +528,16 @@ def main() -> int:
     ap.add_argument("--source", choices=["python", "spark-kafka"], default="python",
                     help="the job's Kafka reader (spark-kafka: Spark's own, jars from kafka-monitor spark-jars)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
+    ap.add_argument("--archive", choices=["off", "on", "both"], default="off",
+                    help="the event archive (job.archive_dir, in the run's temporary directory): off (default), on, "
+                         "or both: each size's runs without it, then with it, in one sitting (its cost per batch)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/job.json; "
-                                                 "job-<state>-state.json with another --state)")
+                                                 "job-<state>-state.json with another --state; job-archive.json "
+                                                 "with --archive on or both)")
     args = ap.parse_args()
     if args.out is None:
-        args.out = str(ROOT / "bench" / "results" / ("job.json" if args.state == "rules" else f"job-{args.state}-state.json"))
+        args.out = str(ROOT / "bench" / "results" / ("job-archive.json" if args.archive != "off" else
+                                                     "job.json" if args.state == "rules" else f"job-{args.state}-state.json"))
     from streaming.state import function as state
     if args.state == "noop":
         state.make_state_function = noop_state_function
@@ -544,15 +569,16 @@ def main() -> int:
                                     state_store=args.state_store), app_name="kafka-monitor-bench")
     results = []
     try:
-        for size in args.sizes:
+        for size, archive in [(z, a) for z in args.sizes
+                              for a in ([False, True] if args.archive == "both" else [args.archive == "on"])]:
             n_parts, n_pairs = (int(x) for x in size.split(":"))
             runs = []
             for r in range(args.runs):
-                print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions: run {r + 1}/{args.runs}",
-                      file=sys.stderr, flush=True)
+                print(f"[bench] {n_parts} partitions, {n_pairs} group/partitions{', archive on' if archive else ''}: "
+                      f"run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
                                    args.trigger_s, args.active, snapshot_cycles, args.scrape_rate,
-                                   source=args.source, cluster=cluster))
+                                   source=args.source, cluster=cluster, archive=archive))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)
@@ -561,17 +587,19 @@ def main() -> int:
                                      for k in runs[0]["phase_median_s"]}
             med["breakdown"] = {k: statistics.median(x["breakdown"].get(k, 0) for x in runs)
                                 for k in runs[0]["breakdown"]}
+            med["archive"] = archive
             med["runs"] = runs
             results.append(med)
     finally:
         stop_spark(spark)
         if cluster is not None:
             cluster.stop()
-    print(f"{'partitions':>10} {'grp/parts':>9} {'drain ev/s':>10} {'(running)':>10} {'rows/bat':>8} {'p50 s':>6} "
+    print(f"{'partitions':>10} {'grp/parts':>9} {'archive':>7} {'drain ev/s':>10} {'(running)':>10} {'rows/bat':>8} {'p50 s':>6} "
           f"{'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
     for m in results:
         f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
-        print(f"{m['partitions']:>10} {m['group_partitions']:>9} {f(m['drain_events_per_s'], '>10.0f')} "
+        print(f"{m['partitions']:>10} {m['group_partitions']:>9} {'on' if m['archive'] else 'off':>7} "
+              f"{f(m['drain_events_per_s'], '>10.0f')} "
               f"{f(m['drain_after_first_batch_events_per_s'], '>10.0f')} {f(m['steady_rows_per_batch'], '>8.0f')} "
               f"{f(m['batch_p50_s'], '>6.2f')} {f(m['batch_p95_s'], '>6.2f')} {f(m['jvm_peak_rss_mb'], '>7.0f')} "
               f"{f(m['python_workers_peak_rss_mb'], '>7.0f')}")
