@@ -157,6 +157,7 @@ ARCHIVE_DROPPED = ("reason", "raw", "raw_bytes")
 _ARROW_OF = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
              "array<bigint>": pa.list_(pa.int64())}
 ARCHIVE_SCHEMA = pa.schema([(n, _ARROW_OF[t]) for n, t in FLAT_COLUMNS if n not in ARCHIVE_DROPPED])
+_ARCHIVE_FIELDS = list(zip(ARCHIVE_SCHEMA.names, ARCHIVE_SCHEMA.types))
 
 
 def pack_archive(frames: list[pd.DataFrame]) -> Optional[dict]:
@@ -164,8 +165,9 @@ def pack_archive(frames: list[pd.DataFrame]) -> Optional[dict]:
     ``archive_block`` output row (an Arrow IPC stream, lz4, ``ARCHIVE_SCHEMA``) for the
     archive (streaming.sinks.archive); None when there are none.  The job sets it on with
     ``job.archive_dir``; docs/archive.md."""
-    tables = [pa.Table.from_pandas(f[ARCHIVE_SCHEMA.names], schema=ARCHIVE_SCHEMA, preserve_index=False)
-              for f in frames if len(f)]
+    # column by column: from_pandas over a frame of the columns costs ~1.6x (its copy, its checks)
+    tables = [pa.Table.from_arrays([pa.array(f[n], t, from_pandas=True) for n, t in _ARCHIVE_FIELDS],
+                                   schema=ARCHIVE_SCHEMA) for f in frames if len(f)]
     if not tables:
         return None
     sink = pa.BufferOutputStream()
