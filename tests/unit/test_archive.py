@@ -280,3 +280,15 @@ def test_timing_is_cheap_for_a_batch_of_partitions(tmp_path):
     t0 = time.monotonic()
     a.write(0, t)
     assert time.monotonic() - t0 < 5.0
+
+
+def test_the_exporter_counts_the_archive():
+    from streaming.sinks.exporter import Exporter
+
+    e = Exporter()
+    v = lambda name: e.registry.get_sample_value("kafka_monitor_" + name)  # noqa: E731
+    assert (v("archive_rows_written_total"), v("archive_partitions_removed_total")) == (0, 0)  # served from the start
+    e.set_archive(100, 2, 4096, 0.25)
+    e.set_archive(50, 1, 1024, 0.125, partitions_removed=3)
+    assert (v("archive_rows_written_total"), v("archive_files_written_total"), v("archive_bytes_written_total"),
+            v("archive_last_write_duration_seconds"), v("archive_partitions_removed_total")) == (150, 3, 5120, 0.125, 3)
