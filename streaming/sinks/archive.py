@@ -228,12 +228,16 @@ class ArchiveFiles:
                 if m is not None and m.get("batch_id") == batch_id:
                     earlier = m
             self._first = False
+            stale = sorted(set(earlier.get("files") or []) - set(rels)) if earlier is not None else []
             if parts or earlier is not None:
-                body = json.dumps({"batch_id": batch_id, "query_id": qid, "rows": t.num_rows, "files": rels}).encode()
+                # every file of the batch there may be: this attempt's, and the earlier one's until
+                # they are deleted (a crash before that leaves them listed for the next attempt)
+                body = json.dumps({"batch_id": batch_id, "query_id": qid, "rows": t.num_rows,
+                                   "files": sorted(rels + stale)}).encode()
                 self.fs.create_dir(self._path("_batches"), recursive=True)
                 self._put(self._manifest(qid), lambda out: out.write(body))
             if earlier is not None:
-                for rel in set(earlier.get("files") or []) - set(rels):
+                for rel in stale:
                     for p in (self._path(rel), _temporary(self._path(rel))):
                         try:
                             self.fs.delete_file(p)

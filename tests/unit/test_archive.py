@@ -4,6 +4,7 @@ the retention deletes the hours past it (``streaming.sinks.archive``; docs/archi
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -148,6 +149,8 @@ def test_a_batch_written_again_replaces_its_files_and_its_earlier_attempts_other
     left.write_bytes(b"a write cut short")  # hidden: readers skip it; rewritten and renamed again
     done = again.write(5, archived(poff(2, T0, 11), poff(4, T0 + H, 13)))
     assert done.stale_removed == 1 and not left.exists()
+    listed = json.loads((tmp_path / "_batches" / f"{QID}.json").read_text())["files"]
+    assert f"cluster=j/hour=2025-11-29T21/{ar.file_name(5, QID)}" in listed  # until a later batch: for a crash now
     again.write(6, archived(poff(5, T0 + H, 14)))
     assert seqs(ar.read_archive(d)) == [("k", 1, 4), ("k", 2, 5), ("k", 4, 5), ("k", 5, 6)]
     assert not (tmp_path / "cluster=j" / "hour=2025-11-29T21").exists() or \
@@ -292,3 +295,22 @@ def test_the_exporter_counts_the_archive():
     e.set_archive(50, 1, 1024, 0.125, partitions_removed=3)
     assert (v("archive_rows_written_total"), v("archive_files_written_total"), v("archive_bytes_written_total"),
             v("archive_last_write_duration_seconds"), v("archive_partitions_removed_total")) == (150, 3, 5120, 0.125, 3)
+
+
+def test_a_crash_while_an_earlier_attempts_files_are_deleted_leaves_them_listed_for_the_next(tmp_path):
+    d = str(tmp_path)
+    ArchiveFiles(d, query_id=QID).write(5, archived(poff(1, T0, 10), on("j", poff(2, T0, 11))))
+    second = ArchiveFiles(d, query_id=QID)
+
+    def crash(path):
+        raise RuntimeError("killed")
+    real = second.fs
+
+    class Crashing:
+        def __getattr__(self, name):
+            return crash if name == "delete_file" else getattr(real, name)
+    second.fs = Crashing()
+    with pytest.raises(RuntimeError, match="killed"):
+        second.write(5, archived(poff(1, T0, 10)))
+    assert ArchiveFiles(d, query_id=QID).write(5, archived(poff(1, T0, 10))).stale_removed == 1
+    assert seqs(ar.read_archive(d)) == [("k", 1, 5)]
