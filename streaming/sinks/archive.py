@@ -4,6 +4,8 @@ micro-batch, written by the driver in the job's ``foreachBatch`` and kept for
 ``job.archive_retention_h`` hours.  Design, layout and guarantees: docs/archive.md.
 
     <archive_dir>/cluster=<cluster, %-escaped>/hour=<YYYY-MM-DDTHH, UTC>/batch-<id, 12 digits>-<query id>.parquet
+    <archive_dir>/_ticks/hour=<YYYY-MM-DDTHH, UTC>/batch-<id, 12 digits>-<query id>.parquet
+                                                the buckets the batch woke by their timeout, and when
     <archive_dir>/_batches/<query id>.json      the last batch's files, written before them
 
 Exactly once with the checkpoint: a batch's files have names of its own (batch id and query id,
@@ -19,6 +21,7 @@ import calendar
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +46,10 @@ COMPRESSION = "zstd"
 #: a path with one of these schemes is an object store: a file appears whole when written, and a
 #: rename is a copy, so files are written in place; elsewhere through a temporary name and a rename
 OBJECT_STORES = ("s3", "gcs")
+#: the timeouts' moments (``rows.TICKS_SCHEMA`` and ``batch_id``), by hour of the moment: a leading
+#: ``_`` keeps dataset readers from taking them for events
+TICKS_DIR = "_ticks"
+_FILE = re.compile(r"^batch-(\d{12})-(.+)\.parquet$")
 
 
 def _temporary(path: str) -> str:
@@ -84,6 +91,22 @@ def file_name(batch_id: int, query_id: str) -> str:
     checkpoint: a restarted job writes the same names; a new checkpoint, whose batch ids start
     at 0 again, other ones)."""
     return f"batch-{batch_id:012d}-{query_id}.parquet"
+
+
+def parse_file_name(name: str) -> Optional[tuple[int, str]]:
+    """``file_name``'s (batch id, query id), or None for a name that is not a batch's file."""
+    m = _FILE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def split_ticks(ticks: pa.Table) -> list[tuple[str, pa.Table]]:
+    """A batch's timeout moments (``TICKS_SCHEMA`` and ``batch_id``) split by hour of the moment,
+    as (``_ticks/hour=...``, its rows), in hour order."""
+    if ticks.num_rows == 0:
+        return []
+    hours = np.floor_divide(pc.fill_null(ticks.column("at"), 0).to_numpy(), HOUR_MS)
+    return [(f"{TICKS_DIR}/hour={hour_label(int(h))}", ticks.filter(pa.array(hours == h)))
+            for h in np.unique(hours).tolist()]
 
 
 def split_partitions(t: pa.Table) -> list[tuple[str, pa.Table]]:
@@ -208,9 +231,11 @@ class ArchiveFiles:
             self.fs.move(target, path)
         return int(self.fs.get_file_info(path).size or 0)
 
-    def write(self, batch_id: int, t: pa.Table, timeout_s: float = 300.0) -> BatchWritten:
-        """Write batch ``batch_id``'s rows (``t``, ``ARCHIVE_SCHEMA``; a ``batch_id`` column is
-        added), replacing what an earlier attempt at the batch wrote.  Raises when a file cannot
+    def write(self, batch_id: int, t: pa.Table, ticks: Optional[pa.Table] = None,
+              timeout_s: float = 300.0) -> BatchWritten:
+        """Write batch ``batch_id``'s rows (``t``, ``ARCHIVE_SCHEMA``) and the moments its buckets
+        were woken by their timeout (``ticks``, ``TICKS_SCHEMA``; a ``batch_id`` column is added to
+        both), replacing what an earlier attempt at the batch wrote.  Raises when a file cannot
         be written: the batch fails, and is run again from the checkpoint."""
         t0 = time.monotonic()
         if not self._ready.wait(timeout_s):
@@ -219,6 +244,9 @@ class ArchiveFiles:
         assert qid
         done = BatchWritten(rows=t.num_rows)
         parts = split_partitions(t.append_column("batch_id", pa.array(np.full(t.num_rows, batch_id, np.int64))))
+        if ticks is not None and ticks.num_rows:
+            ids = pa.array(np.full(ticks.num_rows, batch_id, np.int64))
+            parts += split_ticks(ticks.append_column("batch_id", ids))
         name = file_name(batch_id, qid)
         rels = [f"{d}/{name}" for d, _ in parts]
         with self._lock:
@@ -257,14 +285,15 @@ class ArchiveFiles:
         return done
 
     def hour_dirs(self) -> list[tuple[str, str]]:
-        """Every ``cluster=*/hour=*`` directory: (its path, its hour label)."""
+        """Every ``cluster=*/hour=*`` and ``_ticks/hour=*`` directory: (its path, its hour label)."""
         out = []
         try:
             clusters = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         except FileNotFoundError:
             return []
         for c in clusters:
-            if c.type != pafs.FileType.Directory or not c.base_name.startswith("cluster="):
+            if c.type != pafs.FileType.Directory or not (c.base_name.startswith("cluster=")
+                                                         or c.base_name == TICKS_DIR):
                 continue
             for h in self.fs.get_file_info(pafs.FileSelector(c.path, allow_not_found=True)):
                 if h.type == pafs.FileType.Directory and h.base_name.startswith("hour="):

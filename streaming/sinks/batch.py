@@ -16,7 +16,7 @@ from streaming.sinks.archive import ArchiveFiles
 from streaming.sinks.catalogue import ROW_COLUMNS
 from streaming.sinks.exporter import Exporter
 from streaming.sinks.quarantine import QuarantineFiles
-from streaming.state.rows import ARCHIVE_SCHEMA, unpack_archive, unpack_block
+from streaming.state.rows import ARCHIVE_SCHEMA, TICKS_SCHEMA, unpack_archive, unpack_block
 
 
 class ExporterSink:
@@ -57,7 +57,7 @@ class ExporterSink:
         # /metrics first: publishing waits out a fault of the alerts topic's brokers (up to
         # message.timeout.ms), and the batch's alerts should not wait with it.  A batch that
         # fails after this is replayed by a new process, whose exporter starts empty.
-        n = self.exporter.apply([r for r in rows if r["kind"] not in ("quarantine_event", "archive_block")],
+        n = self.exporter.apply([r for r in rows if r["kind"] not in NOT_EXPORTED],
                                 batch_id=batch_id)
         bad = [r for r in rows if r["kind"] == "quarantine_event"]
         if bad and self.quarantine is not None:
@@ -67,14 +67,23 @@ class ExporterSink:
             self.alerts.publish(batch_id, [r for r in rows if r["kind"] == "alert"])
         if self.archive is not None:
             # last: it adds nothing to the alerts' latency; it fails the batch if it cannot write
-            blocks = [r["block"] for r in rows if r["kind"] == "archive_block"]
-            t = pa.concat_tables([unpack_archive(b) for b in blocks]) if blocks else ARCHIVE_SCHEMA.empty_table()
-            done = self.archive.write(batch_id, t)
+            done = self.archive.write(batch_id, _unpacked(rows, "archive_block", ARCHIVE_SCHEMA),
+                                      _unpacked(rows, "archive_ticks", TICKS_SCHEMA))
             self.archive.maybe_expire()
             self.exporter.set_archive(done.rows, done.files, done.bytes, done.seconds,
                                       self.archive.removed - self._archive_removed_reported)
             self._archive_removed_reported = self.archive.removed
         self.exporter.batch_done(n, time.monotonic() - t0, time.time())
+
+
+#: rows the exporter never sees: the quarantine's, and the archive's (the events and the timeouts'
+#: moments a bucket received)
+NOT_EXPORTED = ("quarantine_event", "archive_block", "archive_ticks")
+
+
+def _unpacked(rows: list[dict], kind: str, schema: pa.Schema) -> pa.Table:
+    blocks = [r["block"] for r in rows if r["kind"] == kind]
+    return pa.concat_tables([unpack_archive(b) for b in blocks]) if blocks else schema.empty_table()
 
 
 def sink_rows(t: pa.Table) -> list[dict]:

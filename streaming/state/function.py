@@ -18,7 +18,7 @@ from streaming.state.config import StateConfig
 from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
-                                  pack_archive, pack_block, quarantine_rows, remember_shown, removed_rows)
+                                  pack_archive, pack_block, pack_ticks, quarantine_rows, remember_shown, removed_rows)
 
 QUARANTINE_BUCKET = -1
 
@@ -65,13 +65,15 @@ def make_state_function(cfg: StateConfig, compact_partitions: bool = True) -> Ca
         with gc_paused():
             if state.hasTimedOut:
                 now = int(state.getCurrentProcessingTimeMs())
+                if cfg.archive:  # the moment, for a replay: it is in no event
+                    yield _frame([pack_ticks(bucket, now)])
                 yield on_rows([], now, state, bucket, cfg, compact_partitions)
             elif bucket == QUARANTINE_BUCKET:
                 yield _frame(quarantine_rows(pdfs))
             else:
                 frames = [f for f in pdfs if len(f)]
                 if cfg.archive:  # as received: before the rules see them
-                    packed = pack_archive(frames)
+                    packed = pack_archive(frames, bucket)
                     if packed is not None:
                         yield _frame([packed])
                 now = int(max(f["observed_at"].max() for f in frames))

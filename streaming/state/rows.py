@@ -24,7 +24,7 @@ from streaming.state.table import NULL
 
 #: the rows the state function emits (one schema for gauges, removals, alerts and quarantine)
 OUTPUT_COLUMNS: list[tuple[str, str]] = [
-    ("kind", "string"),          # partition | partition_block | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped | archive_block
+    ("kind", "string"),          # partition | partition_block | group_partition | group | client | source | topic | alert | quarantine | quarantine_event | dropped | archive_block | archive_ticks
     ("action", "string"),        # upsert | remove | open | resolve | count
     ("cluster", "string"),
     ("topic", "string"),
@@ -61,7 +61,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("leader_partitions", "long"),     # kind broker: partitions it leads
     ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
     ("registered", "long"),       # kind broker: 1 while listed in the metadata, else 0
-    ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block); archive_block: its received rows (pack_archive)
+    ("block", "binary"),         # kind partition_block: the gauge rows of a bucket's quiet partitions, packed (see pack_block); archive_block: its received rows (pack_archive); archive_ticks: a timeout's moment (pack_ticks)
 ]
 OUTPUT_SCHEMA = ", ".join(f"{n} {t}" for n, t in OUTPUT_COLUMNS)
 _EMPTY_ROW = dict.fromkeys(n for n, _ in OUTPUT_COLUMNS)
@@ -152,33 +152,59 @@ def pack_block(gauges: dict[str, Any]) -> dict:
 
 #: the columns of an archived row (``pack_archive``): what the state function receives of an
 #: accepted event, FLAT_COLUMNS without those only a refused row has (its reason, its raw sample
-#: and size: null here) and without the bucket (replay computes its own from ``bucket_key``)
+#: and size: null here), then the bucket it went to (the grouping key) and its place among the rows
+#: that bucket received in the batch (``bucket_row``): a replay hands each bucket its rows of a
+#: batch back as the job's state function got them (docs/replay.md)
 ARCHIVE_DROPPED = ("reason", "raw", "raw_bytes")
 _ARROW_OF = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
              "array<bigint>": pa.list_(pa.int64())}
-ARCHIVE_SCHEMA = pa.schema([(n, _ARROW_OF[t]) for n, t in FLAT_COLUMNS if n not in ARCHIVE_DROPPED])
-_ARCHIVE_FIELDS = list(zip(ARCHIVE_SCHEMA.names, ARCHIVE_SCHEMA.types))
+_RECEIVED_FIELDS = [(n, _ARROW_OF[t]) for n, t in FLAT_COLUMNS if n not in ARCHIVE_DROPPED]
+ARCHIVE_SCHEMA = pa.schema(_RECEIVED_FIELDS + [("bucket", pa.int64()), ("bucket_row", pa.int64())])
+
+#: a bucket woken by its timeout, with no rows, at the processing time ``at`` (``pack_ticks``):
+#: the archive keeps these moments beside the events (``_ticks/``), for a replay
+TICKS_SCHEMA = pa.schema([("bucket", pa.int64()), ("at", pa.int64())])
 
 
-def pack_archive(frames: list[pd.DataFrame]) -> Optional[dict]:
-    """The rows a bucket received in a micro-batch, as the state function got them, as one
-    ``archive_block`` output row (an Arrow IPC stream, lz4, ``ARCHIVE_SCHEMA``) for the
-    archive (streaming.sinks.archive); None when there are none.  The job sets it on with
-    ``job.archive_dir``; docs/archive.md."""
-    # column by column: from_pandas over a frame of the columns costs ~1.6x (its copy, its checks)
-    tables = [pa.Table.from_arrays([pa.array(f[n], t, from_pandas=True) for n, t in _ARCHIVE_FIELDS],
-                                   schema=ARCHIVE_SCHEMA) for f in frames if len(f)]
-    if not tables:
-        return None
+def _ipc(schema: pa.Schema, tables: list[pa.Table]) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ARCHIVE_SCHEMA, options=_BLOCK_IPC) as w:
+    with pa.ipc.new_stream(sink, schema, options=_BLOCK_IPC) as w:
         for t in tables:
             w.write_table(t)
-    return _row(kind="archive_block", count=sum(t.num_rows for t in tables), block=sink.getvalue().to_pybytes())
+    return sink.getvalue().to_pybytes()
+
+
+def pack_archive(frames: list[pd.DataFrame], bucket: int) -> Optional[dict]:
+    """The rows bucket ``bucket`` received in a micro-batch, in the order the state function got
+    them, as one ``archive_block`` output row (an Arrow IPC stream, lz4, ``ARCHIVE_SCHEMA``) for
+    the archive (streaming.sinks.archive); None when there are none.  The job sets it on with
+    ``job.archive_dir``; docs/archive.md."""
+    # column by column: from_pandas over a frame of the columns costs ~1.6x (its copy, its checks)
+    tables, at = [], 0
+    for f in frames:
+        n = len(f)
+        if not n:
+            continue
+        cols = [pa.array(f[c], t, from_pandas=True) for c, t in _RECEIVED_FIELDS]
+        cols += [pa.array(np.full(n, bucket, np.int64)), pa.array(np.arange(at, at + n, dtype=np.int64))]
+        tables.append(pa.Table.from_arrays(cols, schema=ARCHIVE_SCHEMA))
+        at += n
+    if not tables:
+        return None
+    return _row(kind="archive_block", count=at, block=_ipc(ARCHIVE_SCHEMA, tables))
+
+
+def pack_ticks(bucket: int, at: int) -> dict:
+    """A bucket woken by its timeout at ``at`` (the processing time it was evaluated at), as one
+    ``archive_ticks`` output row (``TICKS_SCHEMA``): the archive writes it with the batch's
+    events, so a replay can evaluate the bucket at the same moment (docs/replay.md)."""
+    t = pa.table({"bucket": pa.array([bucket], pa.int64()), "at": pa.array([at], pa.int64())}, schema=TICKS_SCHEMA)
+    return _row(kind="archive_ticks", count=1, at=at, block=_ipc(TICKS_SCHEMA, [t]))
 
 
 def unpack_archive(block: bytes) -> pa.Table:
-    """An ``archive_block`` row's rows (``ARCHIVE_SCHEMA``)."""
+    """An ``archive_block`` row's rows (``ARCHIVE_SCHEMA``), or an ``archive_ticks`` row's
+    (``TICKS_SCHEMA``)."""
     return pa.ipc.open_stream(block).read_all()
 
 

@@ -30,7 +30,7 @@ QID = "0f0e0d0c-0000-4000-8000-000000000001"
 
 def archived(*dicts) -> pa.Table:
     """Rows as the state function would pack them."""
-    packed = st_rows.pack_archive([rows(*dicts)])
+    packed = st_rows.pack_archive([rows(*dicts)], 0)
     assert packed is not None
     return st_rows.unpack_archive(packed["block"])
 
@@ -92,13 +92,51 @@ def test_the_state_function_archives_what_a_bucket_received_and_nothing_when_off
     assert len(blocks) == 1 and int(blocks["count"].iloc[0]) == 3
     t = st_rows.unpack_archive(blocks["block"].iloc[0])
     assert t.schema == st_rows.ARCHIVE_SCHEMA
-    assert "reason" not in t.column_names and "bucket" not in t.column_names
+    assert "reason" not in t.column_names
     got = t.to_pylist()
+    assert [(r["bucket"], r["bucket_row"]) for r in got] == [(0, 0), (0, 1), (0, 2)]  # the key and the order given
     assert [(r["type"], r["seq"], r["observed_at"], r["high_watermark"]) for r in got] == [
         ("partition_metadata", 1, T0, None), ("partition_offsets", 2, T0 + 1, 100), ("partition_offsets", 3, T0 + 2, 110)]
     assert got[0]["isr"] == [1, 2, 3] and got[0]["entity"] == "partition|k/t/0"
     off_fn = st.make_state_function(st.StateConfig(run_id="r"))
     assert "archive_block" not in set(pd.concat(list(off_fn((0,), iter([df]), FakeState()))).kind)
+
+
+def test_a_timeout_emits_its_moment_for_the_archive_and_nothing_when_off():
+    """A bucket woken by its timeout has no rows: the moment it was evaluated at (the processing
+    time) is what a replay needs, as an ``archive_ticks`` row."""
+    fn = st.make_state_function(st.StateConfig(run_id="r", archive=True))
+    s = FakeState()
+    list(fn((3,), iter([rows(pmd(1, T0, [1, 2, 3]))]), s))
+    s.hasTimedOut, s.processing_time_ms = True, T0 + 30_000
+    out = pd.concat(list(fn((3,), iter([]), s)), ignore_index=True)
+    ticks = out[out.kind == "archive_ticks"]
+    assert len(ticks) == 1 and "archive_block" not in set(out.kind)
+    assert st_rows.unpack_archive(ticks["block"].iloc[0]).to_pylist() == [{"bucket": 3, "at": T0 + 30_000}]
+    assert st_rows.unpack_archive(ticks["block"].iloc[0]).schema == st_rows.TICKS_SCHEMA
+    off = st.make_state_function(st.StateConfig(run_id="r"))
+    assert "archive_ticks" not in set(pd.concat(list(off((3,), iter([]), s))).kind)
+
+
+def test_a_batchs_ticks_land_in_their_hidden_subtree_once_and_expire_with_the_events(tmp_path):
+    now = [T0 / 1000 + 5.5 * 3600]  # 02:30: 21:xx ended 4.5 hours ago, 22:xx 3.5
+    a = ArchiveFiles(str(tmp_path), retention_h=4, query_id=QID, clock=lambda: now[0])
+    ticks = pa.table({"bucket": [1, 2], "at": [T0 + 10, T0 + H + 10]}, schema=st_rows.TICKS_SCHEMA)
+    done = a.write(3, st_rows.ARCHIVE_SCHEMA.empty_table(), ticks)  # a batch of timeouts only
+    name = ar.file_name(3, QID)
+    assert done.files == 2 and done.rows == 0
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.parquet")) == [
+        f"_ticks/hour=2025-11-29T21/{name}", f"_ticks/hour=2025-11-29T22/{name}"]
+    assert ar.read_archive(str(tmp_path)).num_rows == 0  # not taken for events
+    assert json.loads((tmp_path / "_batches" / f"{QID}.json").read_text())["files"] == [
+        f"_ticks/hour=2025-11-29T21/{name}", f"_ticks/hour=2025-11-29T22/{name}"]
+    # written again after a crash with one tick fewer: the other is the earlier attempt's, deleted
+    again = ArchiveFiles(str(tmp_path), retention_h=4, query_id=QID, clock=lambda: now[0])
+    assert again.write(3, st_rows.ARCHIVE_SCHEMA.empty_table(), ticks.slice(0, 1)).stale_removed == 1
+    assert ar.parse_file_name(name) == (3, QID) and ar.parse_file_name("x.parquet") is None
+    assert a.expire() == 1
+    assert not (tmp_path / "_ticks" / "hour=2025-11-29T21").exists()
+    assert (tmp_path / "_ticks" / "hour=2025-11-29T22").exists()
 
 
 def test_spark_like_frames_pack_too():
@@ -107,7 +145,7 @@ def test_spark_like_frames_pack_too():
     df = rows(pmd(1, T0, [1, 2]), poff(2, T0 + 1, 100))
     df["high_watermark"] = df["high_watermark"].astype("float64")
     df["isr"] = [np.array(v, dtype=np.int64) if isinstance(v, list) else None for v in df["isr"]]
-    t = st_rows.unpack_archive(st_rows.pack_archive([df])["block"])
+    t = st_rows.unpack_archive(st_rows.pack_archive([df], 5)["block"])
     assert t.column("high_watermark").to_pylist() == [None, 100]
     assert t.column("isr").to_pylist() == [[1, 2], None]
 
@@ -235,13 +273,16 @@ def test_the_sink_archives_the_blocks_and_the_exporter_never_sees_them(tmp_path,
     monkeypatch.setattr(batch, "sink_rows", lambda rows: rows)
     e = FakeExporter()
     sink = batch.ExporterSink(e, archive=ArchiveFiles(str(tmp_path), retention_h=0, query_id=QID))  # T0: 2025
-    b1 = st_rows.pack_archive([rows(poff(1, T0, 10), poff(2, T0, 11))])
-    b2 = st_rows.pack_archive([rows(poff(3, T0 + H, 12))])
-    sink(Batch([b1, {"kind": "alert"}, b2]), 0)
+    b1 = st_rows.pack_archive([rows(poff(1, T0, 10), poff(2, T0, 11))], 0)
+    b2 = st_rows.pack_archive([rows(poff(3, T0 + H, 12))], 1)
+    tick = st_rows.pack_ticks(2, T0 + 30_000)
+    sink(Batch([b1, {"kind": "alert"}, b2, tick]), 0)
     sink(Batch([{"kind": "alert"}]), 1)
     assert [r["kind"] for r in e.applied] == ["alert", "alert"]
-    assert e.archive == [(3, 2, True, 0), (0, 0, False, 0)]
+    assert e.archive == [(3, 3, True, 0), (0, 0, False, 0)]
     assert seqs(ar.read_archive(str(tmp_path))) == [("k", 1, 0), ("k", 2, 0), ("k", 3, 0)]
+    assert pq.read_table(tmp_path / "_ticks").to_pylist() == [
+        {"bucket": 2, "at": T0 + 30_000, "batch_id": 0, "hour": "2025-11-29T21"}]
 
 
 BASE = {"bootstrap_servers": "b:1", "checkpoint_dir": "/c"}
