@@ -412,16 +412,20 @@ def bucket_keys(buckets: int) -> list[int]:
     return [first[b] for b in range(buckets)]
 
 
+def state_config(cfg: JobConfig, run_id: str, archive: bool = False) -> st.StateConfig:
+    """The state function's settings from the job's: what the job runs, and what
+    ``kafka-monitor replay`` runs with a job's config (one construction for both)."""
+    return st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=run_id, archive=archive,
+                          **{f: c for f, c in cfg.rule_configs().items() if f in STATE_FAMILIES})
+
+
 def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
     keep = parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
     keys = F.array(*[F.lit(k) for k in bucket_keys(cfg.buckets)])
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
     return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
-        st.make_state_function(st.StateConfig(entity_ttl_ms=int(cfg.entity_ttl_s * 1000), run_id=uuid.uuid4().hex,
-                                              archive=bool(cfg.archive_dir),
-                                              **{f: c for f, c in cfg.rule_configs().items()
-                                                 if f in STATE_FAMILIES})),
+        st.make_state_function(state_config(cfg, run_id=uuid.uuid4().hex, archive=bool(cfg.archive_dir))),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="update",
