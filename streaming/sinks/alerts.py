@@ -235,3 +235,58 @@ class AlertsTopicSink:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
+
+
+def read_published(kafka: dict[str, str], topic: str, since_ms: Optional[int] = None,
+                   timeout_s: float = 120.0) -> list[dict]:
+    """The records on the alerts topic, decoded: from the first published at or after ``since_ms``
+    (the records' timestamps, their publish time; None: from the start) to the end of each
+    partition as it is now.  A record that is not a transition is skipped.  Raises
+    ``AlertsSinkError`` when the topic is missing or a partition is not read to its end within
+    ``timeout_s`` (replay's comparison; the tests' reader)."""
+    c = Consumer({**kafka, "group.id": f"{READER_GROUP_PREFIX}{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    out: list[dict] = []
+    try:
+        t = c.list_topics(topic, timeout=30).topics.get(topic)
+        if t is None or (t.error is not None and not t.partitions):  # a leader moving: its partitions are listed
+            raise AlertsSinkError(f"alerts topic {topic!r} is not available: {t.error if t else 'absent'}"
+                                  f"{missing_acl(t.error, topic=('READ', topic)) if t else ''}")
+        parts = [TopicPartition(topic, p, since_ms if since_ms is not None else 0) for p in t.partitions]
+        if since_ms is not None:
+            parts = c.offsets_for_times(parts, timeout=30)
+        start = []
+        for tp in parts:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=30)
+            # no record at or after since_ms: offsets_for_times answers the end (-1)
+            offset = hi if tp.offset < 0 else max(tp.offset, lo) if since_ms is not None else lo
+            if offset < hi:
+                start.append(TopicPartition(topic, tp.partition, offset))
+        if not start:
+            return out
+        c.assign(start)
+        eof: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(eof) < len(start):
+            if time.monotonic() > deadline:
+                raise AlertsSinkError(f"reading the alerts topic {topic!r}: partitions "
+                                      f"{sorted({tp.partition for tp in start} - eof)} not read to their end within "
+                                      f"{timeout_s:.0f}s")
+            for m in c.consume(1000, timeout=1.0):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        eof.add(m.partition() or 0)
+                    elif permanent_error(err):
+                        raise AlertsSinkError(f"reading the alerts topic {topic!r}: {err}" + missing_acl(
+                            err, topic=("READ", topic), group=("DESCRIBE", f"{READER_GROUP_PREFIX}* (prefixed)")))
+                    continue
+                try:
+                    rec = json.loads(m.value() or b"")
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and "alert_id" in rec and "at" in rec:
+                    out.append(rec)
+    finally:
+        c.close()
+    return out

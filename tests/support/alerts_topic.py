@@ -4,33 +4,15 @@ workers with it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 
-from confluent_kafka import Consumer, TopicPartition
-
-from tests.conftest import unique
+from streaming.sinks.alerts import read_published
 
 
 def read_alerts(bootstrap: str, topic: str) -> list[dict]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("r"), "enable.partition.eof": True})
-    parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, eof = [], set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(eof) < len(parts):
-            assert time.monotonic() < deadline, f"reading {topic}: no end of partition within 60s"
-            for m in c.consume(1000, timeout=2):
-                if m.error():
-                    eof.add(m.partition())
-                else:
-                    out.append(json.loads(m.value()))
-    finally:
-        c.close()
-    return out
+    """Every transition on the alerts topic (the product's reader, which replay uses too)."""
+    return read_published({"bootstrap.servers": bootstrap}, topic, timeout_s=60)
 
 
 def kill_group(proc, sig=signal.SIGKILL):
