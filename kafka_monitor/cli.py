@@ -26,6 +26,8 @@ subcommands:
   job     run the streaming job over the events topic and serve /metrics
   schema  print the event contract as JSON Schema or Markdown
   snapshot  write lag, ISR, alerts and monitor health from Prometheus as one HTML file
+  replay  run the alert rules again over the event archive with another config, and compare
+          what they would have raised with what the job published
 """
 
 
@@ -76,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
                     help="json: one JSON object per line (time, level, logger, message, exception)")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema,snapshot}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema,snapshot,replay}")
 
     d = sub.add_parser("demo", help="run the embedded default (broker, workload, probe, job, exporter)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -206,6 +208,12 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter, description=snapshot.DESCRIPTION)
     snapshot.add_arguments(n)
 
+    from kafka_monitor.replay import command as replay  # cheap to import: the engine only when it runs
+    r = sub.add_parser("replay", help="run the alert rules again over the event archive and compare with what the "
+                                      "job published", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=replay.DESCRIPTION)
+    replay.add_arguments(r)
+
     s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
                        description="Print the event contract v1, generated from monitor/contract.py: as JSON "
                                    "Schema (what docs/event-schema.json holds; validate events of other producers "
@@ -226,7 +234,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    from kafka_monitor.replay.command import relative_times  # replay --from -7d
+
+    args = _parser().parse_args(relative_times(sys.argv[1:] if argv is None else argv))
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if args.log_format == "json"
                          else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -251,6 +261,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cmd == "snapshot":
         from kafka_monitor.snapshot import run as run_snapshot
         return run_snapshot(args)
+
+    if args.cmd == "replay":
+        from kafka_monitor.replay.command import run as run_replay
+        return run_replay(args)
 
     if args.cmd == "demo":
         from kafka_monitor.local.kafka_install import KafkaSetupError

@@ -279,19 +279,24 @@ def lag_name(lb: dict[str, str], multi_cluster: bool) -> str:
     return f"{lb.get('group', '')} · {lb.get('topic', '')}" + (f" ({lb.get('cluster', '')})" if multi_cluster else "")
 
 
-def _template() -> Any:
-    global _TEMPLATE
-    if _TEMPLATE is None:
+def template(name: str = "snapshot.html.j2") -> Any:
+    """A page's template (``templates/``; autoescaped, undefined names fail): the snapshot's, and
+    others built the same way (``kafka-monitor replay``'s)."""
+    global _ENV
+    if _ENV is None:
         import jinja2
 
-        env = jinja2.Environment(loader=jinja2.PackageLoader("kafka_monitor.snapshot", "templates"),
-                                 autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        env.globals["zip"] = zip
-        _TEMPLATE = env.get_template("snapshot.html.j2")
-    return _TEMPLATE
+        _ENV = jinja2.Environment(loader=jinja2.PackageLoader("kafka_monitor.snapshot", "templates"),
+                                  autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        _ENV.globals["zip"] = zip
+    return _ENV.get_template(name)
 
 
-_TEMPLATE: Any = None
+def _template() -> Any:
+    return template("snapshot.html.j2")
+
+
+_ENV: Any = None
 
 
 def render_html(s: Snapshot) -> str:
