@@ -302,11 +302,10 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
     first = first_event_ms(reader, {c: hours[c] for c in clusters})
     gaps = coverage(hours, read_start, end, clusters, first)
     uncovered = [{"cluster": g.cluster, "from": report.iso(g.start_ms), "to": report.iso(g.end_ms),
-                  "from_ms": g.start_ms, "to_ms": g.end_ms,
-                  "why": g.why + ("" if g.end_ms > start else " (in the warm-up only)")} for g in gaps]
-    for u in uncovered:
-        print(f"warning: not covered by the archive: cluster {u['cluster']} {u['from']} → {u['to']}: {u['why']}",
-              file=stderr)
+                  "from_ms": g.start_ms, "to_ms": g.end_ms, "in_range": g.end_ms > start, "why": g.why}
+                 for g in gaps]
+    for line in report.coverage_lines(uncovered):
+        print(line, file=stderr)
     try:
         batches = reader.batches(read_start, end)
         res = replay(reader, batches, state_config(cfg, run_id="replay"),

@@ -44,7 +44,8 @@ def build(*, start_ms: int, end_ms: int, warmup_ms: int, archive: str, config: O
         "format": FORMAT, "range": {"from": iso(start_ms), "to": iso(end_ms), "from_ms": start_ms, "to_ms": end_ms,
                                     "warmup_s": warmup_ms / 1000, "read_from": iso(start_ms - warmup_ms)},
         "archive": archive, "config": config, "rules_changed": rules_changed, "clusters": clusters,
-        "coverage": {"complete": not uncovered, "uncovered": uncovered, "archived": archived},
+        "coverage": {"complete": not any(u["in_range"] for u in uncovered), "uncovered": uncovered,
+                     "archived": archived},
         "replay": replay, "transitions": transitions, "compared": compared is not None,
     }
     if compare_error:
@@ -58,6 +59,16 @@ def build(*, start_ms: int, end_ms: int, warmup_ms: int, archive: str, config: O
                                   "shifted": [s.to_json() for s in d.shifted]}
                               for a, d in diffs.items() if d.differs}
     return out
+
+
+def coverage_lines(uncovered: list[dict]) -> list[str]:
+    """A warning per span of the range the archive does not cover; a note per span of the warm-up
+    alone (the state there is unknown: what the replay raises soon after it may differ)."""
+    return [f"warning: not covered by the archive: cluster {u['cluster']} {u['from']} → {u['to']}: {u['why']}"
+            if u["in_range"] else
+            f"note: the warm-up is not covered for cluster {u['cluster']} {u['from']} → {u['to']}: {u['why']}; "
+            f"the replay's state starts after it"
+            for u in uncovered]
 
 
 def _shift_text(s: float) -> str:
@@ -89,8 +100,7 @@ def render_text(rep: dict[str, Any], diffs: Optional[dict[str, AlertDiff]], max_
              f"config: {rep['config'] or '(defaults)'}" + (
                  "; rules changed from the defaults: " + ", ".join(f"{k}={v}" for k, v in rep["rules_changed"].items())
                  if rep["rules_changed"] else "; every rule at its default")]
-    for u in rep["coverage"]["uncovered"]:
-        lines.append(f"WARNING: not covered by the archive: cluster {u['cluster']} {u['from']} → {u['to']}: {u['why']}")
+    lines += coverage_lines(rep["coverage"]["uncovered"])
     in_range = [t for t in rep["transitions"] if lo <= t["at"] <= hi]
     lines.append(f"the replay's transitions in the range: {len(in_range):,} "
                  f"({sum(t['action'] == 'open' for t in in_range):,} opens)")
@@ -128,8 +138,10 @@ JOB_COLOR, REPLAY_COLOR = "#4e79a7", "#f28e2b"
 MAX_LANES = 200
 
 
-def timeline_svg(lanes: list[tuple[str, list[Episode], list[Episode]]], lo: int, hi: int) -> str:
-    """One lane per (alert, entity): the job's episodes above, the replay's below."""
+def timeline_svg(lanes: list[tuple[str, list[tuple[Episode, bool]], list[tuple[Episode, bool]]]], lo: int,
+                 hi: int) -> str:
+    """One lane per (alert, entity): the job's episodes above, the replay's below; an episode both
+    sides have alike is drawn light, one that differs solid."""
     from kafka_monitor.snapshot.html import _time_ticks, e
 
     W, label_w, mr, lane_h, top, bottom = 960, 330, 14, 26, 6, 26
@@ -150,35 +162,38 @@ def timeline_svg(lanes: list[tuple[str, list[Episode], list[Episode]]], lo: int,
             out.append(f'<rect x="0" y="{y0}" width="{W}" height="{lane_h}" fill="#f6f8fa"/>')
         out.append(f'<text x="4" y="{y0 + lane_h / 2 + 4:.1f}"><title>{e(name)}</title>{e(short)}</text>')
         for eps, color, dy, who in ((job, JOB_COLOR, 3, "job"), (rep, REPLAY_COLOR, 14, "replay")):
-            for ep in eps:
+            for ep, differs in eps:
                 s, end = ep.clamped(lo, hi)
-                tip = f"{name}: {who} {span_text(ep, lo, hi)}"
+                tip = f"{name}: {who} {span_text(ep, lo, hi)}" + ("" if differs else " (the same on both sides)")
                 out.append(f'<rect x="{x(s):.1f}" y="{y0 + dy}" width="{max(x(end) - x(s), 1.5):.1f}" height="9" '
-                           f'rx="2" fill="{color}" fill-opacity="0.9"><title>{e(tip)}</title></rect>')
+                           f'rx="2" fill="{color}" fill-opacity="{0.9 if differs else 0.3}"><title>{e(tip)}</title>'
+                           f'</rect>')
     out.append(f'<line class="axis" x1="{label_w}" x2="{W - mr}" y1="{H - bottom}" y2="{H - bottom}"/>')
     out.append("</svg>")
     return "".join(out)
 
 
-def lanes(diffs: dict[str, AlertDiff]) -> list[tuple[str, list[Episode], list[Episode]]]:
-    """The (alert, entity) pairs with a difference, with both sides' episodes in the range."""
-    by: dict[tuple[str, tuple], tuple[list[Episode], list[Episode]]] = {}
+Lane = tuple[str, list[tuple[Episode, bool]], list[tuple[Episode, bool]]]
+
+
+def lanes(diffs: dict[str, AlertDiff]) -> list[Lane]:
+    """The (alert, entity) pairs with a difference: both sides' episodes in the range, each with
+    whether it differs."""
+    by: dict[tuple[str, tuple], tuple[list[tuple[Episode, bool]], list[tuple[Episode, bool]]]] = {}
     for alert, d in diffs.items():
-        if not d.differs:
-            continue
-        for e in d.removed:
-            by.setdefault((alert, e.entity), ([], []))[0].append(e)
-        for e in d.added:
-            by.setdefault((alert, e.entity), ([], []))[1].append(e)
+        for ep in d.removed:
+            by.setdefault((alert, ep.entity), ([], []))[0].append((ep, True))
+        for ep in d.added:
+            by.setdefault((alert, ep.entity), ([], []))[1].append((ep, True))
         for s in d.shifted:
             got = by.setdefault((alert, s.job.entity), ([], []))
-            got[0].append(s.job)
-            got[1].append(s.replay)
-        for j, r in d.same:  # drawn too where the lane has a difference
+            got[0].append((s.job, True))
+            got[1].append((s.replay, True))
+        for j, r in d.same:  # context, in a lane that has a difference
             if (alert, j.entity) in by:
-                by[alert, j.entity][0].append(j)
-                by[alert, j.entity][1].append(r)
-    return [(f"{a} · {entity_text(ent)}", js, rs) for (a, ent), (js, rs) in sorted(by.items()) if js or rs]
+                by[alert, j.entity][0].append((j, False))
+                by[alert, j.entity][1].append((r, False))
+    return [(f"{a} · {entity_text(ent)}", js, rs) for (a, ent), (js, rs) in sorted(by.items())]
 
 
 def render_html(rep: dict[str, Any], diffs: Optional[dict[str, AlertDiff]], generated: str) -> str:

@@ -8,6 +8,7 @@ so queries are taken in the order of their first batch's earliest event (or time
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -52,6 +53,10 @@ class Span:
     start_ms: int
     end_ms: int
     why: str
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def hour_span(start_ms: int, end_ms: int) -> range:
@@ -175,9 +180,9 @@ def coverage(hours: dict[str, list[int]], start_ms: int, end_ms: int,
             continue
         first = (first_ms or {}).get(c, hs[0] * HOUR_MS)
         if start_ms < first:
-            out.append(Span(c, start_ms, min(first, end_ms), f"before the cluster's first archived event "
-                                                               f"({hour_label(hs[0])}h; retention, or the archive "
-                                                               f"started then)"))
+            out.append(Span(c, start_ms, min(first, end_ms), f"before the cluster's first archived event, at "
+                                                               f"{_utc(first)} (the retention deleted what was "
+                                                               f"before, or the archive started then)"))
         have = set(hs)
         gap: Optional[int] = None
         for h in hour_span(max(start_ms, first), end_ms):

@@ -260,7 +260,7 @@ H0 = T0 // HOUR_MS
 def test_coverage_names_what_the_archive_does_not_cover():
     hours = {"k": [H0, H0 + 1, H0 + 3], "j": [H0 + 1]}
     start, end = T0 + 30 * MIN, T0 + 5 * HOUR_MS
-    got = [(s.cluster, (s.start_ms - T0) / MIN, (s.end_ms - T0) / MIN, s.why.split(" (")[0])
+    got = [(s.cluster, (s.start_ms - T0) / MIN, (s.end_ms - T0) / MIN, s.why.split(",")[0].split(" (")[0])
            for s in coverage(hours, start, end, ["k", "j", "x"], first_ms={"k": T0 + 40 * MIN})]
     assert got == [
         ("k", 30, 40, "before the cluster's first archived event"),
@@ -300,15 +300,19 @@ def test_a_range_only_partly_archived_is_replayed_with_a_warning_naming_the_gaps
     assert rep["replay"]["batches"] == 5 and rep["clusters"] == ["k"]  # j's batch replayed, not reported
     assert all(t["labels"]["cluster"] == "k" for t in rep["transitions"])
     assert "Not covered by the archive" in (tmp_path / "r.html").read_text()
-    assert "WARNING: not covered" in out and "not compared" not in out
+    assert "warning: not covered" in out and "not compared" not in out
 
 
 def test_an_alerts_topic_that_cannot_be_read_still_writes_the_replay(small, tmp_path):
     rc, out, err, _ = run_cli(["--archive", small, "--from", "2025-11-29T21:00Z", "--to", "2025-11-29T21:30Z",
-                               "--bootstrap-servers", "b:9", "--out", str(tmp_path / "r.json"),
+                               "--cluster", "k", "--bootstrap-servers", "b:9", "--out", str(tmp_path / "r.json"),
                                "--html", str(tmp_path / "r.html")], RuntimeError("broker down"))
     assert rc == 1 and "reading the alerts topic 'kafka-monitor.alerts' on b:9: broker down" in err
+    # the range starts at the archive's first event: only the warm-up before it is missing
+    assert "note: the warm-up is not covered for cluster k 2025-11-29T19:00:00.000Z → 2025-11-29T21:00:00.000Z: " \
+           "before the cluster's first archived event, at 2025-11-29T21:00:00.000Z" in err and "warning" not in err
     rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["coverage"]["complete"] is True and [u["in_range"] for u in rep["coverage"]["uncovered"]] == [False]
     assert rep["compared"] is False and "broker down" in rep["compare_error"]
     assert "not compared: reading the alerts topic" in out
 
