@@ -313,6 +313,11 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
     except (ArchiveReadError, OSError) as e:
         raise ReplayError(f"reading the archive: {e}") from None
 
+    if res.incomplete:
+        print(f"warning: {res.incomplete} buckets' rows of a batch are incomplete (a file of the batch is gone: "
+              f"deleted by the retention or by hand), e.g. (query, batch, bucket) {res.incomplete_examples[:3]}; "
+              f"the replay may differ from the job around them", file=stderr)
+
     def ours(r: dict) -> bool:
         return read_start <= r["at"] <= end and (r.get("labels") or {}).get("cluster") in clusters
 
@@ -343,6 +348,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
         archived={c: {"first_hour": report.iso(hs[0] * 3_600_000), "last_hour": report.iso(hs[-1] * 3_600_000),
                       "hours": len(hs)} for c, hs in sorted(hours.items())},
         replay={"batches": res.batches, "rows": res.rows, "ticks": res.ticks, "ticks_skipped": res.ticks_skipped,
+                "incomplete": res.incomplete, "incomplete_examples": res.incomplete_examples,
                 "queries": res.queries, "seconds": round(res.seconds, 3)},
         transitions=replayed, compared=compared, diffs=diffs, compare_error=compare_error)
     out = Path(args.out)

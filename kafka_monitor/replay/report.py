@@ -101,6 +101,9 @@ def render_text(rep: dict[str, Any], diffs: Optional[dict[str, AlertDiff]], max_
                  "; rules changed from the defaults: " + ", ".join(f"{k}={v}" for k, v in rep["rules_changed"].items())
                  if rep["rules_changed"] else "; every rule at its default")]
     lines += coverage_lines(rep["coverage"]["uncovered"])
+    if r.get("incomplete"):
+        lines.append(f"warning: {r['incomplete']} buckets' rows of a batch are incomplete (a file of the batch is "
+                     f"gone); the replay may differ from the job around them")
     in_range = [t for t in rep["transitions"] if lo <= t["at"] <= hi]
     lines.append(f"the replay's transitions in the range: {len(in_range):,} "
                  f"({sum(t['action'] == 'open' for t in in_range):,} opens)")

@@ -61,6 +61,10 @@ class ReplayResult:
     ticks_skipped: int = 0
     #: per query, in replay order: its id, first and last batch id, batches
     queries: list[dict] = field(default_factory=list)
+    #: (query id, batch id, bucket) whose rows are not all there (a gap in ``bucket_row``: a file
+    #: of the batch deleted, by the retention or by hand), the first few; ``incomplete`` counts all
+    incomplete_examples: list[tuple[str, int, int]] = field(default_factory=list)
+    incomplete: int = 0
     seconds: float = 0.0
 
 
@@ -76,6 +80,13 @@ def state_frame(rows: pa.Table) -> pd.DataFrame:
         else:
             cols[name] = rows.column(name)
     return pa.table(cols).to_pandas()
+
+
+def complete(rows: pa.Table) -> bool:
+    """Whether a bucket's rows of a batch are all there: their ``bucket_row`` is 0..n-1 (sorted).
+    A missing file shows as a gap, unless it held only the last rows the bucket received."""
+    got = rows.column("bucket_row").to_numpy(zero_copy_only=False)
+    return bool(len(got) == 0 or (got[0] == 0 and got[-1] == len(got) - 1))
 
 
 def _alert_rows(frames: Iterable[pd.DataFrame]) -> list[dict]:
@@ -114,6 +125,10 @@ def replay(reader: ArchiveReader, batches: list[Batch], cfg: StateConfig,
         ticks = reader.read_ticks([f for f in b.files if f.ticks]).sort_by("bucket")
         alerts: list[dict] = []
         for bucket, rows in bucket_frames(events):
+            if not complete(rows):
+                res.incomplete += 1
+                if len(res.incomplete_examples) < 10:
+                    res.incomplete_examples.append((b.query_id, b.batch_id, bucket))
             gs = states.setdefault(bucket, ReplayGroupState())
             gs.begin()
             alerts += call(bucket, [state_frame(rows)], gs)

@@ -97,16 +97,22 @@ class ArchiveReader:
         return [i for i in self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
                 if i.type == pafs.FileType.File and parse_file_name(i.base_name) is not None]
 
-    def files(self, hours: range) -> list[ArchivedFile]:
-        """The batch files (events of every cluster, and timeouts' moments) in ``hours``."""
+    def files(self, hours: Optional[range] = None) -> list[ArchivedFile]:
+        """The batch files (events of every cluster, and timeouts' moments) in ``hours`` (default:
+        every hour the archive has)."""
         out = []
         parents: list[tuple[str, Optional[str], bool]] = [
             (c.path, unquote_cluster(c.base_name) or "", False) for c in self._dirs(self.root)
             if c.base_name.startswith("cluster=")]
         parents.append((f"{self.root}/{TICKS_DIR}", None, True))
         for path, cluster, ticks in parents:
-            for h in hours:
-                for f in self._files(f"{path}/hour={hour_label(h)}"):
+            if hours is None:
+                found = [(h, d.path) for d in self._dirs(path)
+                         if d.base_name.startswith("hour=") and (h := parse_hour(d.base_name[5:])) is not None]
+            else:
+                found = [(h, f"{path}/hour={hour_label(h)}") for h in hours]
+            for h, where in found:
+                for f in self._files(where):
                     parsed = parse_file_name(f.base_name)
                     assert parsed is not None
                     out.append(ArchivedFile(f.path, parsed[1], parsed[0], h, cluster, ticks))
@@ -138,18 +144,24 @@ class ArchiveReader:
                   .cast(TICKS_SCHEMA) for f in files]
         return pa.concat_tables(tables) if tables else TICKS_SCHEMA.empty_table()
 
-    def batches(self, start_ms: int, end_ms: int, margin_h: int = 1) -> list[Batch]:
-        """The batches with events or timeouts in [start_ms, end_ms], in the order the job ran them,
-        each with all its files in the range's hours and ``margin_h`` hours either side (a batch
-        at an hour's turn, a late event)."""
+    def batches(self, start_ms: int, end_ms: int) -> list[Batch]:
+        """The batches that ran over [start_ms, end_ms], in the order the job ran them, each with
+        all its files: per query, every batch from the first to the last with events or timeouts in
+        the range's hours (one between them may hold only late events of an earlier hour), and
+        each batch's files wherever their hours are.  Lists every file name of the archive once
+        (at the default trigger ~720 a cluster and hour)."""
         inner = hour_span(start_ms, end_ms)
-        everything = self.files(range(inner.start - margin_h, inner.stop + margin_h))
-        wanted = {(f.query_id, f.batch_id) for f in everything if f.hour in inner}
+        everything = self.files()
+        ids: dict[str, list[int]] = {}
+        for f in everything:
+            if f.hour in inner:
+                ids.setdefault(f.query_id, []).append(f.batch_id)
+        bounds = {q: (min(v), max(v)) for q, v in ids.items()}
         by: dict[tuple[str, int], Batch] = {}
         for f in everything:
-            k = (f.query_id, f.batch_id)
-            if k in wanted:
-                by.setdefault(k, Batch(f.query_id, f.batch_id)).files.append(f)
+            lo_hi = bounds.get(f.query_id)
+            if lo_hi is not None and lo_hi[0] <= f.batch_id <= lo_hi[1]:
+                by.setdefault((f.query_id, f.batch_id), Batch(f.query_id, f.batch_id)).files.append(f)
         return order_batches(list(by.values()), self.first_moment)
 
 

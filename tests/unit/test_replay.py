@@ -404,3 +404,26 @@ def test_the_subcommand_is_listed_and_explains_itself(capsys):
         assert flag in text
     assert "evaluated at the\nrecorded moments" in text or "recorded moments" in text
     assert (Path(__file__).resolve().parents[2] / "docs" / "replay.md").is_file()
+
+
+def test_a_batch_of_late_events_between_the_ranges_batches_is_replayed_and_a_lost_file_is_named(tmp_path):
+    """Batch 1 holds only events of three hours before (a partition of the events topic that was
+    unreadable, read late): it ran between batches 0 and 2, so it is replayed with them.  Batch 2's
+    bucket 1 received rows of two hours; one hour's file deleted leaves a gap in ``bucket_row``."""
+    d = str(tmp_path / "a")
+    a = ArchiveFiles(d, query_id="q", retention_h=0)
+
+    def packed(*dicts, bucket=1):
+        return st_rows.unpack_archive(st_rows.pack_archive([rows(*dicts)], bucket)["block"])
+
+    a.write(0, packed(pmd(1, T0, [1, 2, 3])))
+    a.write(1, packed(poff(2, T0 - 3 * HOUR_MS, 5, part=1)))
+    a.write(2, packed(poff(3, T0 - HOUR_MS - 5, 6, part=2), poff(4, T0 + 10, 7), poff(5, T0 - HOUR_MS - 4, 8, part=2)))
+    reader = ArchiveReader(d)
+    got = reader.batches(T0, T0 + MIN)
+    assert [(b.batch_id, sorted(f.hour - H0 for f in b.files)) for b in got] == [(0, [0]), (1, [-3]), (2, [-2, 0])]
+    cfg = state_config(JobConfig("-", "-"), run_id="r")
+    assert replay(reader, got, cfg).incomplete == 0
+    (Path(d) / "cluster=k" / "hour=2025-11-29T19").joinpath("batch-000000000002-q.parquet").unlink()
+    res = replay(reader, reader.batches(T0, T0 + MIN), cfg)
+    assert (res.incomplete, res.incomplete_examples) == (1, [("q", 2, 1)])
