@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import pandas as pd
 import pyarrow as pa
@@ -100,10 +100,37 @@ def _alert_rows(frames: Iterable[pd.DataFrame]) -> list[dict]:
     return out
 
 
+@dataclass
+class ReplayBatch:
+    """One micro-batch to replay: its rows (``ARCHIVE_SCHEMA``: with ``bucket`` and
+    ``bucket_row``) and the buckets its timeouts woke (``TICKS_SCHEMA``), or None when the engine
+    is to wake them itself, as Spark would at ``processing_time_ms`` (a replay from the events
+    topic: no recorded moments)."""
+    query_id: str
+    batch_id: int
+    events: pa.Table
+    ticks: Optional[pa.Table]
+    processing_time_ms: Optional[int] = None
+
+
+def archived(reader: ArchiveReader, batches: list[Batch]) -> Iterator[ReplayBatch]:
+    """The archive's batches, read one at a time."""
+    for b in batches:
+        yield ReplayBatch(b.query_id, b.batch_id, reader.read_events([f for f in b.files if not f.ticks]),
+                          reader.read_ticks([f for f in b.files if f.ticks]))
+
+
 def replay(reader: ArchiveReader, batches: list[Batch], cfg: StateConfig,
            progress: Optional[Callable[[Progress], None]] = None) -> ReplayResult:
     """Run ``cfg``'s state function over ``batches`` (``ArchiveReader.batches``: in the job's
     order); ``progress`` is called after each batch."""
+    return run(archived(reader, batches), len(batches), cfg, progress)
+
+
+def run(batches: Iterable[ReplayBatch], total: int, cfg: StateConfig,
+        progress: Optional[Callable[[Progress], None]] = None) -> ReplayResult:
+    """Run ``cfg``'s state function over ``batches`` in their order (``total`` of them, for the
+    progress)."""
     fn = make_state_function(cfg)
     res = ReplayResult()
     t0 = time.monotonic()
@@ -121,26 +148,33 @@ def replay(reader: ArchiveReader, batches: list[Batch], cfg: StateConfig,
             query = {"query_id": b.query_id, "first_batch": b.batch_id, "last_batch": b.batch_id, "batches": 0}
             res.queries.append(query)
         query["last_batch"], query["batches"] = b.batch_id, query["batches"] + 1
-        events = reader.read_events([f for f in b.files if not f.ticks])
-        ticks = reader.read_ticks([f for f in b.files if f.ticks]).sort_by("bucket")
         alerts: list[dict] = []
-        for bucket, rows in bucket_frames(events):
+        called = set()
+        for bucket, rows in bucket_frames(b.events):
             if not complete(rows):
                 res.incomplete += 1
                 if len(res.incomplete_examples) < 10:
                     res.incomplete_examples.append((b.query_id, b.batch_id, bucket))
             gs = states.setdefault(bucket, ReplayGroupState())
-            gs.begin()
+            gs.begin(processing_time_ms=b.processing_time_ms)
             alerts += call(bucket, [state_frame(rows)], gs)
             res.rows += rows.num_rows
-        for bucket, at in zip(ticks.column("bucket").to_pylist(), ticks.column("at").to_pylist()):
+            called.add(bucket)
+        if b.ticks is not None:
+            woken = list(zip(b.ticks.sort_by("bucket").column("bucket").to_pylist(),
+                             b.ticks.sort_by("bucket").column("at").to_pylist()))
+        else:
+            assert b.processing_time_ms is not None
+            woken = [(k, b.processing_time_ms) for k in sorted(states)
+                     if k not in called and states[k].due(b.processing_time_ms)]
+        for bucket, at in woken:
             res.ticks += 1
-            woken = states.get(bucket)
-            if woken is None or not woken.armed:
+            got = states.get(bucket)
+            if got is None or not got.armed:
                 res.ticks_skipped += 1
                 continue
-            woken.begin(timed_out=True, processing_time_ms=at)
-            alerts += call(bucket, [], woken)
+            got.begin(timed_out=True, processing_time_ms=at)
+            alerts += call(bucket, [], got)
         states = {k: v for k, v in states.items() if v.value is not None}
         for i, r in enumerate(sorted(alerts, key=transition_sort_key)):
             rec: dict[str, Any] = json.loads(record_value(r, b.batch_id, i))
@@ -148,8 +182,6 @@ def replay(reader: ArchiveReader, batches: list[Batch], cfg: StateConfig,
             res.transitions.append(rec)
         res.batches += 1
         if progress is not None:
-            progress(Progress(n + 1, len(batches), res.rows, time.monotonic() - t0))
+            progress(Progress(n + 1, total, res.rows, time.monotonic() - t0))
     res.seconds = time.monotonic() - t0
     return res
-
-

@@ -37,6 +37,7 @@ class ReplayGroupState:
         self._now: Optional[int] = None
         self._duration: Optional[int] = None
         self._armed = False
+        self._deadline: Optional[int] = None
 
     # -- the replay's side ---------------------------------------------------------------------
 
@@ -51,10 +52,15 @@ class ReplayGroupState:
         self._now = processing_time_ms
         self._duration = None
         self._armed = False
+        self._deadline = None
 
     def end(self) -> None:
-        """The call returned: the key keeps a timeout only if it has state and the call set one."""
+        """The call returned: the key keeps a timeout only if it has state and the call set one,
+        due at the call's processing time plus the duration (when the processing time is known)."""
         self._armed = self._value is not None and self._duration is not None
+        self._deadline = None
+        if self._armed and self._now is not None and self._duration is not None:
+            self._deadline = self._now + self._duration
 
     @property
     def value(self) -> Optional[tuple]:
@@ -64,6 +70,11 @@ class ReplayGroupState:
     def armed(self) -> bool:
         """Whether the key can time out: it has state and its last call set a timeout."""
         return self._armed
+
+    def due(self, processing_time_ms: int) -> bool:
+        """Whether a batch at ``processing_time_ms`` times the key out (Spark: the timeout's
+        timestamp is before the batch's); only when the call that set it had a processing time."""
+        return self._armed and self._deadline is not None and self._deadline < processing_time_ms
 
     @property
     def timeout_ms(self) -> Optional[int]:
