@@ -28,7 +28,9 @@ archive records its batches and its timeouts' moments). Replaying with the job's
 reproduces its published transitions exactly. So settings that decide those moments are not
 replayed: a changed job.buckets, job.trigger_s or the state's 30 s tick is evaluated at the
 recorded moments all the same. State at the range's start is unknown: the replay starts
---warmup earlier and compares only inside the range.
+--warmup earlier and compares only inside the range. Where the archive does not reach,
+--source events-topic replays the events topic instead, APPROXIMATELY (batches, buckets and
+timeouts of its own).
 
 The config is the job's (--config: the same TOML file, [job] and [job.rules.*]; then the
 KAFKA_MONITOR_JOB_* environment, as for `kafka-monitor job`), with --rule to change one
@@ -61,6 +63,13 @@ class ReplayError(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", choices=["archive", "events-topic"], default="archive",
+                   help="archive (default): exact, at the job's own batches and moments; events-topic: the events "
+                        "topic over its retention, APPROXIMATE (batches cut every job.trigger_s by the records' "
+                        "timestamps, buckets and timeouts of its own: time-driven alerts can move by a trigger or a "
+                        "tick); for a range the archive does not cover")
+    p.add_argument("--events-topic", metavar="TOPIC",
+                   help="with --source events-topic: default job.events_topic of --config (kafka-monitor.events)")
     p.add_argument("--archive", metavar="DIR",
                    help="the event archive: the job's --archive-dir (a path, hdfs://, s3://, gs://...); default: "
                         "job.archive_dir of --config")
@@ -238,24 +247,114 @@ def _archived_text(hours: dict[str, list[int]]) -> str:
 
 
 def run(args: argparse.Namespace, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-        read_published: Optional[Callable[..., list[dict]]] = None, now_s: Optional[float] = None) -> int:
-    """The command.  ``read_published``: the alerts-topic reader (tests pass a fake)."""
+        read_published: Optional[Callable[..., list[dict]]] = None, now_s: Optional[float] = None,
+        read_records: Optional[Callable[..., Any]] = None) -> int:
+    """The command.  ``read_published``, ``read_records``: the alerts topic's and the events
+    topic's readers (tests pass fakes)."""
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     try:
-        return _run(args, stdout, stderr, read_published, time.time() if now_s is None else now_s)
+        return _run(args, stdout, stderr, read_published, time.time() if now_s is None else now_s, read_records)
     except ReplayError as e:
         print(f"error: {e}", file=stderr)
         return 2
 
 
+def _from_archive(uri: str, only: Optional[list[str]], start: int, end: int, read_start: int, scfg: Any,
+                  progress: Any, stderr: TextIO) -> tuple[Any, list[str], list[dict], dict[str, dict]]:
+    """The replay over the archive: (its result, the clusters reported, the spans not covered,
+    what the archive holds per cluster)."""
+    from kafka_monitor.replay import report
+    from streaming.replay.engine import replay
+    from streaming.replay.source import ArchiveReader, ArchiveReadError, coverage, first_event_ms, hour_span
+
+    try:
+        reader = ArchiveReader(uri)
+        hours = reader.hours()
+    except (ArchiveReadError, OSError) as e:
+        raise ReplayError(str(e)) from None
+    if not hours:
+        raise ReplayError(f"--archive: {uri} holds no archived events (is it the job's --archive-dir, and has the job "
+                          f"run with it?)")
+    unknown = [c for c in only or [] if c not in hours]
+    if unknown:
+        raise ReplayError(f"--cluster: nothing archived for {', '.join(unknown)}; the archive has: "
+                          f"{_archived_text(hours)}")
+    clusters = list(only or sorted(hours))
+    in_range = hour_span(start, end)
+    if not any(h in in_range for c in clusters for h in hours[c]):
+        raise ReplayError(f"nothing archived between {report.iso(start)} and {report.iso(end)} for "
+                          f"{', '.join(clusters)}; the archive has: {_archived_text(hours)}")
+    first = first_event_ms(reader, {c: hours[c] for c in clusters})
+    uncovered = [_span(g.cluster, g.start_ms, g.end_ms, start, g.why)
+                 for g in coverage(hours, read_start, end, clusters, first)]
+    for line in report.coverage_lines(uncovered):
+        print(line, file=stderr)
+    try:
+        res = replay(reader, reader.batches(read_start, end), scfg, progress=progress)
+    except (ArchiveReadError, OSError) as e:
+        raise ReplayError(f"reading the archive: {e}") from None
+    archived = {c: {"first_hour": report.iso(hs[0] * 3_600_000), "last_hour": report.iso(hs[-1] * 3_600_000),
+                    "hours": len(hs)} for c, hs in sorted(hours.items())}
+    return res, clusters, uncovered, archived
+
+
+def _span(cluster: str, lo: int, hi: int, start: int, why: str) -> dict:
+    from kafka_monitor.replay import report
+
+    return {"cluster": cluster, "from": report.iso(lo), "to": report.iso(hi), "from_ms": lo, "to_ms": hi,
+            "in_range": hi > start, "why": why}
+
+
+def _from_topic(read_records: Optional[Callable[..., Any]], kafka: dict[str, str], topic: str, cfg: Any,
+                only: Optional[list[str]], start: int, end: int, read_start: int, scfg: Any, progress: Any,
+                stderr: TextIO) -> tuple[Any, list[str], list[dict], dict[str, dict]]:
+    """The approximate replay over the events topic (streaming/replay/topic.py)."""
+    from kafka_monitor.replay import report
+    from streaming.job import ENTITY_OF_TYPE
+    from streaming.replay import topic as tp
+    from streaming.replay.engine import run as run_replay
+
+    reader = read_records if read_records is not None else tp.read_records
+    try:
+        records, first_ms = reader(kafka, topic, read_start, end)
+        head = next(records, None)
+    except Exception as e:  # a broker unreachable, a missing topic, an ACL
+        raise ReplayError(f"reading the events topic {topic!r} on {kafka.get('bootstrap.servers')}: {e}") from None
+    if head is None:
+        raise ReplayError(f"the events topic {topic!r} has no records between {report.iso(read_start)} and "
+                          f"{report.iso(end)} (its retention, or the range)")
+    if first_ms is not None and first_ms >= end:
+        raise ReplayError(f"the events topic {topic!r} keeps records from {report.iso(first_ms)} only, after the "
+                          f"range")
+    print(f"note: replaying from the events topic {topic!r} is APPROXIMATE: batches cut every "
+          f"{cfg.trigger_s:g} s by the records' timestamps, buckets and timeouts of its own; time-driven alerts can "
+          f"move by up to a trigger or a tick (docs/replay.md)", file=stderr)
+
+    def chained() -> Any:
+        yield head
+        yield from records
+
+    uncovered = []
+    if first_ms is not None and first_ms > read_start:
+        uncovered.append(_span("(all)", read_start, first_ms, start,
+                               f"before the events topic's oldest retained record, at {report.iso(first_ms)}"))
+    for line in report.coverage_lines(uncovered):
+        print(line, file=stderr)
+    trigger_ms = int(cfg.trigger_s * 1000)
+    batches = tp.window_batches(chained(), read_start, end, trigger_ms, cfg.buckets, ENTITY_OF_TYPE, cfg.limits())
+    try:
+        res = run_replay(batches, tp.windows(read_start, end, trigger_ms), scfg, progress)
+    except RuntimeError as e:
+        raise ReplayError(f"reading the events topic {topic!r}: {e}") from None
+    return res, list(only or []), uncovered, {}
+
+
 def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_published: Optional[Callable[..., list[dict]]],
-         now_s: float) -> int:
+         now_s: float, read_records: Optional[Callable[..., Any]] = None) -> int:
     from kafka_monitor.replay import report
     from kafka_monitor.replay.diff import diff, episodes
     from kafka_monitor.snapshot.common import SnapshotError, parse_duration
     from streaming.job import state_config
-    from streaming.replay.engine import replay
-    from streaming.replay.source import ArchiveReader, ArchiveReadError, coverage, first_event_ms, hour_span
 
     start = parse_when(args.start, "--from", now_s)
     end = parse_when(args.end, "--to", now_s)
@@ -269,57 +368,37 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
         raise ReplayError(f"--rows: must be at least 1, got {args.rows}")
     cfg = load_config(args.config, args.rule)
     uri = args.archive or cfg.archive_dir
-    if not uri:
+    if args.source == "archive" and not uri:
         raise ReplayError("--archive: required (or job.archive_dir in --config): the job's --archive-dir")
     kafka = {**cfg.kafka, **_kv(args.kafka, "-X")}
     bootstrap = args.bootstrap_servers or (cfg.bootstrap_servers if cfg.bootstrap_servers != _UNUSED else None)
     topic = cfg.alerts_topic if args.alerts_topic is None else args.alerts_topic
-    if not args.no_compare and not bootstrap:
-        raise ReplayError("--bootstrap-servers: required to read the alerts topic (or job.bootstrap_servers in "
-                          "--config); --no-compare only replays")
+    if (not args.no_compare or args.source == "events-topic") and not bootstrap:
+        what = "the events topic" if args.source == "events-topic" else "the alerts topic"
+        raise ReplayError(f"--bootstrap-servers: required to read {what} (or job.bootstrap_servers in --config)"
+                          + ("" if args.source == "events-topic" else "; --no-compare only replays"))
     if not args.no_compare and not topic:
         raise ReplayError("--alerts-topic: the job publishes no alerts topic ('' in its config): nothing to compare "
                           "with; give one, or --no-compare")
 
-    try:
-        reader = ArchiveReader(uri)
-        hours = reader.hours()
-    except (ArchiveReadError, OSError) as e:
-        raise ReplayError(str(e)) from None
-    if not hours:
-        raise ReplayError(f"--archive: {uri} holds no archived events (is it the job's --archive-dir, and has the job "
-                          f"run with it?)")
-    unknown = [c for c in args.cluster or [] if c not in hours]
-    if unknown:
-        raise ReplayError(f"--cluster: nothing archived for {', '.join(unknown)}; the archive has: "
-                          f"{_archived_text(hours)}")
-    clusters = list(args.cluster or sorted(hours))
-    in_range = hour_span(start, end)
-    if not any(h in in_range for c in clusters for h in hours[c]):
-        raise ReplayError(f"nothing archived between {report.iso(start)} and {report.iso(end)} for "
-                          f"{', '.join(clusters)}; the archive has: {_archived_text(hours)}")
     read_start = start - warmup
-    first = first_event_ms(reader, {c: hours[c] for c in clusters})
-    gaps = coverage(hours, read_start, end, clusters, first)
-    uncovered = [{"cluster": g.cluster, "from": report.iso(g.start_ms), "to": report.iso(g.end_ms),
-                  "from_ms": g.start_ms, "to_ms": g.end_ms, "in_range": g.end_ms > start, "why": g.why}
-                 for g in gaps]
-    for line in report.coverage_lines(uncovered):
-        print(line, file=stderr)
-    try:
-        batches = reader.batches(read_start, end)
-        res = replay(reader, batches, state_config(cfg, run_id="replay"),
-                     progress=ProgressLine(stderr) if args.progress else None)
-    except (ArchiveReadError, OSError) as e:
-        raise ReplayError(f"reading the archive: {e}") from None
-
+    progress = ProgressLine(stderr) if args.progress else None
+    scfg = state_config(cfg, run_id="replay")
+    if args.source == "archive":
+        res, clusters, uncovered, archived = _from_archive(uri, args.cluster, start, end, read_start, scfg, progress,
+                                                           stderr)
+    else:
+        assert bootstrap
+        res, clusters, uncovered, archived = _from_topic(
+            read_records, {**kafka, "bootstrap.servers": bootstrap}, args.events_topic or cfg.events_topic, cfg,
+            args.cluster, start, end, read_start, scfg, progress, stderr)
     if res.incomplete:
         print(f"warning: {res.incomplete} buckets' rows of a batch are incomplete (a file of the batch is gone: "
               f"deleted by the retention or by hand), e.g. (query, batch, bucket) {res.incomplete_examples[:3]}; "
               f"the replay may differ from the job around them", file=stderr)
 
-    def ours(r: dict) -> bool:
-        return read_start <= r["at"] <= end and (r.get("labels") or {}).get("cluster") in clusters
+    def ours(r: dict) -> bool:  # no clusters named (from the topic, without --cluster): all of them
+        return read_start <= r["at"] <= end and (not clusters or (r.get("labels") or {}).get("cluster") in clusters)
 
     replayed = [r for r in res.transitions if ours(r)]
     compared: Optional[dict[str, Any]] = None
@@ -333,7 +412,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
         assert bootstrap and topic  # refused above without them
         try:
             published = read_topic({**kafka, "bootstrap.servers": bootstrap}, topic,
-                                       since_ms=read_start - ALERTS_SLACK_MS)
+                                   since_ms=read_start - ALERTS_SLACK_MS)
         except Exception as e:  # a broker unreachable, a missing topic, an ACL: written without the comparison
             compare_error = f"reading the alerts topic {topic!r} on {bootstrap}: {e}"
             print(f"error: {compare_error}", file=stderr)
@@ -343,10 +422,10 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
                         "records_compared": len(job_side)}
             diffs = diff(episodes(job_side), episodes(replayed), start, end)
     rep = report.build(
-        start_ms=start, end_ms=end, warmup_ms=warmup, archive=uri, config=args.config, rules_changed=rules_changed(cfg),
+        start_ms=start, end_ms=end, warmup_ms=warmup, config=args.config, rules_changed=rules_changed(cfg),
+        archive=uri if args.source == "archive" else f"{args.events_topic or cfg.events_topic} on {bootstrap}",
         clusters=clusters, uncovered=uncovered,
-        archived={c: {"first_hour": report.iso(hs[0] * 3_600_000), "last_hour": report.iso(hs[-1] * 3_600_000),
-                      "hours": len(hs)} for c, hs in sorted(hours.items())},
+        archived=archived, source=args.source,
         replay={"batches": res.batches, "rows": res.rows, "ticks": res.ticks, "ticks_skipped": res.ticks_skipped,
                 "incomplete": res.incomplete, "incomplete_examples": res.incomplete_examples,
                 "queries": res.queries, "seconds": round(res.seconds, 3)},

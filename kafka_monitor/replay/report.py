@@ -38,9 +38,10 @@ def span_text(e: Episode, lo: int, hi: int) -> str:
 def build(*, start_ms: int, end_ms: int, warmup_ms: int, archive: str, config: Optional[str],
           rules_changed: dict[str, Any], clusters: list[str], uncovered: list[dict], archived: dict[str, dict],
           replay: dict[str, Any], transitions: list[dict], compared: Optional[dict[str, Any]],
-          diffs: Optional[dict[str, AlertDiff]], compare_error: Optional[str] = None) -> dict[str, Any]:
+          diffs: Optional[dict[str, AlertDiff]], compare_error: Optional[str] = None,
+          source: str = "archive") -> dict[str, Any]:
     """The report (JSON-ready)."""
-    out: dict[str, Any] = {
+    out: dict[str, Any] = {"source": source, "exact": source == "archive",
         "format": FORMAT, "range": {"from": iso(start_ms), "to": iso(end_ms), "from_ms": start_ms, "to_ms": end_ms,
                                     "warmup_s": warmup_ms / 1000, "read_from": iso(start_ms - warmup_ms)},
         "archive": archive, "config": config, "rules_changed": rules_changed, "clusters": clusters,
@@ -95,8 +96,11 @@ def render_text(rep: dict[str, Any], diffs: Optional[dict[str, AlertDiff]], max_
     r = rep["replay"]
     lines = [f"kafka-monitor replay  {rep['range']['from']} → {rep['range']['to']} "
              f"({fmt_duration((hi - lo) / 1000)}; warm-up from {rep['range']['read_from']})",
-             f"archive {rep['archive']}: {r['batches']:,} batches, {r['rows']:,} events, {r['ticks']:,} timeouts "
+             f"{'archive' if rep['exact'] else 'events topic of'} {rep['archive']}: {r['batches']:,} batches, {r['rows']:,} events, {r['ticks']:,} timeouts "
              f"({r['ticks_skipped']:,} not taken) in {r['seconds']:.1f}s",
+             *([] if rep["exact"] else [
+                 "APPROXIMATE: replayed from the events topic, not the archive: batches, buckets and timeouts of its "
+                 "own, not the job's; time-driven alerts can move by up to a trigger or a tick"]),
              f"config: {rep['config'] or '(defaults)'}" + (
                  "; rules changed from the defaults: " + ", ".join(f"{k}={v}" for k, v in rep["rules_changed"].items())
                  if rep["rules_changed"] else "; every rule at its default")]

@@ -174,13 +174,13 @@ def scenario(minutes: int = MINUTES, interval_ms: int = 10_000) -> list[tuple[in
     return out
 
 
-def run_batches(job: Job, events: list[tuple[int, int, dict]], start_ms: int, end_ms: int,
-                trigger_ms: int = 5_000, down: Optional[tuple[int, int]] = None) -> None:
+def cut(events: list[tuple[int, int, dict]], start_ms: int, end_ms: int, trigger_ms: int = 5_000,
+        down: Optional[tuple[int, int]] = None) -> list[tuple[int, dict[int, list[dict]]]]:
     """Micro-batches every ``trigger_ms`` of processing time over [start_ms, end_ms), each with the
-    events that arrived since the last; ``down``: (from, to) processing times the job was not
-    running (the next batch then reads the backlog)."""
+    events that arrived since the last, as (processing time, {bucket: rows}); ``down``: (from, to)
+    processing times the job was not running (the next batch then reads the backlog)."""
     events = sorted(events, key=lambda e: e[0])
-    now, at = start_ms, 0
+    now, at, out = start_ms, 0, []
     while at < len(events) and events[at][0] < start_ms:
         at += 1
     while now < end_ms:
@@ -191,4 +191,12 @@ def run_batches(job: Job, events: list[tuple[int, int, dict]], start_ms: int, en
         while at < len(events) and events[at][0] < now:
             by.setdefault(events[at][1], []).append(events[at][2])
             at += 1
+        out.append((now, by))
+    return out
+
+
+def run_batches(job: Job, events: list[tuple[int, int, dict]], start_ms: int, end_ms: int,
+                trigger_ms: int = 5_000, down: Optional[tuple[int, int]] = None) -> None:
+    """``cut``'s batches through ``job``."""
+    for now, by in cut(events, start_ms, end_ms, trigger_ms, down):
         job.batch(now, by)
