@@ -423,7 +423,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO, read_publishe
             diffs = diff(episodes(job_side), episodes(replayed), start, end)
     rep = report.build(
         start_ms=start, end_ms=end, warmup_ms=warmup, config=args.config, rules_changed=rules_changed(cfg),
-        archive=uri if args.source == "archive" else f"{args.events_topic or cfg.events_topic} on {bootstrap}",
+        read_from=uri if args.source == "archive" else f"{args.events_topic or cfg.events_topic} on {bootstrap}",
         clusters=clusters, uncovered=uncovered,
         archived=archived, source=args.source,
         replay={"batches": res.batches, "rows": res.rows, "ticks": res.ticks, "ticks_skipped": res.ticks_skipped,

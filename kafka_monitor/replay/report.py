@@ -19,9 +19,8 @@ def iso(ms: Optional[int]) -> Optional[str]:
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _hms(ms: Optional[int], lo: int, hi: int) -> str:
-    if ms is None:
-        return "before" if lo else "open"
+def _hms(ms: int, lo: int, hi: int) -> str:
+    """A moment of the range, with its date when the range spans days."""
     d = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
     same_day = dt.datetime.fromtimestamp(lo / 1000, dt.timezone.utc).date() == \
         dt.datetime.fromtimestamp(hi / 1000, dt.timezone.utc).date()
@@ -35,16 +34,18 @@ def span_text(e: Episode, lo: int, hi: int) -> str:
     return f"{start} → {end}{length}"
 
 
-def build(*, start_ms: int, end_ms: int, warmup_ms: int, archive: str, config: Optional[str],
+def build(*, start_ms: int, end_ms: int, warmup_ms: int, read_from: str, config: Optional[str],
           rules_changed: dict[str, Any], clusters: list[str], uncovered: list[dict], archived: dict[str, dict],
           replay: dict[str, Any], transitions: list[dict], compared: Optional[dict[str, Any]],
           diffs: Optional[dict[str, AlertDiff]], compare_error: Optional[str] = None,
           source: str = "archive") -> dict[str, Any]:
-    """The report (JSON-ready)."""
-    out: dict[str, Any] = {"source": source, "exact": source == "archive",
-        "format": FORMAT, "range": {"from": iso(start_ms), "to": iso(end_ms), "from_ms": start_ms, "to_ms": end_ms,
-                                    "warmup_s": warmup_ms / 1000, "read_from": iso(start_ms - warmup_ms)},
-        "archive": archive, "config": config, "rules_changed": rules_changed, "clusters": clusters,
+    """The report (JSON-ready).  ``read_from``: the archive's URI, or the events topic and its
+    cluster (``source`` "events-topic": not exact)."""
+    out: dict[str, Any] = {
+        "format": FORMAT, "source": source, "exact": source == "archive",
+        "range": {"from": iso(start_ms), "to": iso(end_ms), "from_ms": start_ms, "to_ms": end_ms,
+                  "warmup_s": warmup_ms / 1000, "read_from": iso(start_ms - warmup_ms)},
+        "archive" if source == "archive" else "events_topic": read_from, "config": config, "rules_changed": rules_changed, "clusters": clusters,
         "coverage": {"complete": not any(u["in_range"] for u in uncovered), "uncovered": uncovered,
                      "archived": archived},
         "replay": replay, "transitions": transitions, "compared": compared is not None,
@@ -96,7 +97,8 @@ def render_text(rep: dict[str, Any], diffs: Optional[dict[str, AlertDiff]], max_
     r = rep["replay"]
     lines = [f"kafka-monitor replay  {rep['range']['from']} → {rep['range']['to']} "
              f"({fmt_duration((hi - lo) / 1000)}; warm-up from {rep['range']['read_from']})",
-             f"{'archive' if rep['exact'] else 'events topic of'} {rep['archive']}: {r['batches']:,} batches, {r['rows']:,} events, {r['ticks']:,} timeouts "
+             f"{'archive ' + rep['archive'] if rep['exact'] else 'events topic ' + rep['events_topic']}: "
+             f"{r['batches']:,} batches, {r['rows']:,} events, {r['ticks']:,} timeouts "
              f"({r['ticks_skipped']:,} not taken) in {r['seconds']:.1f}s",
              *([] if rep["exact"] else [
                  "APPROXIMATE: replayed from the events topic, not the archive: batches, buckets and timeouts of its "

@@ -6,7 +6,8 @@ order the job ran them, each bucket evaluated at the moments the job evaluated i
   time, as in the job);
 - woken by its timeout, at the processing time the archive recorded (``_ticks/``), if the
   replay's state still has the bucket with a timeout set (as Spark would; ``ticks_skipped``
-  counts the others).
+  counts the others); or, for batches without recorded moments (the events topic's,
+  ``streaming.replay.topic``), where Spark would fire the timeout.
 
 A new query (a new checkpoint) starts with empty state, as the job did.  What it emits is
 collected as the alerts topic's records (``streaming.sinks.alerts.record_value``, the batch's
