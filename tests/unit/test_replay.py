@@ -427,3 +427,15 @@ def test_a_batch_of_late_events_between_the_ranges_batches_is_replayed_and_a_los
     (Path(d) / "cluster=k" / "hour=2025-11-29T19").joinpath("batch-000000000002-q.parquet").unlink()
     res = replay(reader, reader.batches(T0, T0 + MIN), cfg)
     assert (res.incomplete, res.incomplete_examples) == (1, [("q", 2, 1)])
+
+
+def test_the_command_line_takes_relative_times(small, tmp_path, monkeypatch, capsys):
+    """``kafka-monitor replay --from -2h`` through ``cli.main``: argparse alone would take -2h for
+    a flag."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(command.time, "time", lambda: T0 / 1000 + 1800)
+    assert cli.main(["replay", "--archive", small, "--from", "-30m", "--to", "-1m", "--no-compare",
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "kafka-monitor replay  2025-11-29T21:00:00.000Z → 2025-11-29T21:29:00.000Z" in out
+    assert (tmp_path / "replay.json").is_file() and (tmp_path / "replay.html").is_file()  # the defaults
