@@ -475,7 +475,8 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
     out = stateful(parse(read_events(spark, cfg), cfg), cfg)
     alerts = None
     if cfg.alerts_topic:
-        alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic)
+        alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic,
+                                 wait_query_id=True)
         alerts.recover()  # fails now, with a clear message, if the topic is missing
     quarantine = QuarantineFiles(cfg.quarantine_dir or os.path.join(cfg.checkpoint_dir, "quarantine"),
                                  cfg.quarantine_max_mb << 20)
@@ -493,6 +494,8 @@ def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: s
     listener.query_id = str(q.id)
     if archive is not None:
         archive.query_id = str(q.id)  # its file names: kept across restarts from the checkpoint
+    if alerts is not None:
+        alerts.query_id = str(q.id)  # in its records; a new checkpoint's batch ids start again at 0
     _QUERIES[listener.query_id] = (spark, listener, sink)
     exporter.set_up(True)
     return q

@@ -178,8 +178,7 @@ def run(batches: Iterable[ReplayBatch], total: int, cfg: StateConfig,
             alerts += call(bucket, [], got)
         states = {k: v for k, v in states.items() if v.value is not None}
         for i, r in enumerate(sorted(alerts, key=transition_sort_key)):
-            rec: dict[str, Any] = json.loads(record_value(r, b.batch_id, i))
-            rec["query_id"] = b.query_id
+            rec: dict[str, Any] = json.loads(record_value(r, b.batch_id, i, b.query_id))
             res.transitions.append(rec)
         res.batches += 1
         if progress is not None:

@@ -232,11 +232,15 @@ def drifting(samples: Sequence[Sequence[int]], warned: bool = False) -> Optional
     if not warned and samples[-1][1] - samples[0][1] < DRIFT_MIN_RISE_S * 500:  # cheap: no fit
         return None
     if warned:
-        if _fit(samples)[0] <= 0:
+        slope = _fit(samples)[0]
+        if slope <= 0:
             return None
-    elif _drift_fit(samples) is None or _drift_fit(samples[:-1]) is None:
-        return None
-    rose_from = max(0.0, _start(samples, _fit(samples)[0]))
+        rose_from = max(0.0, _start(samples, slope))
+    else:
+        fit = _drift_fit(samples)
+        if fit is None or _drift_fit(samples[:-1]) is None:
+            return None
+        rose_from = fit[1]
     return {**_trend(samples), "min_rise_s": max(DRIFT_MIN_RISE_S, round(DRIFT_MIN_RISE_RATIO * rose_from, 3)),
             "held": warned, "lag_samples": [list(s) for s in samples]}
 

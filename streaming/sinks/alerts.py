@@ -2,15 +2,20 @@
 exactly once per transition even when Spark replays a micro-batch after a crash.
 
 Each record carries ``batch_id`` and ``index`` (its place in the batch's transitions, which are
-sorted so a replayed batch lists them in the same order) and ``sequence`` = batch_id * 10^6 +
-index, increasing over the topic: a consumer that remembers the highest sequence it saw can
-drop anything at or below it.
+sorted so a replayed batch lists them in the same order), ``sequence`` = batch_id * 10^6 +
+index, and ``query_id``, the streaming query's id (Spark keeps it in the checkpoint).  Within a
+query id the sequence increases: a consumer that remembers the highest sequence it saw per query
+id can drop anything at or below it.  A job started on a new checkpoint has a new query id, and
+its batch ids start again at 0.
 
 Exactly once without Kafka transactions: one writer per checkpoint.  Before its first publish
-after a start the sink reads the tail of the alerts topic and learns which transitions of the
-latest batch are already there; a replayed batch then publishes only what is missing, and an
-older batch nothing.  A batch is done only when every record was acknowledged (idempotent
-producer, flush); otherwise the batch fails and Spark runs it again.
+after a start the sink reads the tail of the alerts topic and learns which transitions of its
+query's latest batch are already there; a replayed batch then publishes only what is missing,
+and an older batch nothing.  Records of another query id (an earlier checkpoint) are not this
+query's: they hold nothing back.  Records without a query id (written before it was added) are
+taken as this query's while no record in the tail has one.  A batch is done only when every
+record was acknowledged (idempotent producer, flush); otherwise the batch fails and Spark runs it
+again.
 
 The alerts topic may live on the cluster the monitor watches (issue 33): a broker down, paused
 or fenced under it delays a batch, never fails it.  The idempotent producer retries each record
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any, Iterable, Optional
@@ -62,30 +68,53 @@ _LABELS = (("cluster", "cluster"), ("topic", "topic"), ("partition", "partition"
            ("source", "source"), ("broker", "broker"))
 
 
-def record_value(r: dict, batch_id: int, index: int) -> bytes:
+def record_value(r: dict, batch_id: int, index: int, query_id: Optional[str] = None) -> bytes:
     """A transition's record on the alerts topic: its fields, labels, evidence (a JSON object),
-    batch id, index and sequence.  The evidence is the row's JSON text as the state wrote it
-    (``json.dumps``, default separators), spliced in unparsed: the same bytes as dumping it again."""
+    batch id, index, sequence and query id (when known).  The evidence is the row's JSON text as
+    the state wrote it (``json.dumps``, default separators), spliced in unparsed: the same bytes as
+    dumping it again."""
     head = json.dumps({"alert": r["alert"], "action": r["action"], "alert_id": r["alert_id"],
                        "severity": r["severity"], "at": r["at"],
                        "labels": {name: r[k] for name, k in _LABELS if r.get(k) is not None}})
+    query = "" if query_id is None else f', "query_id": {json.dumps(query_id)}'
     return (f'{head[:-1]}, "evidence": {r.get("evidence") or "{}"}, "batch_id": {batch_id}, "index": {index}, '
-            f'"sequence": {batch_id * SEQUENCE_STRIDE + index}}}').encode()
+            f'"sequence": {batch_id * SEQUENCE_STRIDE + index}{query}}}').encode()
 
 
 class AlertsTopicSink:
+    """``query_id``: the streaming query's, written into every record and matched at the read-back.
+    With ``wait_query_id`` (the job: the id is known once the query has started) ``publish``
+    waits for it to be set; without, records carry none."""
+
     def __init__(self, kafka: dict[str, str], topic: str, flush_timeout_s: float = FLUSH_TIMEOUT_S,
-                 recover_timeout_s: float = RECOVER_TIMEOUT_S):
+                 recover_timeout_s: float = RECOVER_TIMEOUT_S, query_id: Optional[str] = None,
+                 wait_query_id: bool = False):
         self.kafka = dict(kafka)
         self.topic = topic
         self.flush_timeout_s = flush_timeout_s
         self.recover_timeout_s = recover_timeout_s
         self._producer: Optional[Producer] = None
-        self._last_batch: Optional[int] = None       # highest batch id found in the topic
+        #: per query id found in the topic's tail (None: records without one): its highest batch
+        #: id and the indices of that batch already there
+        self._tail: dict[Optional[str], tuple[int, set[int]]] = {}
+        self._last_batch: Optional[int] = None       # this query's highest batch id in the topic
         self._published_in_last: set[int] = set()    # indices of that batch already there
+        self._query_id = query_id
+        self._query_known = threading.Event()
+        if query_id is not None or not wait_query_id:
+            self._query_known.set()
         self.published = 0
         self.skipped_replays = 0
         self._recovered = False
+
+    @property
+    def query_id(self) -> Optional[str]:
+        return self._query_id
+
+    @query_id.setter
+    def query_id(self, value: str) -> None:
+        self._query_id = value
+        self._query_known.set()
 
     # -- start-up: what is already in the topic ------------------------------------------------
 
@@ -111,7 +140,7 @@ class AlertsTopicSink:
                 delay = min(2 * delay, 15.0)
 
     def _read_back(self, deadline: float) -> None:
-        self._last_batch, self._published_in_last = None, set()
+        self._tail = {}
         c = Consumer({**self.kafka, "group.id": f"{READER_GROUP_PREFIX}{uuid.uuid4().hex[:8]}",
                       "enable.auto.commit": False, "enable.partition.eof": True})
         try:
@@ -155,18 +184,29 @@ class AlertsTopicSink:
                     try:
                         rec = json.loads(m.value() or b"")
                         b, i = int(rec["batch_id"]), int(rec["index"])
-                    except (ValueError, KeyError, TypeError):
+                        q = rec.get("query_id")
+                    except (ValueError, KeyError, TypeError, AttributeError):
                         continue  # not ours
-                    if self._last_batch is None or b > self._last_batch:
-                        self._last_batch, self._published_in_last = b, {i}
-                    elif b == self._last_batch:
-                        self._published_in_last.add(i)
+                    last = self._tail.get(q)
+                    if last is None or b > last[0]:
+                        self._tail[q] = (b, {i})
+                    elif b == last[0]:
+                        last[1].add(i)
         finally:
             c.close()
         self._recovered = True
-        if self._last_batch is not None:
-            log.info("alerts topic %s: last published batch %d (%d transitions)", self.topic, self._last_batch,
-                     len(self._published_in_last))
+        for q, (b, done) in sorted(self._tail.items(), key=lambda kv: kv[0] or ""):
+            log.info("alerts topic %s: query %s's last published batch %d (%d transitions)", self.topic,
+                     q or "(no query id)", b, len(done))
+
+    def _mine(self) -> None:
+        """This query's last batch in the topic's tail: its own records'; while no record there
+        has a query id (all written before records carried one), those."""
+        if any(q is not None for q in self._tail):
+            last = self._tail.get(self._query_id) if self._query_id is not None else None
+        else:
+            last = self._tail.get(None)
+        self._last_batch, self._published_in_last = (None, set()) if last is None else (last[0], set(last[1]))
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -177,8 +217,11 @@ class AlertsTopicSink:
         if len(rows) >= SEQUENCE_STRIDE:
             raise AlertsSinkError(f"batch {batch_id} has {len(rows)} transitions; at most {SEQUENCE_STRIDE - 1}")
         if self._producer is None:
+            if not self._query_known.wait(self.recover_timeout_s):
+                raise AlertsSinkError("the streaming query's id never came (AlertsTopicSink.query_id)")
             if not self._recovered:
                 self.recover()
+            self._mine()
             self._producer = Producer({**self.kafka, "enable.idempotence": True, "linger.ms": 5})
         if self._last_batch is not None and batch_id < self._last_batch:
             self.skipped_replays += len(rows)
@@ -225,7 +268,7 @@ class AlertsTopicSink:
             if i in already:
                 self.skipped_replays += 1
                 continue
-            producer.produce(self.topic, key=r["alert_id"].encode(), value=record_value(r, batch_id, i),
+            producer.produce(self.topic, key=r["alert_id"].encode(), value=record_value(r, batch_id, i, self._query_id),
                              on_delivery=on_delivery)
             producer.poll(0)
             n += 1

@@ -80,6 +80,40 @@ def test_a_partly_published_batch_is_completed_not_duplicated(tansu):
     assert sorted(r["alert_id"] for _, r in recs) == [f"a{i:03d}" for i in range(5)]
 
 
+def test_a_new_checkpoint_publishes_from_its_batch_0_and_a_restart_still_dedups(tansu):
+    """Batch ids start again at 0 on a new checkpoint (a new query id): what an earlier query
+    published holds nothing of it back, while a restart of either query still publishes each of
+    its transitions once.  Records written before they carried a query id count as the query's."""
+    topic = unique("alerts")
+    create_topics(tansu.bootstrap, {topic: 2})
+    kafka = {"bootstrap.servers": tansu.bootstrap}
+    legacy = AlertsTopicSink(kafka, topic)  # no query id: as written before records carried one
+    assert legacy.publish(4, [transition(i) for i in range(2)]) == 2
+    legacy.close()
+    old = AlertsTopicSink(kafka, topic, query_id="q-old")
+    assert old.publish(4, [transition(i) for i in range(2)]) == 0  # the legacy records are its own
+    assert old.publish(5, [transition(i) for i in range(2, 5)]) == 3
+    old.close()
+
+    new = AlertsTopicSink(kafka, topic, wait_query_id=True)
+    new.query_id = "q-new"  # the job sets it once the query has started
+    assert new.publish(0, [transition(i) for i in range(5, 7)]) == 2  # not held back by q-old's batch 5
+    new.close()
+    again = AlertsTopicSink(kafka, topic, query_id="q-new")  # q-new restarted, its batch 0 run again
+    assert again.publish(0, [transition(i) for i in range(5, 7)]) == 0
+    assert again.publish(1, [transition(7)]) == 1
+    again.close()
+    old_again = AlertsTopicSink(kafka, topic, query_id="q-old")  # and q-old's checkpoint once more
+    assert old_again.publish(5, [transition(i) for i in range(2, 5)]) == 0
+    old_again.close()
+
+    recs = read_all(tansu.bootstrap, topic)
+    assert sorted(r["alert_id"] for _, r in recs) == [f"a{i:03d}" for i in range(8)]
+    assert {r["alert_id"]: r.get("query_id") for _, r in recs} == {
+        **{f"a{i:03d}": None for i in range(2)}, **{f"a{i:03d}": "q-old" for i in range(2, 5)},
+        **{f"a{i:03d}": "q-new" for i in range(5, 8)}}
+
+
 def test_labels_carry_the_names_metrics_and_rules_use(tansu):
     """A group alert's group is ``group`` on the alerts topic, as on /metrics and in the
     Prometheus rules (the state's rows call it ``consumer_group``); absent labels are left out."""

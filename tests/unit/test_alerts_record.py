@@ -16,7 +16,7 @@ _JSON = st.recursive(
     max_leaves=8)
 
 
-def _dumped(r: dict, batch_id: int, index: int) -> bytes:
+def _dumped(r: dict, batch_id: int, index: int, query_id: str | None = None) -> bytes:
     """The record built as a dict and dumped whole (how it was made before the splice)."""
     return json.dumps({
         "alert": r["alert"], "action": r["action"], "alert_id": r["alert_id"], "severity": r["severity"],
@@ -26,18 +26,20 @@ def _dumped(r: dict, batch_id: int, index: int) -> bytes:
                                   if r.get(c) is not None},
         "evidence": json.loads(r["evidence"]) if r.get("evidence") else {},
         "batch_id": batch_id, "index": index, "sequence": batch_id * SEQUENCE_STRIDE + index,
+        **({} if query_id is None else {"query_id": query_id}),
     }).encode()
 
 
 @settings(max_examples=300, deadline=None)
 @given(evidence=st.none() | st.dictionaries(st.text(max_size=8), _JSON, max_size=5),
        topic=st.none() | st.text(max_size=6), partition=st.none() | st.integers(0, 10**6),
-       at=st.none() | st.integers(0, 2**53), batch_id=st.integers(0, 10**9), index=st.integers(0, SEQUENCE_STRIDE - 1))
-def test_the_spliced_record_is_the_dumped_one(evidence, topic, partition, at, batch_id, index):
+       at=st.none() | st.integers(0, 2**53), batch_id=st.integers(0, 10**9), index=st.integers(0, SEQUENCE_STRIDE - 1),
+       query_id=st.none() | st.text(max_size=40))
+def test_the_spliced_record_is_the_dumped_one(evidence, topic, partition, at, batch_id, index, query_id):
     r = {"alert": "UnderReplicated", "action": "open", "alert_id": "a-1", "severity": "warning", "at": at,
          "cluster": "c\u00e9", "topic": topic, "partition": partition, "consumer_group": None, "source": None,
          "broker": None,
          "evidence": None if evidence is None else json.dumps(evidence, sort_keys=True, default=str)}
-    got = record_value(r, batch_id, index)
-    assert got == _dumped(r, batch_id, index)
+    got = record_value(r, batch_id, index, query_id)
+    assert got == _dumped(r, batch_id, index, query_id)
     assert isinstance(json.loads(got)["evidence"], dict)
