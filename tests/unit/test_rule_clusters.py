@@ -1,10 +1,11 @@
-"""The Prometheus rules keep clusters apart (issue 34): one job watching two clusters serves
-``orders`` partition 0 twice, once per ``cluster``.  An aggregation that drops ``cluster``, or a
-vector match that ignores it, would merge the two into one alert (or fail on duplicate
-series).  Every aggregation over a series that carries ``cluster`` must keep it, every
-``on (...)`` match against such a series must name it, and every query in an annotation must
-filter on it.  (promtool and a real Prometheus check the rules in
-tests/integration/test_prometheus_rules.py; this is the part that needs neither.)"""
+"""The Prometheus rules and the Alertmanager configuration keep clusters apart (issue 34): one
+job watching two clusters serves ``orders`` partition 0 twice, once per ``cluster``.  An
+aggregation that drops ``cluster``, or a vector match that ignores it, would merge the two into
+one alert (or fail on duplicate series).  Every aggregation over a series that carries
+``cluster`` must keep it, every ``on (...)`` match against such a series must name it, every
+query in an annotation must filter on it, and Alertmanager must group and inhibit within a
+cluster.  (promtool, amtool and a real Prometheus check the files in tests/integration; this is
+the part that needs none of them.)"""
 
 from __future__ import annotations
 
@@ -126,3 +127,21 @@ def test_the_check_sees_what_merges_clusters():
     assert not merging("max by (job, instance) (kafka_monitor_job_up)")  # the job's own: no cluster
     assert not merging('time() - kafka_monitor_alert_opened_timestamp_seconds{alert="X"} >= on (alert) '
                        "group_left () max by (alert) (kafka_monitor_alert_notify_after_seconds)")
+
+
+def test_alertmanager_groups_and_inhibits_per_cluster():
+    """A notification groups one cluster's alerts; an alert inhibits only its own cluster's
+    (the monitor's own, KafkaMonitor*, carry no cluster)."""
+    spec = YAML(typ="safe", pure=True).load((RULES.parents[2] / "alertmanager" / "alertmanager.yml").read_text())
+
+    def routes(r: dict):
+        yield r
+        for child in r.get("routes") or []:
+            yield from routes(child)
+    problems = [f"route {r.get('matchers')}: group_by {r['group_by']}" for r in routes(spec["route"])
+                if "group_by" in r and "cluster" not in r["group_by"]]
+    for rule in spec["inhibit_rules"]:
+        names = re.findall(r'alertname=~?"([^"]*)"', " ".join(rule["source_matchers"] + rule["target_matchers"]))
+        if not all(n.startswith("KafkaMonitor") for n in names) and "cluster" not in rule["equal"]:
+            problems.append(f"inhibit {names}: equal {rule['equal']}")
+    assert not problems, "\n".join(problems)
