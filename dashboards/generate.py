@@ -395,9 +395,12 @@ def overview() -> dict:
                  rename={"alert": "Alert", "severity": "Severity", "cluster": "Cluster", "topic": "Topic",
                          "partition": "Partition", "group": "Group"}, hide=("Time", "Value")), 12),
           (table("Alert rules pending or firing", "Prometheus's kafka-monitor alert rules that are pending or "
-                 "firing now (the ALERTS series; what Alertmanager is told about).",
-                 [target(f'ALERTS{{alertname=~"{ALERT_RULES}"}}', table=True)],
-                 rename={"alertname": "Alert rule", "alertstate": "State", "severity": "Severity"},
+                 "firing now (the ALERTS series; what Alertmanager is told about): those of the selected "
+                 "clusters, and the monitor's own, which have no cluster.",
+                 [target(f'ALERTS{{alertname=~"{ALERT_RULES}", {CLUSTER}}}\nor\n'
+                         f'ALERTS{{alertname=~"{ALERT_RULES}", cluster=""}}', table=True)],
+                 rename={"alertname": "Alert rule", "alertstate": "State", "severity": "Severity",
+                         "cluster": "Cluster"},
                  hide=("Time", "Value", "__name__")), 12))
     g.row(8,
           (timeseries("Worst lag per group and topic", "Lag of the most-lagging partition, per group and topic "
@@ -505,15 +508,17 @@ def consumer_groups() -> dict:
           (state_timeline("Lag status per partition", "Burrow-style evaluation at each observation: OK; WARN = "
                           "lag trending up; STALL = commits not moving while there is lag; STOP = no commit for "
                           "the stop window while the lag grows; REWIND = the committed offset went back.",
-                          [target(per_group_partition(LAG_STATUS), legend="{{group}} {{topic}}/{{partition}}")],
+                          [target(per_group_partition(LAG_STATUS),
+                                  legend="{{group}} {{topic}}/{{partition}} ({{cluster}})")],
                           mappings=LAG_STATUS_MAPPINGS, decimals=0), 12))
     g.row(9,
           (timeseries("Consumption vs production", "Records per second each group commits (slope of its committed "
                       "offsets) against records per second written to the topic (slope of the high watermarks). "
                       "Consumption below production = the lag grows.",
-                      [target(consumption_rate("cluster, group, topic"), legend="consumed by {{group}} from {{topic}}"),
+                      [target(consumption_rate("cluster, group, topic"),
+                              legend="consumed by {{group}} from {{topic}} ({{cluster}})"),
                        target(f"sum by (cluster, topic) (\n  max by ({PK}) (deriv({HW}{{{PART}}}[$__rate_interval]))\n)",
-                              legend="produced to {{topic}}", ref="B")], unit=RECORDS_PER_S), 12),
+                              legend="produced to {{topic}} ({{cluster}})", ref="B")], unit=RECORDS_PER_S), 12),
           (timeseries("ETA to catch up", "Lag / consumption rate, per group and topic: how long the group needs to "
                       "consume its current lag at the rate it commits now. 0 = no lag. No value while it has lag "
                       "= it commits nothing (the rate is 0): it is not catching up at all. The estimate assumes "

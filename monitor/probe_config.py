@@ -92,6 +92,11 @@ class ProbeConfig:
             raise ConfigError("probe.bootstrap_servers: required (host:port[,host:port...])")
         if not self.events_topic:
             raise ConfigError("probe.events_topic: must not be empty")
+        if self.cluster is not None and "/" in self.cluster:
+            # the job's entity keys are cluster/group/...: with a "/" in the cluster, cluster "a/b"
+            # and group "c" would be the same entity as cluster "a" and group "b/c"
+            raise ConfigError(f"probe.cluster: must not contain \"/\" (it separates the parts of the job's "
+                              f"entity keys), got {self.cluster!r}")
         if not self.interval_s > 0:
             raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
         if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:

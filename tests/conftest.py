@@ -14,7 +14,7 @@ import pytest
 # the shared helpers' asserts explain their failures as the tests' own do
 pytest.register_assert_rewrite("tests.support")
 
-from tests.support.kafka_cluster import kafka_cluster  # noqa: E402,F401
+from tests.support.kafka_cluster import kafka_cluster, second_kafka_cluster  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

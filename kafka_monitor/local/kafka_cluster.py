@@ -1,7 +1,9 @@
 """A real Apache Kafka cluster (KRaft) on loopback, for tests, benchmarks and the demo.
 
 One dedicated controller (``process.roles=controller``) and three brokers, each its own JVM,
-so that faults taking two brokers away still leave a metadata quorum.  The jars come from
+so that faults taking two brokers away still leave a metadata quorum.  ``combined=True`` runs
+one node that is both (``process.roles=broker,controller``, one JVM): a second, cheap cluster
+for tests that watch two; stopping its broker stops its controller too.  The jars come from
 Maven Central through the ordinary Maven client (``mvn``) on first use and are cached
 (``~/.cache/kafka-monitor/kafka-<version>``, or ``$KAFKA_MONITOR_KAFKA_HOME``).  Settings make
 replication react in seconds (see ``KafkaCluster.__init__``).  Every process is started by us,
@@ -72,12 +74,13 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 @dataclass
 class _Node:
     node_id: int
-    role: str  # "controller" | "broker"
+    role: str  # "controller" | "broker" | "broker,controller" (combined)
     port: int
     dir: Path
     proc: Optional[subprocess.Popen] = None
     paused: bool = False
     internal_port: Optional[int] = None  # secured cluster: the INTERNAL listener of a broker
+    controller_port: Optional[int] = None  # combined node: its CONTROLLER listener (port is PLAINTEXT)
 
     @property
     def name(self) -> str:
@@ -131,10 +134,14 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
                  broker_heap: str = "384M", controller_heap: str = "256M",
                  jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
                  work_dir: Optional[str] = None, keep_work_dir: bool = False,
-                 security: Optional[str] = None, users: Optional[dict] = None):
+                 security: Optional[str] = None, users: Optional[dict] = None, combined: bool = False):
         """``security``: None (PLAINTEXT) or ``"sasl_ssl"`` (see the module docstring); ``users``:
         ``{name: password}`` of the SCRAM-SHA-512 users to create besides ``admin`` (sasl_ssl only;
-        they get no ACLs: ``add_acls``)."""
+        they get no ACLs: ``add_acls``).  ``combined``: one node, broker and controller in one JVM
+        (``broker_ids`` of one id, which is also the controller's; PLAINTEXT only).  Fewer than 3
+        brokers lower the internal topics' replication factors to their number."""
+        if combined and (len(broker_ids) != 1 or security):
+            raise ValueError("combined=True runs one node: one broker id and no security")
         if replica_fetch_wait_max_ms > replica_lag_time_max_ms:
             raise ValueError("replica.fetch.wait.max.ms must not exceed replica.lag.time.max.ms")
         if security not in SECURITY_MODES:
@@ -151,8 +158,11 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
                 self.users[_check_secret("user name", u)] = _check_secret(f"password of {u}", pw)
         self.tls: Optional[TlsFiles] = None
         self.managed = True
-        self.controller_id = controller_id
+        self.combined = combined
         self.broker_ids = list(broker_ids)
+        if combined:
+            controller_id = self.broker_ids[0]
+        self.controller_id = controller_id
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="km-kafka-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -169,12 +179,19 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
             port = free_port()
             if port not in ports:
                 ports.append(port)
-        self.controller = _Node(controller_id, "controller", ports[0], self.work_dir / f"controller-{controller_id}")
-        self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}",
-                                 internal_port=ports[1 + nb + i] if security else None)
-                        for i, (b, p) in enumerate(zip(self.broker_ids, ports[1:]))}
+        if combined:
+            node = _Node(controller_id, "broker,controller", ports[1], self.work_dir / f"node-{controller_id}",
+                         controller_port=ports[0])
+            self.controller, self.brokers = node, {controller_id: node}
+        else:
+            self.controller = _Node(controller_id, "controller", ports[0],
+                                    self.work_dir / f"controller-{controller_id}")
+            self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}",
+                                     internal_port=ports[1 + nb + i] if security else None)
+                            for i, (b, p) in enumerate(zip(self.broker_ids, ports[1:]))}
+        rf = min(3, nb)
         common = {
-            "controller.quorum.voters": f"{controller_id}@127.0.0.1:{self.controller.port}",
+            "controller.quorum.voters": f"{controller_id}@127.0.0.1:{ports[0]}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "broker.session.timeout.ms": broker_session_timeout_ms,  # read by the controller
@@ -189,12 +206,12 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
             "inter.broker.listener.name": "PLAINTEXT",
             "replica.lag.time.max.ms": replica_lag_time_max_ms,
             "replica.fetch.wait.max.ms": replica_fetch_wait_max_ms,
-            "default.replication.factor": 3,
+            "default.replication.factor": rf,
             "num.partitions": 1,
-            "offsets.topic.replication.factor": 3,
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": 10,
-            "transaction.state.log.replication.factor": 3,
-            "transaction.state.log.min.isr": 2,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": min(2, rf),
             "transaction.state.log.num.partitions": 10,
             "group.initial.rebalance.delay.ms": 0,
             # no broker-level min.insync.replicas: rejected while ELR is on; set it per topic
@@ -226,7 +243,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     @property
     def controller_bootstrap(self) -> str:
         self._require_managed("controller_bootstrap")
-        return f"127.0.0.1:{self.controller.port}"
+        return f"127.0.0.1:{self.controller.controller_port or self.controller.port}"
 
     def broker_address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self._broker(broker_id).port}"
@@ -261,21 +278,24 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         self._require_managed("start")
         _ = self.libs  # fetch (first run only) before the clock starts
         t0 = time.monotonic()
-        nodes = [self.controller, *self.brokers.values()]
+        nodes = self._nodes()
         scram = [a for u, pw in self.users.items() for a in ("--add-scram", f"{SCRAM_MECHANISM}=[name={u},password={pw}]")]
         for n in nodes:
             n.dir.mkdir(parents=True, exist_ok=True)
-            props = self._controller_props if n.role == "controller" else self._broker_props
+            props = {"controller": self._controller_props, "broker": self._broker_props,
+                     "broker,controller": {**self._controller_props, **self._broker_props}}[n.role]
             if n.role == "controller":
                 listener = f"CONTROLLER://127.0.0.1:{n.port}"
+            elif n.controller_port:
+                listener = f"PLAINTEXT://127.0.0.1:{n.port},CONTROLLER://127.0.0.1:{n.controller_port}"
             elif self.security:
                 listener = f"CLIENT://127.0.0.1:{n.port},INTERNAL://127.0.0.1:{n.internal_port}"
             else:
                 listener = f"PLAINTEXT://127.0.0.1:{n.port}"
             conf = {"process.roles": n.role, "node.id": n.node_id, "listeners": listener,
                     "log.dirs": n.dir / "data", **props}
-            if n.role == "broker":
-                conf["advertised.listeners"] = listener
+            if n.role != "controller":  # a combined node advertises its broker listener only
+                conf["advertised.listeners"] = listener.split(",CONTROLLER://")[0]
             path = n.dir / "server.properties"
             path.touch(mode=0o600)  # a secured node's file holds the admin password
             path.write_text(_props(conf))
@@ -457,6 +477,10 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
             raise UnmanagedClusterError(f"{what}() needs a cluster started by kafka_monitor.local.kafka_cluster, "
                                         f"not the external cluster at {self.bootstrap_servers}")
 
+    def _nodes(self) -> list[_Node]:
+        """Every node once (a combined node is the controller and the broker)."""
+        return list({id(n): n for n in [self.controller, *self.brokers.values()]}.values())
+
     def _node(self, node_id: int) -> _Node:
         if node_id == self.controller_id:
             return self.controller
@@ -499,7 +523,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         os.kill(n.process.pid, sig)
 
     def _check_alive(self) -> None:
-        for n in [self.controller, *self.brokers.values()]:
+        for n in self._nodes():
             if n.proc is not None and n.proc.poll() is not None and n.proc.returncode not in (0, -9, -15, 143):
                 raise RuntimeError(f"{n.name} exited with {n.proc.returncode}: {self._tail(n.dir / 'stdout.log')}"
                                    f"\n{self._tail(n.dir / 'server.log')}")
@@ -542,7 +566,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         """A handle on a cluster started elsewhere: admin operations work, process faults raise
         ``UnmanagedClusterError``."""
         self = cls.__new__(cls)
-        self.managed = False
+        self.managed, self.combined = False, False
         self.security, self.users, self.tls = None, {}, None
         self._bootstrap = bootstrap_servers
         self._admin = self._observer_admin = None

@@ -6,7 +6,7 @@ import math
 import time
 from typing import Any, Callable, Optional
 
-from kafka_monitor.snapshot.common import ENTITY_LABELS, STATE_ORDER, SnapshotError, fmt_duration, label_text
+from kafka_monitor.snapshot.common import ALERT_ENTITY, STATE_ORDER, SnapshotError, fmt_duration, label_text
 from kafka_monitor.snapshot.model import Chart, Row, Segment, Snapshot, Table, Timeline
 from kafka_monitor.snapshot.prometheus import Prometheus, QueryError, Series, filter_matchers, promql_string
 
@@ -147,7 +147,7 @@ class Collector:
             s.replication = Table(error=f"replication: {e}")
 
         # alerts
-        alert = f"max by (alert, severity, {', '.join(ENTITY_LABELS[:4])}) ({sel('kafka_monitor_alert_active')})"
+        alert = f"max by (alert, severity, {', '.join(ALERT_ENTITY)}) ({sel('kafka_monitor_alert_active')})"
         s.alert_timeline = self.timeline("kafka_monitor_alert_active", alert,
                                          lambda lb, v: "active" if v > 0 else None, lambda lb: lb)
         try:

@@ -30,8 +30,10 @@ FILTER_LABELS = ("cluster", "group", "topic")
 STATE_ORDER = {"pending": 1, "firing": 2}
 
 
-#: alert_active and ALERTS label a partition's alert with these (empty when they do not apply)
-ENTITY_LABELS = ("cluster", "group", "topic", "partition", "source", "reason")
+#: alert_active and ALERTS label an alert's entity with these (empty when they do not apply)
+ENTITY_LABELS = ("cluster", "group", "topic", "partition", "source", "broker", "reason")
+#: the entity labels of the job's kafka_monitor_alert_active: one timeline row per entity
+ALERT_ENTITY = ENTITY_LABELS[:6]
 
 
 LAG_AGE_WARN_S = 120  # the threshold of KafkaMonitorJobFallingBehind

@@ -1,5 +1,8 @@
 """Session fixture ``kafka_cluster``: one real Apache Kafka cluster (KRaft, a dedicated controller
 plus 3 brokers, kafka_monitor.local.kafka_cluster) per test run, stopped at the end even when tests fail.
+``second_kafka_cluster``: another, separate one (its own cluster id, ports and directory; one
+node that is broker and controller), started only when a test asks for it (the tests that
+watch two clusters), stopped by PID at the end of the run.
 
 With ``KAFKA_MONITOR_TEST_KAFKA=<bootstrap servers>`` the tests use that existing cluster
 instead; process faults (pause/stop/kill/restart) then skip the test.  Set
@@ -44,6 +47,16 @@ def kafka_cluster():
             handle.stop()  # only removes its temporary tool-log directory
         return
     cluster = KafkaCluster(keep_work_dir=bool(os.environ.get("KAFKA_MONITOR_KEEP_KAFKA")))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def second_kafka_cluster():
+    cluster = KafkaCluster(broker_ids=(1,), combined=True, keep_work_dir=bool(os.environ.get("KAFKA_MONITOR_KEEP_KAFKA")))
     try:
         cluster.start()
         yield cluster

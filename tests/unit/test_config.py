@@ -30,6 +30,8 @@ def test_precedence_and_property_tables(tmp_path):
     ("", {}, {}, "probe.bootstrap_servers: required"),
     ("[probe]\nbootstrap_servers = 'x'\ninterval_s = -1\n", {}, {}, "probe.interval_s: must be > 0"),
     ("[probe]\nbootstrap_servers = 'x'\nkafka = 'nope'\n", {}, {}, "probe.kafka: must be a table"),
+    ("", {"KAFKA_MONITOR_PROBE_CLUSTER": "prod/eu"}, {"bootstrap_servers": "x"},
+     'probe.cluster: must not contain "/"'),
     ("[probe\n", {}, {}, "not valid TOML"),
 ])
 def test_errors_name_the_setting(tmp_path, file_text, env, flags, message):

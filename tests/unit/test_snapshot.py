@@ -232,3 +232,69 @@ def test_several_clusters_get_a_cluster_column_and_name():
     assert "UnderReplicated · topic t partition 0 (cluster b)" in page
     one = snap.render_html(empty_snapshot(lag_partitions=snap.Table(lag[:1], 1)))
     assert '<th class="">cluster</th>' not in one
+
+
+class AlertsOnlyPrometheus:
+    """Stands in for Prometheus for the job's alert timeline: evaluates a query's selector of
+    kafka_monitor_alert_active (its =~ matchers) and its first ``max by (...)`` over fixed
+    series, all active over the last minute; every other query has no data."""
+
+    url = "http://127.0.0.1:9090"
+    END = 1700000000.0
+
+    def __init__(self, series: list[dict[str, str]]):
+        self.series = series
+
+    def _groups(self, expr: str) -> list[dict[str, str]]:
+        sel = re.search(r"kafka_monitor_alert_active(\{[^}]*\})?", expr)
+        if sel is None:
+            return []
+        matchers = re.findall(r'(\w+)=~"((?:[^"\\]|\\.)*)"', sel.group(1) or "")
+        kept = [s for s in self.series if all(re.fullmatch(rx.replace("\\\\", "\\"), s.get(lb, ""))
+                                              for lb, rx in matchers)]
+        by = [x.strip() for x in re.search(r"max by \(([^)]*)\)", expr).group(1).split(",")]
+        groups = {tuple(s.get(lb, "") for lb in by) for s in kept}
+        return [{lb: v for lb, v in zip(by, g) if v} for g in sorted(groups)]
+
+    def get(self, path, params=None):
+        return {}
+
+    def instant(self, expr, at):
+        if expr == "time()":
+            return [({}, at)]
+        if expr.startswith("count(") and "kafka_monitor_alert_active" in expr:
+            return [({}, float(len(self._groups(expr))))]
+        return []
+
+    def scalar(self, expr, at):
+        rows = self.instant(expr, at)
+        return rows[0][1] if rows else None
+
+    def range(self, expr, start, end, step):
+        return [snap.Series(lb, [(end - 60, 1.0), (end, 1.0)]) for lb in self._groups(expr)]
+
+
+def test_the_alert_timeline_has_a_row_per_source_and_broker_and_follows_the_cluster_filter():
+    """Two probes of one cluster silent, two of its brokers down: four rows, each naming its
+    source or broker (they were two, 'SourceSilent (cluster east)' and 'BrokerDown (cluster
+    east)'); --cluster west keeps west's only."""
+    series = [{"alert": "SourceSilent", "severity": "critical", "cluster": c, "source": s}
+              for c, s in (("east", "probe-a"), ("east", "probe-b"), ("west", "probe-a"))]
+    series += [{"alert": "BrokerDown", "severity": "critical", "cluster": c, "broker": b}
+               for c, b in (("east", "1"), ("east", "2"), ("west", "1"))]
+    prom, end = AlertsOnlyPrometheus(series), AlertsOnlyPrometheus.END
+
+    every = snap.collect(prom, end - 3600, end, 15, {"cluster": [], "group": [], "topic": []})
+    rows = {(r.labels["alert"], r.labels["cluster"], r.labels.get("source") or r.labels.get("broker"))
+            for r in every.alert_timeline.rows}
+    assert rows == {("SourceSilent", "east", "probe-a"), ("SourceSilent", "east", "probe-b"),
+                    ("SourceSilent", "west", "probe-a"), ("BrokerDown", "east", "1"), ("BrokerDown", "east", "2"),
+                    ("BrokerDown", "west", "1")}
+    assert every.alerts_open == 6
+    page = snap.render_html(every)
+    assert "SourceSilent · source probe-b (cluster east)" in page and "BrokerDown · broker 2 (cluster east)" in page
+
+    west = snap.collect(prom, end - 3600, end, 15, {"cluster": ["west"], "group": [], "topic": []})
+    assert {(r.labels["alert"], r.labels["cluster"]) for r in west.alert_timeline.rows} == {
+        ("SourceSilent", "west"), ("BrokerDown", "west")}
+    assert "BrokerDown · broker 1" in snap.render_html(west)
