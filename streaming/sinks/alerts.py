@@ -199,14 +199,15 @@ class AlertsTopicSink:
             log.info("alerts topic %s: query %s's last published batch %d (%d transitions)", self.topic,
                      q or "(no query id)", b, len(done))
 
-    def _mine(self) -> None:
-        """This query's last batch in the topic's tail: its own records'; while no record there
-        has a query id (all written before records carried one), those."""
+    def last_published(self) -> Optional[tuple[int, set[int]]]:
+        """After ``recover``: this query's last batch in the topic's tail and the indices of it
+        there, or None.  Its own records'; while no record there has a query id (all written
+        before records carried one), those."""
         if any(q is not None for q in self._tail):
             last = self._tail.get(self._query_id) if self._query_id is not None else None
         else:
             last = self._tail.get(None)
-        self._last_batch, self._published_in_last = (None, set()) if last is None else (last[0], set(last[1]))
+        return None if last is None else (last[0], set(last[1]))
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -221,7 +222,8 @@ class AlertsTopicSink:
                 raise AlertsSinkError("the streaming query's id never came (AlertsTopicSink.query_id)")
             if not self._recovered:
                 self.recover()
-            self._mine()
+            last = self.last_published()
+            self._last_batch, self._published_in_last = (None, set()) if last is None else last
             self._producer = Producer({**self.kafka, "enable.idempotence": True, "linger.ms": 5})
         if self._last_batch is not None and batch_id < self._last_batch:
             self.skipped_replays += len(rows)
