@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -226,15 +225,12 @@ class ProgressLine:
 
 
 def _write(path: Path, text: str, flag: str) -> None:
+    from kafka_monitor.snapshot.command import replace_file
+
     try:
         if path.is_dir():
             raise ReplayError(f"{flag}: {path} is a directory; name a file")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        replace_file(path, text)
     except OSError as err:
         raise ReplayError(f"{flag}: cannot write {path}: {err.strerror or err}") from None
 

@@ -71,14 +71,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for each answer of Prometheus (default 30)")
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write ``path`` whole through a hidden temporary file and a rename (raises OSError); the
+    snapshot's and the replay's outputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def write_atomically(path: Path, text: str) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        replace_file(path, text)
     except OSError as err:
         raise SnapshotError(f"--out: cannot write {path}: {err.strerror or err}") from None
 
