@@ -340,3 +340,29 @@ def test_topic_recreated_behind_the_checkpoint_is_reported_as_data_loss(spark, m
         assert third.query.exception() is None
     assert sorted(third.rows) == expected({0: range(4, 7)})
     assert checkpointed(ckpt) == {"topic": topic, "offsets": {"0": 7}}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. out of range but not deleted: a broker whose log does not reach the offset yet
+# ---------------------------------------------------------------------------------------------
+
+def test_out_of_range_from_a_broker_behind_is_waited_out_but_deleted_records_still_fail(mock):
+    """A Fetch answered OFFSET_OUT_OF_RANGE while the partition's log still starts at or below
+    the offset: a former leader back from a pause answers so until the client's metadata names
+    the new one (seen on the real cluster, tests/e2e/test_own_cluster.py, where it failed the
+    query as "deleted (retention)").  The read goes on and yields every record once.  Records
+    truly deleted still fail the read, with the data-loss message.  The read task alone, no Spark."""
+    from streaming.read.source import KafkaSourcePartition, SourceError, messages_in_range
+
+    topic, bs = unique("oor"), mock.bootstrap
+    mock.create_topic(topic, 1, 1)
+    produce_to(bs, topic, {0: values(0, 0, 10)})
+    part = KafkaSourcePartition(topic, [(0, 3, 10)], {"bootstrap.servers": bs}, fail_on_data_loss=True)
+    out_of_range = 1  # Kafka's error code OFFSET_OUT_OF_RANGE
+    mock.push_request_errors(mock_cluster.ApiKey.FETCH, [out_of_range, out_of_range])
+    got = [(m.offset(), m.value().decode()) for m in messages_in_range(part, idle_timeout_s=30)]
+    assert got == [(o, f"0:{o}") for o in range(3, 10)]
+
+    delete_records(mock, topic, 0, 5)
+    with pytest.raises(SourceError, match=re.escape(f"{topic}/0: offsets from 3 {LOSS_HINT}")):
+        list(messages_in_range(part, idle_timeout_s=30))
