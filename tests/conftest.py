@@ -22,6 +22,7 @@ from tests.support.kafka_cluster import kafka_cluster, second_kafka_cluster  # n
 _REAL_CLUSTER_FIXTURES = {"kafka_cluster", "second_kafka_cluster"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
 def pytest_collection_modifyitems(config, items):
     """Groups for ``pytest -n N --dist loadgroup`` (``./run.sh test``, docs/tests.md): the tests on
     the run's real Kafka cluster form one group, run by one worker in collection order; every
@@ -31,6 +32,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("kafka-cluster"))
         else:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under ``--dist loadgroup`` every collected id carries its group ("<id>@<group>"); without
+    it pytest-xdist hands the tests out one by one, and each worker would start a Kafka cluster."""
+    if node.config.getvalue("dist") == "loadgroup" and ids and "@" not in ids[0]:
+        pytest.exit(f"pytest-xdist's --dist loadgroup did not group the tests (no '@<group>' in {ids[0]}): "
+                    "is pytest newer than pyproject.toml allows?", returncode=4)
 
 
 @pytest.fixture(scope="session")
