@@ -330,8 +330,10 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
             if want <= seen:
                 return
             if time.monotonic() > deadline:
+                logs = "".join(f"\n--- {n.name}: the last lines of server.log ---\n{self._tail(n.dir / 'server.log', 8)}"
+                               for n in self._nodes() if n.proc is not None)
                 raise TimeoutError(f"brokers {sorted(want - seen)} not registered after {timeout:.0f}s "
-                                   f"(registered: {sorted(seen)}); logs in {self.work_dir}")
+                                   f"(registered: {sorted(seen)}); logs in {self.work_dir}{logs}")
             time.sleep(0.2)
 
     def stop(self, timeout: float = 20.0) -> None:
