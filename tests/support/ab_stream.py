@@ -1,5 +1,5 @@
-"""The A/B comparison of a job disturbed (killed, moved to a cluster) with an uninterrupted one on
-the same input (tests/e2e/test_job_killed.py, tests/e2e/test_spark_cluster.py): the stream on
+"""The comparison of jobs disturbed (killed, moved to a cluster) with an uninterrupted one on
+the same input (tests/e2e/test_job_disturbed.py): the stream on
 the real cluster both read, a job process on its checkpoint, the events topic's end offsets and
 the series of /metrics the two must agree on."""
 
@@ -136,13 +136,13 @@ def outcome(text: str, cluster: str) -> dict:
 
 
 class Stream:
-    """The scenario of the A/B comparisons (tests/e2e/test_job_killed.py, tests/e2e/test_spark_cluster.py): the whole
+    """The scenario of the comparisons (tests/e2e/test_job_disturbed.py): the whole
     cluster; a watched topic whose partitions broker 3 follows and leads none (stopping it shrinks
     both ISRs only); writes, a group committing half of the HW, the probe every second into an
-    events topic; an alerts topic for job A and one for job B.  ``stop()`` ends the probe, the
+    events topic; an alerts topic per job (``alerts[name]``).  ``stop()`` ends the probe, the
     writes and the commits; everything stops, and broker 3 is started again, with ``cleanup``."""
 
-    def __init__(self, c, cleanup: ExitStack, name: str):
+    def __init__(self, c, cleanup: ExitStack, name: str, jobs: tuple[str, ...] = ("a", "b")):
         if not c.managed:
             pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
         for broker in c.broker_ids:  # whole, whatever an earlier test left (brokers die with their thread)
@@ -152,10 +152,11 @@ class Stream:
         prefix = unique(name)
         watched, group, self.cluster = f"{prefix}.w", f"{prefix}-app", unique(f"{name}-cluster")
         c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
-        self.events, self.alerts_a, self.alerts_b = f"{prefix}.events", f"{prefix}.alerts-a", f"{prefix}.alerts-b"
+        self.events = f"{prefix}.events"
+        self.alerts = {j: f"{prefix}.alerts-{j}" for j in jobs}  # one per job, on brokers 1 and 2 in turn
         c.create_topic(self.events, replica_assignment=[[1], [2], [1]])
-        c.create_topic(self.alerts_a, replica_assignment=[[1]])
-        c.create_topic(self.alerts_b, replica_assignment=[[2]])
+        for i, topic in enumerate(self.alerts.values()):
+            c.create_topic(topic, replica_assignment=[[1 + i % 2]])
         self.boot = boot = c.bootstrap_servers
         self._writer = MultiTopicWriter(boot, [watched]).start()
         cleanup.callback(self._writer.stop)
