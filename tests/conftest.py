@@ -3,6 +3,7 @@ even when tests fail."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -24,14 +25,35 @@ _REAL_CLUSTER_FIXTURES = {"kafka_cluster", "second_kafka_cluster"}
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Groups for ``pytest -n N --dist loadgroup`` (``./run.sh test``, docs/tests.md): the tests on
+    """``slow`` on every test of a real Kafka cluster (``-m "not slow"`` is the quick tier).  Groups
+    for ``pytest -n N --dist loadgroup`` (``./run.sh test``, docs/tests.md): the tests on
     the run's real Kafka cluster form one group, run by one worker in collection order; every
     other module is a group of its own, so a module fixture (a job, a Prometheus) starts once."""
     for item in items:
+        if item.get_closest_marker("kafka") or _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)  # every real Kafka cluster test is (docs/tests.md, the quick tier)
         if _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("kafka-cluster"))
         else:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+#: the niceness of a worker's other tests while a real-cluster test may run beside them
+BACKGROUND_NICE = 10
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, the tests on real Kafka clusters run at normal priority and every other
+    test at BACKGROUND_NICE (the thread running tests, and the processes and threads it starts
+    from then on: a worker's Spark session is started by its first test that needs it).  Those
+    tests wait on the cluster's own timing (sessions, ISR expiry, elections) and, measured, were
+    the ones a busy second core disturbed; the rest only take longer.  Lowering the niceness again
+    needs root (CI); elsewhere a worker stays at BACKGROUND_NICE once it got there."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        want = 0 if item.get_closest_marker("kafka") else BACKGROUND_NICE
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, want)
 
 
 def pytest_xdist_node_collection_finished(node, ids):

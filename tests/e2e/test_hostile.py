@@ -33,7 +33,7 @@ from streaming.job import JobConfig, start, stop_query
 from tests.conftest import unique, wait_for
 from tests.support import hostile
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # over 20 s (docs/tests.md)
 
 PARTITIONS = 3
 PAD = b"pad"  # a single-record batch per partition at the end: Tansu's ListOffsets then sees the tail

@@ -43,6 +43,7 @@ def produce(bootstrap, topic, counts):
     assert p.flush(10) == 0
 
 
+@pytest.mark.slow  # ~95 s: the lag status needs several observations
 def test_hw_lag_and_isr_reach_metrics(tansu, spark, tmp_path):
     orders, events, group, alerts = unique("orders"), unique("events"), unique("billing"), unique("alerts")
     create_topics(tansu.bootstrap, {orders: 2, events: 3, alerts: 1})

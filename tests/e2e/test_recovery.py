@@ -23,7 +23,7 @@ from monitor.contract import Event, PartitionMetadata
 from tests.conftest import unique, wait_for
 from tests.support.alerts_topic import kill_group, read_alerts
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # over 20 s (docs/tests.md)
 
 PARTITIONS = 40
 CYCLES = 12  # full, short, full, short, ... -> 6 shrinks and 5 recoveries per partition (last is short)

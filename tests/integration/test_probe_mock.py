@@ -105,6 +105,7 @@ def test_injected_error_response_drives_an_invalidated_refresh_with_that_cause(m
     assert (r.data.reason, r.data.cause, r.data.ok) == ("invalidated", cause, True)
 
 
+@pytest.mark.slow  # ~20 s
 def test_partition_metadata_is_sent_on_change_and_as_a_spread_snapshot(mock):
     """Unchanged partitions are not sent again until their snapshot is due; the first snapshots
     are spread over the period; offsets carry the time of the refresh that confirmed the view."""

@@ -281,6 +281,7 @@ def test_cli_probe_started_again_after_librdkafka_aborts_it(tansu, tmp_path):
     assert len(crash) == 1 and "signal SIGABRT" in crash[0], crash
 
 
+@pytest.mark.slow  # ~55 s
 def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
     """Its events cluster gone: the probe's cycles go on at their pace (producing never blocks),
     the client's queue stays within ``max_buffered``, what does not fit is counted, and once the

@@ -49,7 +49,7 @@ from tests.conftest import unique, wait_for
 from tests.integration.test_archive import PARTITIONS, archived_ids, commits, forget, produce
 from tests.support.alerts_topic import read_alerts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 20 s (docs/tests.md)
 
 CLUSTER, SOURCE = "k", "p"
 #: the scripted probe's cycle: one observation of each entity every 10 s of event time

@@ -26,7 +26,7 @@ from streaming.job import JobConfig, JobFailed, JobStalled
 from tests.conftest import unique, wait_for
 from tests.support import stall_job
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # over 20 s (docs/tests.md)
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL_S = 12  # a healthy no-data batch takes ~1 s, and a few on a loaded machine

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,8 @@ from streaming.state import function as stt
 from streaming.state import codec
 from streaming.state import rows as st_rows
 from streaming.job import ENTITY_OF_TYPE
+
+pytestmark = pytest.mark.slow  # ~80 s of cases (docs/tests.md)
 
 CASES = int(os.environ.get("KAFKA_MONITOR_FUZZ_CASES", "2000"))
 #: scenarios of the second test (each 1-3 micro-batches of 1-8 records)

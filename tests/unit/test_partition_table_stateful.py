@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
@@ -26,6 +28,8 @@ from streaming.state import function as st
 from streaming.state import codec
 from tests.support.partition_table import _rows, _state, counting_table_paths
 from tests.support.state_fakes import FakeState, call, rows
+
+pytestmark = pytest.mark.slow  # ~35 s of state-machine runs (docs/tests.md)
 
 PARTS = 3
 TTL_MS = 600_000
