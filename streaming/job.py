@@ -129,6 +129,10 @@ def _rule_value(path: str, typ: Any, value: Any) -> Any:
     return value
 
 
+#: seconds a JVM that went away is given to turn out to be our own stop (a signal to the group)
+STOP_GRACE_S = 2.0
+
+
 class JobFailed(RuntimeError):
     """The streaming query failed (its exception is in the message)."""
 
@@ -565,6 +569,11 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
         on_started(port)
     stuck = False
     stopping = lambda: stop_event is not None and stop_event.is_set()  # noqa: E731
+    # A signal to the whole process group reaches the JVM and this process at once; the JVM's
+    # shutdown hook can stop Spark before our handler has run: a JVM gone within this grace of
+    # our stop is a stop, not a failure (seen with a busy CPU: "Cannot call methods on a stopped
+    # SparkContext" from q.exception() after SIGTERM).
+    stopped_with_us = lambda: stop_event is not None and stop_event.wait(STOP_GRACE_S)  # noqa: E731
     try:
         while not stopping():
             if watchdog.fired.wait(1.0):  # Python only: fires even if the JVM does not answer
@@ -573,14 +582,17 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
             try:
                 active = q.isActive
             except Exception as e:  # the JVM is gone: with us (a stop), or alone (a crash, the OOM killer)
-                if stopping():
+                if stopped_with_us():
                     break
                 exporter.set_up(False)
                 raise JobFailed(f"Spark's JVM stopped answering: {e}") from None
             if not active:
                 break
-        failed: Any = q.exception() if not _spark_gone(spark) else \
-            None if stopping() else "Spark stopped (its JVM exited or the SparkContext was stopped)"
+        try:
+            failed: Any = q.exception() if not _spark_gone(spark) else \
+                None if stopped_with_us() else "Spark stopped (its JVM exited or the SparkContext was stopped)"
+        except Exception as e:  # the JVM went away between the two calls
+            failed = None if stopped_with_us() else f"Spark's JVM stopped answering: {e}"
         if failed is not None:
             exporter.set_up(False)
             raise JobFailed(f"streaming query failed: {failed}")
@@ -597,7 +609,7 @@ def run(cfg: JobConfig, stop_event: Any = None, on_started: Any = None, hard_exi
                 registered = _QUERIES.pop(qid, None)
                 if registered is not None and registered[2].alerts is not None:
                     registered[2].alerts.close()
-            elif q.isActive:
+            elif not _spark_gone(spark) and q.isActive:
                 stop_query(q)
         watchdog.stop()
         exporter.shutdown()
