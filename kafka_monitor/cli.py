@@ -1,4 +1,4 @@
-"""``kafka-monitor``: one command, four subcommands (see ``kafka-monitor --help``)."""
+"""``kafka-monitor``: one command and its subcommands (see ``kafka-monitor --help``)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ subcommands:
   snapshot  write lag, ISR, alerts and monitor health from Prometheus as one HTML file
   replay  run the alert rules again over the event archive with another config, and compare
           what they would have raised with what the job published
+  topics  create the monitor's events and alerts topics as the README says, or check them
 """
 
 
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
                     help="json: one JSON object per line (time, level, logger, message, exception)")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,schema,snapshot,replay}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,probe,job,topics,schema,snapshot,replay}")
 
     d = sub.add_parser("demo", help="run the embedded default (broker, workload, probe, job, exporter)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -203,6 +204,11 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for the source (SASL/SSL...); repeatable")
 
+    from kafka_monitor import topics
+    t = sub.add_parser("topics", help="create the monitor's events and alerts topics (or check them)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=topics.DESCRIPTION)
+    topics.add_arguments(t)
+
     from kafka_monitor import snapshot  # cheap to import: Jinja2 only when a page is rendered
     n = sub.add_parser("snapshot", help="write the cluster's state from Prometheus as one self-contained HTML file",
                        formatter_class=argparse.RawDescriptionHelpFormatter, description=snapshot.DESCRIPTION)
@@ -257,6 +263,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
+
+    if args.cmd == "topics":
+        from kafka_monitor.topics import run as run_topics
+        return run_topics(args, _kv(args.kafka, "-X"))
 
     if args.cmd == "snapshot":
         from kafka_monitor.snapshot import run as run_snapshot
