@@ -111,7 +111,7 @@ def ensure_topics(admin, specs: list[TopicSpec], replication_factor: int, say=pr
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    from monitor.access import missing_acl
+    from monitor.access import kafka_error, missing_acl
 
     existing = describe(admin, [s.name for s in specs])
     missing = [s for s in specs if s.name not in existing]
@@ -132,12 +132,12 @@ def ensure_topics(admin, specs: list[TopicSpec], replication_factor: int, say=pr
             try:
                 futures[s.name].result(timeout=60)
             except KafkaException as e:
-                err = e.args[0] if e.args else None
-                if getattr(err, "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
+                err = kafka_error(e)
+                if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     say(f"{s.name}: created meanwhile by someone else; left as is")
                     continue
-                raise TopicsError(f"{s.name}: not created: {err.str() if hasattr(err, 'str') else e}"
-                                  + missing_acl(err, topic=("CREATE", s.name), cluster=("CREATE", "kafka-cluster"))) from None
+                raise TopicsError(f"{s.name}: not created: {err.str() if err is not None else e}"
+                                  + missing_acl(e, topic=("CREATE", s.name), cluster=("CREATE", "kafka-cluster"))) from None
             say(f"{s.name}: created ({s.partitions} partitions, replication factor {replication_factor}, "
                 f"min.insync.replicas {MIN_INSYNC_REPLICAS}, retention {s.retention_ms // 1000} s)")
     return warnings
