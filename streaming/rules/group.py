@@ -341,10 +341,16 @@ def on_rebalance(state: dict, obs: dict, now: int, entity: str,
 
 
 def tick_group(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAULT_CONFIG,
-               partition_lags: Iterable[Optional[int]] = ()) -> list[Transition]:
+               partition_lags: Iterable[Optional[int]] = (),
+               partition_lag_from: Iterable[Optional[int]] = ()) -> list[Transition]:
     """Time-driven group checks: an open RebalanceStorm whose window slid, and
     GroupEmptyWithLag with the lags of the group's partitions (None = unknown).  Does not
-    touch ``partition_lags`` unless the group is Empty or the alert is open."""
+    touch ``partition_lags`` unless the group is Empty or the alert is open.
+
+    ``partition_lag_from``: when each partition's lag began (its ``lag_from``, event time).  The
+    lag's start is then the earliest of them, not before the group went Empty: the same in a job
+    that read the same events in other micro-batches (restarted), where the tick's own ``now``
+    differs.  Without them (or none known) it is the first tick that saw the lag."""
     now = int(now)
     out: list[Transition] = []
     open_ = state["open"]
@@ -381,8 +387,12 @@ def tick_group(state: dict, now: int, entity: str, cfg: GroupRulesConfig = DEFAU
     if total >= cfg.empty_min_total_lag:
         if unknown_state:
             return out
-        if state["lag_since"] is None:
-            state["lag_since"] = now
+        began = min((int(f) for f in partition_lag_from if f is not None), default=None)
+        since = now if began is None else min(now, max(began, state["empty_since"] or began))
+        if state["lag_since"] is None or (since < state["lag_since"]
+                                          and Alert.GROUP_EMPTY_WITH_LAG.value not in open_):
+            # a partition seen later in event time order may show an earlier start: the earliest wins
+            state["lag_since"] = since
         duration = _age(now, state["lag_since"])
         if duration > cfg.empty_with_lag_after_ms:
             # stamped with the moment it fell due, not the batch's: a job that read the same

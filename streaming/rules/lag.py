@@ -18,7 +18,7 @@ points, thinned geometrically with age), ``anchor`` (``[committed, written_at]``
 least :data:`DRIFT_STEP_MS` apart), ``drift_clear`` (the time of the drift's latest sample when
 rule 5 found no drift in it: not tested again until the next), ``step`` (offsets the last
 commit moved forward), ``high_since`` and ``first_seen`` (ms), ``lag_seconds``,
-``lag_seconds_basis``, ``status``, ``rewound`` (``[first seen at, from, to]`` of the last
+``lag_seconds_basis``, ``status``, ``lag_from`` (when its lag last rose from 0), ``rewound`` (``[first seen at, from, to]`` of the last
 rewind, while ``rewind_hold_ms`` holds it).
 """
 
@@ -188,6 +188,10 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     lso = _offset(obs.get("last_stable_offset"))
     state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
                  rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
+    # when this partition's lag began (its own first event with lag since it was last 0): a time
+    # of its own ordered events, so GroupEmptyWithLag's timer does not depend on micro-batches
+    if state["lag"] is not None:
+        state["lag_from"] = (state.get("lag_from") or int(now)) if state["lag"] > 0 else None
     for key, empty in (("status", None), ("stuck", None), ("marks", []), ("anchor", None), ("waits", []),
                        ("trend", []), ("drift", []), ("drift_clear", None), ("step", None),
                        ("high_since", None), ("rewound", None)):

@@ -255,9 +255,11 @@ def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Tra
     """The time-driven checks of every entity in the bucket (cheap when nothing is due)."""
     out: list[rules.Transition] = []
     lags: dict[tuple[str, str], list[Optional[int]]] = {}
+    lag_from: dict[tuple[str, str], list[Optional[int]]] = {}
     for s in entities.values():
         if s["kind"] == "group_partition":
             lags.setdefault((s["cluster"], s["group"]), []).append(s.get("lag"))
+            lag_from.setdefault((s["cluster"], s["group"]), []).append(s.get("lag_from"))
     for key, s in entities.items():
         kind = s["kind"]
         if kind == "partition":
@@ -267,7 +269,8 @@ def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Tra
         elif kind == "group":
             due = rules_group.group_due_at(s, cfg.group)  # None: no timer runs, tick_group would do nothing
             if due is not None and due <= now:
-                out += rules_group.tick_group(s, now, key, cfg.group, lags.get((s["cluster"], s["group"]), []))
+                g = (s["cluster"], s["group"])
+                out += rules_group.tick_group(s, now, key, cfg.group, lags.get(g, []), lag_from.get(g, []))
         elif kind in DUE:
             out += catch_up(s, key, now, cfg)
     return out

@@ -206,6 +206,15 @@ def test_jobs_killed_or_on_a_spark_cluster_end_as_an_uninterrupted_one(kafka_clu
         for j in (a, b, c):
             wait_for(lambda j=j: j.alive() and j.committed_offsets() == end, timeout=240, interval=0.5,
                      what=f"job {j.name} to commit every event ({end}; at {j.committed_offsets()})")
+        # the probe is stopped: each job, idle, finds it silent at the same moment of event time
+        # (its last heartbeat + the limit).  Waiting for that in all three makes the comparison
+        # independent of how long each took to drain (one still busy past that moment had opened
+        # it, one already read had not)
+        for j in (a, b, c):
+            wait_for(lambda j=j: any(r["alert"] == "SourceSilent" and r["action"] == "open"
+                                     and r["labels"].get("source") == stream.source
+                                     for r in read_alerts(boot, j.alerts)),
+                     timeout=120, interval=1, what=f"job {j.name} to find the stopped probe silent")
         # a last batch's transitions are published before its commit; the exporter applies its rows
         # before the commit too: both are complete now
         published = {j.name: [r for r in read_alerts(boot, j.alerts) if r["labels"].get("cluster") == cluster]

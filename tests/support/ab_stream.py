@@ -163,11 +163,12 @@ class Stream:
         self._committer = Committer(boot, group, watched, 2).start()
         cleanup.callback(self._committer.stop)
         self._stop_probe = threading.Event()
+        self.source = unique(f"probe-{name}")
         self._probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=self.events, interval_s=1,
                                         refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
                                         topics_include=f"^{re.escape(watched)}$",
                                         groups_include=f"^{re.escape(group)}$",
-                                        cluster=self.cluster, source=unique(f"probe-{name}")))
+                                        cluster=self.cluster, source=self.source))
         self._probe_thread = threading.Thread(target=self._probe.run, args=(self._stop_probe,),
                                               name=f"{name}-probe", daemon=True)
         self._probe_thread.start()

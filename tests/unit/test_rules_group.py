@@ -300,6 +300,42 @@ def test_empty_with_lag_evidence_sums_known_lags():
     assert opened.at == 10 * M + 1  # when it fell due, not the tick that saw it: the same in any batches
 
 
+def test_empty_with_lag_opens_with_one_id_whatever_the_micro_batches():
+    """Two partitions whose lag began 84 ms apart, read in one batch or in two (a restarted job
+    whose batch boundary fell between them, seen in CI): the same lag_since, the same alert."""
+    from streaming.rules import lag as rl
+
+    def run(batches):
+        g = rg.new_group("k", "g")
+        rg.on_group_state(g, gs(0, "Empty")[2], 0, GE, CFG)
+        parts = {p: rl.new_group_partition("k", "g", "t", p) for p in (0, 1)}
+        out = []
+        for batch in batches:  # (partition, t, committed, hw) ..., then a tick at the batch's last time
+            for p, t, c, hw in batch:
+                rl.on_group_offsets(parts[p], {"committed_offset": c, "high_watermark": hw}, t, f"e{p}")
+            out += rg.tick_group(g, max(b[1] for b in batch), GE, CFG, [s["lag"] for s in parts.values()],
+                                 [s.get("lag_from") for s in parts.values()])
+        return out, g["lag_since"]
+
+    p0 = [(0, 1_000, 10, 10), (0, 20_345, 10, 50)]  # lag from 20 345 on partition 0
+    p1 = [(1, 1_050, 10, 10), (1, 20_429, 10, 60)]  # from 20 429 on partition 1
+    later = [(0, 11 * M, 10, 90), (1, 11 * M + 84, 10, 95)]
+    runs = [run([p0[:1] + p1[:1], p0[1:], p1[1:], later]),  # one batch each
+            run([p0[:1] + p1[:1], p0[1:] + p1[1:], later]),  # both lags in one batch: its tick at 20 429
+            run([p0[:1] + p1[:1], p1[1:], p0[1:], later])]  # partition 1's lag read first
+    assert [since for _, since in runs] == [20_345] * 3
+    opened = [(a.alert_id, a.at, a.evidence["lag_since"]) for (a,), _ in runs]
+    assert opened == [opened[0]] * 3 and opened[0][1] == 20_345 + 10 * M + 1
+
+
+def test_a_partitions_lag_from_is_its_first_event_with_lag_until_lag_is_gone():
+    from streaming.rules import lag as rl
+    s = rl.new_group_partition("k", "g", "t", 0)
+    for t, c, hw, want in [(1, 5, 5, None), (2, 5, 9, 2), (3, 6, 12, 2), (4, 12, 12, None), (5, 12, 13, 5)]:
+        rl.on_group_offsets(s, {"committed_offset": c, "high_watermark": hw}, t, "e")
+        assert s["lag_from"] == want, t
+
+
 def test_empty_min_total_lag_is_configurable():
     cfg = rg.GroupRulesConfig(empty_min_total_lag=100)
     steps = [gs(0, "Empty"), tick(0, [50, 49]), tick(11 * M, [50, 49]), tick(12 * M, [50, 50]),
