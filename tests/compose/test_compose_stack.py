@@ -33,11 +33,14 @@ import pytest
 from ruamel.yaml import YAML
 
 from kafka_monitor import topics as monitor_topics
-from kafka_monitor.local.kafka_install import KAFKA_VERSION, ensure_kafka
+from kafka_monitor.local.kafka_install import DEFAULT_KAFKA_VERSION as KAFKA_VERSION
+from kafka_monitor.local.kafka_install import ensure_kafka
 from tests.conftest import wait_for
 from tests.support.docker_engine import BASE_IMAGE, DockerEngine, EngineUnavailable, compose_binary
 
-pytestmark = [pytest.mark.compose, pytest.mark.slow]
+#: the first test also builds the images (setup counts toward pytest-timeout): cold, beside the other
+#: worker, the base, the stand-ins and the monitor's image took ~5 min in CI
+pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -214,7 +217,7 @@ def series(text: str, name: str, **labels: str) -> list[tuple[dict, float]]:
 def stack(engine):
     s = Stack(engine, f"kmtest{os.getpid()}")
     t0 = time.monotonic()
-    engine.build_standins(KAFKA_VERSION, ensure_kafka())
+    engine.build_standins(KAFKA_VERSION, ensure_kafka(KAFKA_VERSION))
     s.timings["stand-in images"] = time.monotonic() - t0
     t0 = time.monotonic()
     s.compose("build", "job", timeout=1800)
@@ -239,8 +242,12 @@ def test_up_serves_the_bundled_clusters_partitions_and_a_groups_lag(stack):
             return len(series(stack.metrics(), "kafka_monitor_partition_in_sync_replicas", topic="kafka-monitor.events"))
         except OSError:
             return 0
-    wait_for(lambda: events_partitions() == monitor_topics.EVENTS_PARTITIONS, timeout=240, interval=1,
-             what="the events topic's partitions on /metrics")
+    try:
+        wait_for(lambda: events_partitions() == monitor_topics.EVENTS_PARTITIONS, timeout=300, interval=1,
+                 what="the events topic's partitions on /metrics")
+    except AssertionError as e:
+        logs = stack.compose("logs", "--tail", "30", "kafka-init", "probe", "job", check=False).stdout
+        raise AssertionError(f"{e}\n{stack.compose('ps', '-a', check=False).stdout}\n{logs[-6000:]}") from None
     stack.timings["up to the first metrics"] = time.monotonic() - t0
     # a consumer group of our own, 20 records in and 5 committed per partition: lag 15 each
     stack.python(f"""
