@@ -41,12 +41,12 @@ def _popen(cmd: list, **kw):
 
 def _kafka_setup() -> None:
     """Java 17+ and the Kafka jars (fetched with Maven on the first run)."""
-    from kafka_monitor.local.kafka_install import KAFKA_VERSION, ensure_kafka, java_bin, kafka_home
+    from kafka_monitor.local.kafka_install import default_version, ensure_kafka, java_bin, kafka_home
 
     java_bin()
     home = kafka_home()
     if not (home / ".complete").exists():
-        print(f"[demo] first run: fetching Apache Kafka {KAFKA_VERSION} from Maven Central with mvn into {home} "
+        print(f"[demo] first run: fetching Apache Kafka {default_version()} from Maven Central with mvn into {home} "
               "(about 55 MB; a minute or two, once)...", flush=True)
     ensure_kafka()
 
@@ -133,9 +133,7 @@ def _cluster_runner(work_dir: str, fault_every_s: float) -> int:
 
 
 def _start_cluster(cluster, stop: threading.Event) -> None:
-    from kafka_monitor.local.kafka_install import KAFKA_VERSION
-
-    print(f"[demo] starting Apache Kafka {KAFKA_VERSION} on 127.0.0.1: a KRaft controller and {len(cluster.broker_ids)} "
+    print(f"[demo] starting Apache Kafka {cluster.version} on 127.0.0.1: a KRaft controller and {len(cluster.broker_ids)} "
           f"brokers, one JVM each (about 20-60 s)...", flush=True)
     t0 = time.monotonic()
     started = threading.Event()

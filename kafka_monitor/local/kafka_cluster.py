@@ -1,11 +1,13 @@
 """A real Apache Kafka cluster (KRaft) on loopback, for tests, benchmarks and the demo.
 
-One dedicated controller (``process.roles=controller``) and three brokers, each its own JVM,
-so that faults taking two brokers away still leave a metadata quorum.  ``combined=True`` runs
+One dedicated controller (``process.roles=controller``; ``controllers=3`` for a quorum of three)
+and three brokers, each its own JVM, so that faults taking two brokers away still leave a metadata
+quorum.  ``version`` picks one of ``kafka_install.KAFKA_RELEASES`` (3.9.2 logs through reload4j,
+4.x through Log4j 2); ``log_dirs`` gives each broker that many log directories (JBOD).  ``combined=True`` runs
 one node that is both (``process.roles=broker,controller``, one JVM): a second, cheap cluster
 for tests that watch two; stopping its broker stops its controller too.  The jars come from
 Maven Central through the ordinary Maven client (``mvn``) on first use and are cached
-(``~/.cache/kafka-monitor/kafka-<version>``, or ``$KAFKA_MONITOR_KAFKA_HOME``).  Settings make
+(``~/.cache/kafka-monitor/kafka-<version>``, or under ``$KAFKA_MONITOR_KAFKA_HOME``).  Settings make
 replication react in seconds (see ``KafkaCluster.__init__``).  Every process is started by us,
 in its own process group, asked to die with its parent, and stopped by PID.
 
@@ -42,7 +44,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from kafka_monitor.local.broker import _LIBC, die_with_parent, free_port, stop_process
 from kafka_monitor.local.kafka_faults import ClusterFaultsMixin
-from kafka_monitor.local.kafka_install import ensure_kafka, java_bin
+from kafka_monitor.local.kafka_install import KafkaRelease, ensure_kafka, java_bin, release
 from kafka_monitor.local.kafka_security import (ADMIN_USER, SCRAM_MECHANISM, SECURITY_MODES, ClusterSecurityMixin,
                                                 TlsFiles, _check_secret, _props)
 
@@ -68,6 +70,14 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
     <Root level="WARN"><AppenderRef ref="file"/></Root>
   </Loggers>
 </Configuration>
+"""
+
+# the same for the reload4j (Log4j 1.x) of Kafka 3.x
+_LOG4J1 = """log4j.rootLogger=WARN, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=${kafka.logs.dir}/server.log
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 
@@ -125,8 +135,12 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
 
     _bootstrap: str  # an attached (unmanaged) cluster's bootstrap servers
     controller_id: Optional[int]  # None when attached
+    controllers: dict[int, _Node]  # the quorum's voters by id (empty when attached)
+    controller: _Node  # the first controller
+    brokers: dict[int, _Node]
 
     def __init__(self, broker_ids: Sequence[int] = BROKER_IDS, controller_id: int = CONTROLLER_ID, *,
+                 version: Optional[str] = None, controllers: int = 1, log_dirs: int = 1,
                  replica_lag_time_max_ms: int = 3000, replica_fetch_wait_max_ms: int = 200,
                  broker_session_timeout_ms: int = 8000, broker_heartbeat_interval_ms: int = 1000,
                  auto_leader_rebalance: bool = False,
@@ -139,9 +153,20 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         ``{name: password}`` of the SCRAM-SHA-512 users to create besides ``admin`` (sasl_ssl only;
         they get no ACLs: ``add_acls``).  ``combined``: one node, broker and controller in one JVM
         (``broker_ids`` of one id, which is also the controller's; PLAINTEXT only).  Fewer than 3
-        brokers lower the internal topics' replication factors to their number."""
-        if combined and (len(broker_ids) != 1 or security):
-            raise ValueError("combined=True runs one node: one broker id and no security")
+        brokers lower the internal topics' replication factors to their number.  ``version``: a
+        key of ``KAFKA_RELEASES`` (default ``kafka_install.default_version()``); ``controllers``:
+        dedicated controllers, ids ``controller_id``, ``controller_id + 1``, ... (the static quorum
+        ``controller.quorum.voters``); ``log_dirs``: log directories per broker (``log_dirs_of``)."""
+        if combined and (len(broker_ids) != 1 or security or controllers != 1):
+            raise ValueError("combined=True runs one node: one broker id, one controller and no security")
+        if controllers < 1 or log_dirs < 1:
+            raise ValueError(f"controllers and log_dirs must be >= 1, got {controllers} and {log_dirs}")
+        if not combined and set(broker_ids) & set(range(controller_id, controller_id + controllers)):
+            raise ValueError(f"broker ids {list(broker_ids)} overlap the controller ids "
+                             f"{list(range(controller_id, controller_id + controllers))}")
+        self.release: KafkaRelease = release(version)
+        self.version = self.release.version
+        self.log_dirs = log_dirs
         if replica_fetch_wait_max_ms > replica_lag_time_max_ms:
             raise ValueError("replica.fetch.wait.max.ms must not exceed replica.lag.time.max.ms")
         if security not in SECURITY_MODES:
@@ -166,7 +191,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="km-kafka-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
+        self._write_log_config()
         self.keep_work_dir = keep_work_dir
         self.broker_heap, self.controller_heap, self.jvm_opts = broker_heap, controller_heap, list(jvm_opts)
         self.cluster_id = _new_cluster_id()
@@ -175,23 +200,27 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         self._admin = self._observer_admin = None
         ports: list = []
         nb = len(self.broker_ids)
-        while len(ports) < 1 + nb * (2 if security else 1):
+        nc = controllers
+        while len(ports) < nc + nb * (2 if security else 1):
             port = free_port()
             if port not in ports:
                 ports.append(port)
         if combined:
             node = _Node(controller_id, "broker,controller", ports[1], self.work_dir / f"node-{controller_id}",
                          controller_port=ports[0])
-            self.controller, self.brokers = node, {controller_id: node}
+            self.controllers, self.brokers = {controller_id: node}, {controller_id: node}
         else:
-            self.controller = _Node(controller_id, "controller", ports[0],
-                                    self.work_dir / f"controller-{controller_id}")
+            self.controllers = {controller_id + i: _Node(controller_id + i, "controller", ports[i],
+                                                         self.work_dir / f"controller-{controller_id + i}")
+                                for i in range(nc)}
             self.brokers = {b: _Node(b, "broker", p, self.work_dir / f"broker-{b}",
-                                     internal_port=ports[1 + nb + i] if security else None)
-                            for i, (b, p) in enumerate(zip(self.broker_ids, ports[1:]))}
+                                     internal_port=ports[nc + nb + i] if security else None)
+                            for i, (b, p) in enumerate(zip(self.broker_ids, ports[nc:]))}
+        #: the first controller (the only one unless ``controllers`` > 1)
+        self.controller = self.controllers[controller_id]
         rf = min(3, nb)
         common = {
-            "controller.quorum.voters": f"{controller_id}@127.0.0.1:{ports[0]}",
+            "controller.quorum.voters": ",".join(f"{c}@127.0.0.1:{ports[i]}" for i, c in enumerate(self.controllers)),
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "broker.session.timeout.ms": broker_session_timeout_ms,  # read by the controller
@@ -243,7 +272,18 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     @property
     def controller_bootstrap(self) -> str:
         self._require_managed("controller_bootstrap")
-        return f"127.0.0.1:{self.controller.controller_port or self.controller.port}"
+        return ",".join(f"127.0.0.1:{n.controller_port or n.port}" for n in self.controllers.values())
+
+    @property
+    def controller_ids(self) -> list[int]:
+        """The quorum's voters (managed clusters)."""
+        self._require_managed("controller_ids")
+        return list(self.controllers)
+
+    def log_dirs_of(self, broker_id: int) -> list[Path]:
+        """A broker's log directories, in ``log.dirs`` order (the first also holds the metadata log)."""
+        n = self._broker(broker_id)
+        return [n.dir / "data"] + [n.dir / f"data-{i}" for i in range(2, self.log_dirs + 1)]
 
     def broker_address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self._broker(broker_id).port}"
@@ -270,8 +310,14 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     @property
     def libs(self) -> Path:
         if self._libs is None:
-            self._libs = ensure_kafka()
+            self._libs = ensure_kafka(self.version)
         return self._libs
+
+    def _write_log_config(self) -> None:
+        if self.release.reload4j:
+            (self.work_dir / "log4j.properties").write_text(_LOG4J1)
+        else:
+            (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
 
     def start(self, timeout: float = 180.0) -> "KafkaCluster":
         """Format storage, launch every node in parallel, wait until all brokers are registered."""
@@ -292,8 +338,9 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
                 listener = f"CLIENT://127.0.0.1:{n.port},INTERNAL://127.0.0.1:{n.internal_port}"
             else:
                 listener = f"PLAINTEXT://127.0.0.1:{n.port}"
+            dirs = self.log_dirs_of(n.node_id) if "broker" in n.role else [n.dir / "data"]
             conf = {"process.roles": n.role, "node.id": n.node_id, "listeners": listener,
-                    "log.dirs": n.dir / "data", **props}
+                    "log.dirs": ",".join(map(str, dirs)), **props}
             if n.role != "controller":  # a combined node advertises its broker listener only
                 conf["advertised.listeners"] = listener.split(",CONTROLLER://")[0]
             path = n.dir / "server.properties"
@@ -350,9 +397,14 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         deadline = time.monotonic() + timeout
         for n in brokers:
             _wait_or_kill(n.process, deadline - time.monotonic())
-        if self.controller.running():
-            self.controller.process.terminate()
-            _wait_or_kill(self.controller.process, timeout)
+        controllers = [n for n in self.controllers.values() if n.running()]
+        for n in controllers:
+            if n.paused:
+                self._signal(n, signal.SIGCONT)
+                n.paused = False
+            n.process.terminate()
+        for n in controllers:
+            _wait_or_kill(n.process, timeout)
         if self._own_dir and not self.keep_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -481,11 +533,11 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
 
     def _nodes(self) -> list[_Node]:
         """Every node once (a combined node is the controller and the broker)."""
-        return list({id(n): n for n in [self.controller, *self.brokers.values()]}.values())
+        return list({id(n): n for n in [*self.controllers.values(), *self.brokers.values()]}.values())
 
     def _node(self, node_id: int) -> _Node:
-        if node_id == self.controller_id:
-            return self.controller
+        if node_id in self.controllers:
+            return self.controllers[node_id]
         return self._broker(node_id)
 
     def _broker(self, broker_id: int) -> _Node:
@@ -502,8 +554,9 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     def _java(self, logs_dir: Path, heap: str, main_class: str, *args: str, out: Optional[Path],
               capture: bool = False) -> subprocess.Popen:
         # Popen from the calling thread: the parent-death signal fires when *that thread* exits
-        cmd = [java_bin(), f"-Xmx{heap}", *self.jvm_opts,
-               f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.xml'}", f"-Dkafka.logs.dir={logs_dir}",
+        log_conf = (f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}" if self.release.reload4j
+                    else f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.xml'}")
+        cmd = [java_bin(), f"-Xmx{heap}", *self.jvm_opts, log_conf, f"-Dkafka.logs.dir={logs_dir}",
                "-cp", str(self.libs / "*"), main_class, *args]
         if capture:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -576,9 +629,13 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         self.controller_id = None
         self.start_seconds = None
         self.jvm_opts = list(DEFAULT_JVM_OPTS)
+        self.release = release()  # its tools run on the default version's jars
+        self.version = self.release.version
+        self.log_dirs = 0  # unknown
         self.work_dir = Path(tempfile.mkdtemp(prefix="km-kafka-ext-"))
-        (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
+        self._write_log_config()
         self.controller = None  # type: ignore[assignment]  # attached: no process handles
+        self.controllers = {}
         self.brokers = {}
         self.broker_ids = sorted(self.live_brokers(request_timeout=10.0))  # raises if unreachable
         return self

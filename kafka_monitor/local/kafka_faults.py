@@ -1,5 +1,6 @@
 """Faults of the local cluster (``kafka_monitor.local.kafka_cluster.KafkaCluster``): per-broker
-process faults by PID (stop, kill, pause, resume, start, restart) and leadership and replication
+process faults by PID (stop, kill, pause, resume, start, restart), the same for a dedicated
+controller (kill, pause, resume, start), and leadership and replication
 changes (leader elections, reassignments, replication throttles).  ``ClusterFaultsMixin`` holds
 them as ``KafkaCluster``'s methods.
 """
@@ -23,6 +24,7 @@ class ClusterFaultsMixin:
 
     if TYPE_CHECKING:  # provided by KafkaCluster
         broker_ids: list
+        controllers: dict
         _admin: Any
         _observer_admin: Any
 
@@ -104,6 +106,45 @@ class ClusterFaultsMixin:
         if self._broker(broker_id).running():
             self.stop_broker(broker_id)
         self.start_broker(broker_id, timeout)
+
+    # -- per-controller faults (by PID)
+
+    def _controller_node(self, controller_id: int) -> _Node:
+        try:
+            return self.controllers[controller_id]
+        except KeyError:
+            raise KeyError(f"no controller {controller_id} (controllers: {sorted(self.controllers)})") from None
+
+    def kill_controller(self, controller_id: int) -> None:
+        """SIGKILL a dedicated controller (with three, the others elect a leader among them)."""
+        self._require_managed("kill_controller")
+        n = self._controller_node(controller_id)
+        if n.running():
+            n.process.kill()
+            n.process.wait()
+        n.paused = False
+
+    def pause_controller(self, controller_id: int) -> None:
+        """SIGSTOP a controller: no fetches, no votes, no heartbeats answered."""
+        self._require_managed("pause_controller")
+        n = self._controller_node(controller_id)
+        self._signal(n, signal.SIGSTOP)
+        n.paused = True
+
+    def resume_controller(self, controller_id: int) -> None:
+        """SIGCONT."""
+        self._require_managed("resume_controller")
+        n = self._controller_node(controller_id)
+        self._signal(n, signal.SIGCONT)
+        n.paused = False
+
+    def start_controller(self, controller_id: int) -> None:
+        """Start a stopped controller again (same port and metadata log); it rejoins the quorum
+        as a follower (poll ``quorum_status`` for it to catch up)."""
+        self._require_managed("start_controller")
+        n = self._controller_node(controller_id)
+        if not n.running():
+            self._launch(n)
 
     # -- leadership and replication
 

@@ -47,7 +47,7 @@ def launched(monkeypatch, tmp_path):
         procs.append(p)
         return p
 
-    monkeypatch.setattr(kc, "ensure_kafka", lambda: tmp_path)
+    monkeypatch.setattr(kc, "ensure_kafka", lambda version=None: tmp_path)
     monkeypatch.setattr(kc.KafkaCluster, "_java", java)
     monkeypatch.setattr(kc.KafkaCluster, "wait_ready", lambda self, timeout=120.0, brokers=None: None)
     monkeypatch.setattr(kc.KafkaCluster, "_signal", lambda self, n, sig: None)
@@ -116,3 +116,64 @@ def test_the_default_cluster_keeps_its_controller_and_three_brokers(launched):
 def test_combined_is_one_plaintext_node(kw):
     with pytest.raises(ValueError, match="combined=True runs one node"):
         kc.KafkaCluster(combined=True, **kw)
+
+
+def test_three_controllers_are_the_static_quorum_and_every_node_knows_them(launched):
+    c = kc.KafkaCluster(controllers=3).start()
+    try:
+        assert c.controller_ids == [kc.CONTROLLER_ID, kc.CONTROLLER_ID + 1, kc.CONTROLLER_ID + 2]
+        assert sorted(p.main_class for p in launched) == ["kafka.Kafka"] * 6 + ["kafka.tools.StorageTool"] * 6
+        voters = ",".join(f"{i}@127.0.0.1:{c.controllers[i].port}" for i in c.controller_ids)
+        for node in [*c.controller_ids, *c.broker_ids]:
+            assert props(c.node_dir(node) / "server.properties")["controller.quorum.voters"] == voters
+        assert c.controller_bootstrap == ",".join(f"127.0.0.1:{c.controllers[i].port}" for i in c.controller_ids)
+        assert len({n.port for n in c._nodes()}) == 6
+        c.kill_controller(kc.CONTROLLER_ID + 1)
+        assert not c.is_running(kc.CONTROLLER_ID + 1) and c.is_running(kc.CONTROLLER_ID)
+        with pytest.raises(KeyError, match="no controller 7"):
+            c.kill_controller(7)
+    finally:
+        c.stop()
+    assert all(p.returncode is not None for p in launched)
+
+
+def test_log_dirs_are_the_brokers_own_and_the_controllers_keep_one(launched):
+    c = kc.KafkaCluster(log_dirs=3).start()
+    try:
+        dirs = c.log_dirs_of(2)
+        assert dirs == [c.node_dir(2) / "data", c.node_dir(2) / "data-2", c.node_dir(2) / "data-3"]
+        assert props(c.node_dir(2) / "server.properties")["log.dirs"] == ",".join(map(str, dirs))
+        assert props(c.node_dir(kc.CONTROLLER_ID) / "server.properties")["log.dirs"] == str(
+            c.node_dir(kc.CONTROLLER_ID) / "data")
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("version, conf, other", [("3.9.2", "log4j.properties", "log4j2.xml"),
+                                                  ("4.4.0", "log4j2.xml", "log4j.properties")])
+def test_each_version_logs_through_its_own_log4j(launched, version, conf, other):
+    c = kc.KafkaCluster(version=version)
+    try:
+        assert c.version == version and (c.work_dir / conf).exists() and not (c.work_dir / other).exists()
+        c.start()
+        assert "kafka.logs.dir}/server.log" in (c.work_dir / conf).read_text()
+    finally:
+        c.stop()
+
+
+def test_an_unknown_version_names_the_ones_the_launcher_runs(monkeypatch):
+    from kafka_monitor.local.kafka_install import KafkaSetupError, default_version, kafka_home
+    with pytest.raises(KafkaSetupError, match="3.9.2, 4.1.1, 4.4.0"):
+        kc.KafkaCluster(version="3.8.0")
+    monkeypatch.setenv("KAFKA_MONITOR_KAFKA_VERSION", "4.4.0")
+    assert default_version() == "4.4.0" and kafka_home().name == "kafka-4.4.0"
+    monkeypatch.setenv("KAFKA_MONITOR_KAFKA_VERSION", "5.0")
+    with pytest.raises(KafkaSetupError, match="KAFKA_MONITOR_KAFKA_VERSION"):
+        default_version()
+
+
+@pytest.mark.parametrize("kw, message", [({"controllers": 0}, "must be >= 1"), ({"log_dirs": 0}, "must be >= 1"),
+                                         ({"broker_ids": (1, 2, 101), "controllers": 2}, "overlap")])
+def test_bad_shapes_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        kc.KafkaCluster(**kw)
