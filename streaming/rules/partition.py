@@ -504,8 +504,11 @@ def tick_partition(state: PartitionState, now: int, entity: str, cfg: PartitionR
     last = state["observed_at"]
     window = unobserved_window_ms(state, cfg)
     if not blind and last is not None and not _is_open(state, _PU) and now - last >= window:
-        out += _open(state, _PU, entity, labels, now,
-                     {"last_observed_at": last, "unobserved_for_ms": now - last, "window_ms": window,
+        # stamped with the moment it fell due, not the tick's: a job that ticks at another moment
+        # (restarted, slower, processing time) opens it with the same id
+        at = min(now, last + window)
+        out += _open(state, _PU, entity, labels, at,
+                     {"last_observed_at": last, "unobserved_for_ms": at - last, "window_ms": window,
                       "interval_ms": state["interval_ms"]})
     ep = state["leader_episode"]
     if ep is not None and now - ep["last_change_at"] >= cfg.leader_quiet_ms:

@@ -403,6 +403,14 @@ def test_partition_unobserved(steps, expected, only):
     assert run(steps, only)[0] == expected
 
 
+def test_unobserved_opens_at_its_moment_whatever_the_tick():
+    """Jobs that tick at other moments (processing time, a restart) open it under one id."""
+    early = run([(1000, "md", md()), (1000 + W, "tick")], UNOBS)[2]
+    late = run([(1000, "md", md()), (1000 + W + 28_000, "tick")], UNOBS)[2]
+    assert [(o.alert_id, o.at, o.evidence["unobserved_for_ms"]) for o in early] == \
+        [(o.alert_id, o.at, o.evidence["unobserved_for_ms"]) for o in late] == [(early[0].alert_id, 1000 + W, W)]
+
+
 def test_unobserved_evidence():
     _, _, out = run([(1000, "md", md()), (1000 + W, "tick"), (5000 + W, "md", md())], UNOBS)
     opened, resolved = out
