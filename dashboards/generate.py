@@ -43,6 +43,7 @@ from streaming.rules.client import ClientRulesConfig  # noqa: E402
 from streaming.rules.group import GroupRulesConfig  # noqa: E402
 from streaming.rules.lag_config import LagConfig  # noqa: E402
 from streaming.rules.partition_config import PartitionRulesConfig  # noqa: E402
+from streaming.rules.quorum import QuorumRulesConfig  # noqa: E402
 from streaming.rules.source import SourceRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
@@ -76,10 +77,17 @@ GROUP_MEMBERS = "kafka_monitor_group_members"
 METADATA_REFRESH = "kafka_monitor_client_last_metadata_refresh_timestamp_seconds"
 HEARTBEAT = "kafka_monitor_source_last_heartbeat_timestamp_seconds"
 ALERT_ACTIVE = "kafka_monitor_alert_active"
+QUORUM_UP = "kafka_monitor_quorum_up"
+QUORUM_LEADER = "kafka_monitor_quorum_leader"
+QUORUM_EPOCH = "kafka_monitor_quorum_leader_epoch"
+QUORUM_LAG = "kafka_monitor_quorum_replica_lag"
+QUORUM_CAUGHT_UP_AGE = "kafka_monitor_quorum_replica_caught_up_age_seconds"
+#: the job's alerts on the KRaft controller quorum (streaming/rules/quorum.py): a cluster's each
+QUORUM_ALERTS = ("QuorumUnavailable", "QuorumVoterLagging", "QuorumLeaderFlapping", "BrokerMetadataLagging")
 
 def default_rules() -> dict[str, Any]:
     return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig(),
-            "client": ClientRulesConfig(), "source": SourceRulesConfig()}
+            "client": ClientRulesConfig(), "source": SourceRulesConfig(), "quorum": QuorumRulesConfig()}
 
 
 #: the job's rule settings the panels draw and name (build() sets them; defaults here)
@@ -358,6 +366,64 @@ def groups_now(description: str) -> dict:
                  hide=("Time", "Value #A"))
 
 
+def per_node(metric: str) -> str:
+    """A quorum node's series (a voter or an observer of the KRaft quorum), one per exporter replica merged."""
+    return f"max by (cluster, node, role) ({metric}{{{CLUSTER}}})"
+
+
+def quorum_panels() -> tuple[list[tuple[dict, int]], list[tuple[dict, int]]]:
+    """The KRaft controller quorum of the selected clusters (DescribeQuorum, docs/quorum.md): a
+    row of three stats and one of three graphs."""
+    q = RULES["quorum"]
+    per_cluster = f"max by (cluster) ({QUORUM_UP}{{{CLUSTER}}})"
+    return [
+        (stat("Quorum leader", "The active controller of each cluster: the KRaft quorum's leader in the probe's last "
+              f"DescribeQuorum answer ({QUORUM_LEADER}). election (-1) = no leader: the cluster's metadata cannot "
+              f"change (QuorumUnavailable, critical, once it lasts {minutes(q.unavailable_after_ms)}). No value = "
+              "the probe does not ask (--quorum-interval 0) or has had no answer yet.",
+              [target(f"max by (cluster) ({QUORUM_LEADER}{{{CLUSTER}}})", legend="{{cluster}}")], decimals=0,
+              mappings=[{"type": "value", "options": {"-1": {"color": "red", "index": 0, "text": "election"}}}],
+              th=thresholds((None, "red"), (0, "green"))), 8),
+        (stat("Quorum answered", f"{QUORUM_UP}: ANSWERED while the probe's last DescribeQuorum was answered; "
+              "NOT ANSWERED after no answer, a permission or version refusal (the probe's user lacks DESCRIBE on "
+              "the cluster; a ZooKeeper cluster) or an error from the brokers. The quorum panels then show the "
+              "last answer (KafkaMonitorQuorumUnobserved after 5 minutes; errors are QuorumUnavailable).",
+              [target(per_cluster, legend="{{cluster}}")],
+              mappings=[{"type": "value", "options": {
+                  "0": {"color": "red", "index": 0, "text": "NOT ANSWERED"},
+                  "1": {"color": "green", "index": 1, "text": "ANSWERED"}}}],
+              th=thresholds((None, "red"), (1, "green"))), 8),
+        (stat("Quorum alerts open", "The job's quorum alerts open now, over the selected clusters: "
+              f"QuorumUnavailable (critical: no leader, or no caught-up majority of the voters, for "
+              f"{minutes(q.unavailable_after_ms)}), QuorumVoterLagging (a controller not caught up for "
+              f"{minutes(q.voter_lag_ms)}), QuorumLeaderFlapping ({q.flap_changes} leader changes within "
+              f"{minutes(q.flap_window_ms)}), BrokerMetadataLagging (a broker not caught up with the metadata log "
+              f"for {minutes(q.observer_lag_ms)}). 0 = the probe describes the quorum and nothing is open.",
+              [target(f'count(max by (alert, cluster) ({ALERT_ACTIVE}{{alert=~"{"|".join(QUORUM_ALERTS)}", '
+                      f"{CLUSTER}}}))\nor\n0 * count({per_cluster})")], decimals=0, th=GREEN_RED_AT_1), 8),
+    ], [
+        (timeseries("Quorum leader epoch", "The quorum leader's epoch per cluster: one step up for every new "
+                    f"leader ({QUORUM_EPOCH}); QuorumLeaderFlapping opens at {q.flap_changes} steps within "
+                    f"{minutes(q.flap_window_ms)}.",
+                    [target(f"max by (cluster) ({QUORUM_EPOCH}{{{CLUSTER}}})", legend="{{cluster}}")],
+                    decimals=0), 8),
+        (timeseries("Metadata log lag per node", "Records of the metadata log (__cluster_metadata) each voter "
+                    "(role voter: a controller) and each observer (role observer: a broker) is behind the "
+                    f"quorum leader's log end offset, at the probe's last answer ({QUORUM_LAG}). A node the "
+                    "leader stops listing (a stopped broker) loses its line.",
+                    [target(per_node(QUORUM_LAG), legend="{{role}} {{node}} ({{cluster}})")],
+                    min_=0, decimals=0), 8),
+        (timeseries("Time since caught up per node", "Seconds since each voter and observer was last caught "
+                    f"up with the quorum leader, at the probe's answer ({QUORUM_CAUGHT_UP_AGE}; the leader's "
+                    "clock read against the probe's). QuorumVoterLagging opens past "
+                    f"{minutes(q.voter_lag_ms)} for a voter, BrokerMetadataLagging past "
+                    f"{minutes(q.observer_lag_ms)} for an observer.",
+                    [target(per_node(QUORUM_CAUGHT_UP_AGE), legend="{{role}} {{node}} ({{cluster}})")],
+                    unit="s", min_=0,
+                    th=thresholds((None, "green"), (q.voter_lag_ms / 1000, "orange"))), 8),
+    ]
+
+
 def overview() -> dict:
     g = Grid()
     severity_targets = [
@@ -412,9 +478,12 @@ def overview() -> dict:
                  [target(f"topk(10, max by (cluster, group, topic) ({LAG}{{{GPART}}}))", table=True)],
                  rename={"cluster": "Cluster", "group": "Group", "topic": "Topic", "Value": "Worst partition lag"},
                  sort_by="Worst partition lag"), 12))
+    stats, graphs = quorum_panels()
+    g.row(4, *stats)
+    g.row(8, *graphs)
     return dashboard("kafka-monitor-overview", "kafka-monitor / Overview",
-                     "What is wrong now: open alerts, the worst lag, replication and the monitor's own health.",
-                     ["cluster", "topic", "group"], g)
+                     "What is wrong now: open alerts, the worst lag, replication, the KRaft controller quorum and "
+                     "the monitor's own health.", ["cluster", "topic", "group"], g)
 
 
 def partitions() -> dict:

@@ -137,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--canary-topic", dest="canary_topic", help="the canary's topic (default kafka-monitor-canary)")
     p.add_argument("--canary-interval", dest="canary_interval_s", type=float,
                    help="seconds between two canary writes to one partition (default 1)")
+    p.add_argument("--quorum-interval", dest="quorum_interval_s", type=float,
+                   help="seconds between two DescribeQuorum requests: the KRaft controller quorum's leader, "
+                        "epoch and each voter's and broker's metadata lag (through kafka-python, on a thread "
+                        "of its own; its -X security settings are translated, one it cannot honour is refused "
+                        "at start). 0 = off, for ZooKeeper clusters (default 10; config key quorum_interval_s)")
     p.add_argument("-X", dest="kafka", action="append", metavar="KEY=VALUE",
                    help="librdkafka property for every client (SASL/SSL...); repeatable")
 
@@ -221,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_arguments(r)
 
     s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
-                       description="Print the event contract v1, generated from monitor/contract.py: as JSON "
+                       description="Print the event contract (v2: v1 and the quorum_state type), generated from monitor/contract.py: as JSON "
                                    "Schema (what docs/event-schema.json holds; validate events of other producers "
                                    "with it) or as the Markdown reference (docs/events.md).")
     s.add_argument("--format", choices=["json", "markdown"], default="json",

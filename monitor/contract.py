@@ -1,4 +1,4 @@
-"""The event contract (v1): the only coupling between the probe and the streaming job.
+"""The event contract (v1 and v2): the only coupling between the probe and the streaming job.
 
 One event per Kafka record, UTF-8 JSON, record key = the entity key (so one entity's events
 stay ordered in one partition of the events topic).  Every event carries the envelope
@@ -10,7 +10,9 @@ The payload classes below are the single source of truth: the JSON Schema shippe
 parses with are all generated from them (``kafka-monitor schema``).
 
 Compatibility rules: readers accept and ignore unknown extra fields; a new required field or a
-changed meaning is a new ``schema`` version, and readers keep reading the old one.
+changed meaning is a new ``schema`` version, and readers keep reading the old one.  v2 adds the
+``quorum_state`` type (a v1 reader quarantines it as ``unknown_schema`` and reads every other
+event); the v1 types are still sent as v1 (``SCHEMA_OF_TYPE``).
 
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
 never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
@@ -36,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 SCHEMA_V1 = "kafka-monitor/v1"
-SUPPORTED_SCHEMAS = (SCHEMA_V1,)
+SCHEMA_V2 = "kafka-monitor/v2"
+SUPPORTED_SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
 
 #: Kafka's "no offset" sentinels (OFFSET_INVALID = -1001, and -1 from ListOffsets / OffsetFetch).
 KAFKA_OFFSET_SENTINELS = frozenset({-1, -1001})
@@ -397,6 +400,44 @@ class GroupPartitionGone:
                        default="committed offset deleted")
 
 
+@dataclass(frozen=True)
+class QuorumReplica:
+    """A voter or an observer of the KRaft metadata quorum, as its leader describes it."""
+
+    replica_id: int = _doc("Node id: a controller (voter) or a broker (observer).")
+    log_end_offset: Optional[int] = _doc("Its end offset of the metadata log as the leader last heard; null: "
+                                         "unknown.", default=None)
+    lag: Optional[int] = _doc("Metadata records it is behind the leader's log end offset; null: unknown.",
+                              default=None)
+    last_fetch_ms_ago: Optional[int] = _doc("Time since it last fetched from the leader, at observed_at (the "
+                                            "leader's timestamp against the probe's clock); null: unknown.",
+                                            default=None)
+    last_caught_up_ms_ago: Optional[int] = _doc(
+        "Time since it was last caught up with the leader, at observed_at; null: unknown (never, or a "
+        "version that does not say).", default=None)
+
+
+@dataclass(frozen=True)
+class QuorumState:
+    """The KRaft controller quorum (the ``__cluster_metadata`` log) as DescribeQuorum answers it,
+    asked by a probe on an interval of its own (schema v2)."""
+
+    ok: bool = _doc("Whether the quorum answered; false: error and error_kind say why, nothing else is known.")
+    interval_ms: int = _doc("How often this probe asks (its quorum interval).")
+    leader_id: Optional[int] = _doc("The active controller's id; -1: no leader (an election); null when not ok.",
+                                    default=None)
+    leader_epoch: Optional[int] = _doc("The leader's epoch: it changes with every new leader.", default=None)
+    high_watermark: Optional[int] = _doc("The metadata log's high watermark.", default=None)
+    voters: list[QuorumReplica] = _doc("The controllers that vote, the leader among them.", default_factory=list)
+    observers: list[QuorumReplica] = _doc("The nodes that follow the log without voting: the brokers.",
+                                          default_factory=list)
+    error: Optional[str] = _doc("Why the quorum did not answer, when ok is false.", default=None)
+    error_kind: Optional[str] = _doc(
+        "permission (the probe's user lacks DESCRIBE on the cluster), unsupported (no DescribeQuorum: a "
+        "ZooKeeper cluster or a version before 3.3), no_answer (no broker answered in time: the monitor's "
+        "blindness, not the quorum's) or error (anything else); null when ok.", default=None)
+
+
 #: type name -> (payload class, fields that make up the entity key after the cluster)
 PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "metadata_refresh": (MetadataRefresh, ("@source",)),
@@ -413,17 +454,21 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "partition_gone": (PartitionGone, ("topic", "partition")),
     "group_gone": (GroupGone, ("group",)),
     "group_partition_gone": (GroupPartitionGone, ("group", "topic", "partition")),
+    "quorum_state": (QuorumState, ()),
 }
+#: the contract version each type is sent with (the rest: v1)
+SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
     ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat, PartitionGone, GroupGone, GroupPartitionGone,
+    QuorumState,
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version, \"kafka-monitor/v1\".",
+    "schema": "Contract version: \"kafka-monitor/v1\", or \"kafka-monitor/v2\" for the types v2 added.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",
@@ -443,11 +488,13 @@ class Event:
     observed_at: int
     data: Payload
     event_id: str = ""
-    schema: str = SCHEMA_V1
+    schema: str = ""  # default: SCHEMA_OF_TYPE's
 
     def __post_init__(self) -> None:
         if not self.event_id:
             object.__setattr__(self, "event_id", uuid.uuid4().hex)
+        if not self.schema:
+            object.__setattr__(self, "schema", SCHEMA_OF_TYPE.get(self.type, SCHEMA_V1))
         if self.type not in PAYLOADS:
             raise ContractError("unknown_type", f"type {self.type!r} is not one of {', '.join(EVENT_TYPES)}")
         if not isinstance(self.data, PAYLOADS[self.type][0]):

@@ -301,7 +301,7 @@ def _encoder(cls: type) -> Optional[Callable[..., list[int]]]:
         _ENCODERS[cls] = None
         return None
     # the value: a %-template of the envelope and data (keys and constants are JSON already)
-    prefix = json.dumps({"schema": c.SCHEMA_V1, "type": etype}, separators=(",", ":"), ensure_ascii=False)[:-1]
+    prefix = json.dumps({"schema": c.SCHEMA_OF_TYPE.get(etype, c.SCHEMA_V1), "type": etype}, separators=(",", ":"), ensure_ascii=False)[:-1]
     template = (prefix.replace("%", "%%") + ',"event_id":"%s"%s%s,"observed_at":%s,"data":{'
                 + ",".join(_json_str(name).replace("%", "%%") + ":%s" for name in fields) + "}}")
     args = ["eid", "head", "seq", "at"] + [e for e in exprs if e is not None]  # all of them: checked above

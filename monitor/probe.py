@@ -59,7 +59,8 @@ from monitor.gone import GoneTracker
 from monitor.leader_epochs import LeaderEpochs
 from monitor.metadata import MetadataCache, cause_for_error
 from monitor.offsets import ProbeOffsetsMixin
-from monitor.probe_config import ProbeConfig, ProbeScope
+from monitor.probe_config import ConfigError, ProbeConfig, ProbeScope
+from monitor.quorum import QuorumConfigError, QuorumWatcher
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
 
@@ -150,6 +151,15 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         self._writes_held: Optional[tuple[int, int, int]] = None
         #: broker_state events come from this thread (refreshes) and the canary's (its verdicts)
         self._broker_lock = threading.Lock()
+        #: the KRaft controller quorum (DescribeQuorum through kafka-python, monitor.quorum), asked on
+        #: its own thread by the unshared probe or share 1 of n; its -X settings checked here, at start
+        self.quorum: Optional[QuorumWatcher] = None
+        if cfg.quorum_interval_s > 0 and admin is None and (self._scope.share is None or self._scope.share[0] == 1):
+            try:
+                self.quorum = QuorumWatcher(cfg.client_conf(), cfg.quorum_interval_s, cfg.request_timeout_s,
+                                            clock=clock)
+            except QuorumConfigError as e:
+                raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
             self.canary = Canary(
                 CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
@@ -181,6 +191,10 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         lag = max(0.0, started - scheduled) if scheduled is not None else None
         with gc_paused():
             self._observe()
+        if self.quorum is not None:
+            answer = self.quorum.take()
+            if answer is not None:
+                self._emitter.emit(answer[1], observed_at=answer[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
@@ -322,6 +336,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
                  f"; share {self._scope.share_text()} of its topics and groups" if self._scope.share else "",
                  self.cfg.events_topic)
+        if self.quorum is not None and self.quorum._thread is None:
+            self.quorum.start()
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
                                                    name="canary", daemon=True)
@@ -393,6 +409,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""
         self.stop_canary()
+        if self.quorum is not None:
+            self.quorum.stop()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

@@ -86,6 +86,9 @@ class ProbeConfig:
     canary_interval_s: float = 1.0
     #: replicas of each canary partition (at most the number of brokers)
     canary_replication_factor: int = 3
+    #: seconds between two DescribeQuorum requests (the KRaft controller quorum, monitor.quorum);
+    #: 0: not asked (a ZooKeeper cluster, or no kafka-python)
+    quorum_interval_s: float = 10.0
 
     def validate(self) -> "ProbeConfig":
         if not self.bootstrap_servers:
@@ -132,6 +135,8 @@ class ProbeConfig:
                 re.compile(getattr(self, name))
             except re.error as e:
                 raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
+        if not (self.quorum_interval_s == 0 or 1 <= self.quorum_interval_s <= 3600):
+            raise ConfigError(f"probe.quorum_interval_s: must be 0 (off) or within 1..3600, got {self.quorum_interval_s}")
         return self
 
     def stats_interval(self) -> float:

@@ -171,7 +171,7 @@ class ProbeTopologyMixin:
         self._emitter.emit(MetadataRefresh(
             version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
             node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
-            controller_id=view.controller_id,
+            controller_id=self._controller_id(now),
             brokers=[Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in view.brokers],
             topic_count=len(view.topics), partition_count=n_parts,
             partition_count_changes=[
@@ -226,6 +226,12 @@ class ProbeTopologyMixin:
         self._epochs.refresh_done()
         return True
 
+    def _controller_id(self, now: int) -> Optional[int]:
+        """The active controller: the quorum's leader while a recent DescribeQuorum named one
+        (monitor.quorum); else None, since a KRaft Metadata response names a random broker."""
+        quorum = getattr(self, "quorum", None)
+        return quorum.controller_id(now) if quorum is not None else None
+
     def _emit_broker_states(self, view: ClusterView, version: int, now: int) -> None:
         """One ``broker_state`` per broker the response lists or a replica names: what it leads,
         holds, and holds out of the ISR, over every partition of the response.  Counted again
@@ -246,13 +252,14 @@ class ProbeTopologyMixin:
         leads, holds, behind = self._broker_counts
         live = {b.node_id: b for b in view.brokers}
         held = self._writes_held
+        controller = self._controller_id(now)
         rows = []
         for node in sorted(set(live) | set(holds)):
             b = live.get(node)
             since, waiting = (held[1], held[2]) if held is not None and held[0] == node else (None, None)
             rows.append((node, b is not None, version, leads.get(node, 0), holds.get(node, 0), behind.get(node, 0),
                          None if b is None else b.host, None if b is None else b.port, None if b is None else b.rack,
-                         None, since, waiting))
+                         None if controller is None else node == controller, since, waiting))
         self._emit_rows(BrokerState, rows, now)
 
     def _refresh_start_in(self) -> float:

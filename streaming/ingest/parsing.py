@@ -77,6 +77,7 @@ REQUIRED_BY_TYPE = {
     "partition_gone": ("topic", "partition"),
     "group_gone": ("group",),
     "group_partition_gone": ("group", "topic", "partition"),
+    "quorum_state": ("ok", "interval_ms"),
 }
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
@@ -343,6 +344,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     gp_type = _is(etype, ("group_offsets", "group_partition_gone"))
     group_types = _is(etype, ("group_state", "rebalance", "group_gone"))
     client_type = is_type["metadata_refresh"]
+    quorum_type = is_type["quorum_state"]
     fetch_type = is_type["client_fetch"]
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
@@ -353,8 +355,10 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
               pc.if_else(gp_type, _join("group_partition|", gtp),
               pc.if_else(fetch_type, _join("client_fetch|", gtp),
               pc.if_else(group_types, _join("group|", grp),
-              pc.if_else(client_type, _join("client|", src), _join("source|", src)))))))))
-    bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(gp_type | group_types | fetch_type, grp, src)))
+              pc.if_else(client_type, _join("client|", src),
+              pc.if_else(quorum_type, _join("quorum|", cl), _join("source|", src))))))))))
+    bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(
+        gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type, cl, src))))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
@@ -363,7 +367,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
-        "report": _report(data, canary_type, produce_type, broker_type),
+        "report": _report(data, canary_type, produce_type, broker_type, quorum_type),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
@@ -382,19 +386,24 @@ REPORT_FIELDS = {
                        "leader_request_errors", "leader_request_retries", "leader_request_timeouts",
                        "delivered_messages", "delivery_latency_counts", "delivery_latency_sum_ms"),
     "broker_state": ("writes_waiting_since", "writes_waiting_partitions"),
+    "quorum_state": ("ok", "interval_ms", "leader_id", "leader_epoch", "high_watermark", "voters", "observers",
+                     "error", "error_kind"),
 }
+#: voters and observers kept per quorum report (a quorum has 3 or 5 voters; observers are the brokers)
+QUORUM_MAX_REPLICAS = 1000
 #: error codes kept per canary report (librdkafka's names are short; the rest is cut)
 CANARY_MAX_CODES, CANARY_CODE_CHARS = 16, 64
 
 
-def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray) -> pa.Array:
+def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray,
+            quorum: np.ndarray) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
     produced-to partition per report): a Python loop."""
     out: list[Optional[str]] = [None] * len(data)
     for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"]),
-                         (broker, REPORT_FIELDS["broker_state"])):
+                         (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
@@ -406,6 +415,11 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
                     if isinstance(code, str) and isinstance(n, int):
                         errors[code[:CANARY_CODE_CHARS]] = n
                 rep[name] = errors
+            if rows is quorum:
+                rep["error"] = (rep["error"] or "")[:MAX_STRING_CHARS] or None
+                for role in ("voters", "observers"):
+                    rep[role] = [r for r in (rep[role] or [])[:QUORUM_MAX_REPLICAS]
+                                 if isinstance(r, dict) and isinstance(r.get("replica_id"), int)]
             out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
 

@@ -54,6 +54,11 @@ class Alert(str, enum.Enum):
     BROKER_DOWN = "BrokerDown"                        # holds replicas, not registered (stopped or fenced)
     BROKER_UNDER_REPLICATING = "BrokerUnderReplicating"  # registered, some of its replicas out of the ISR
     BROKER_STALLING_WRITES = "BrokerStallingWrites"   # the canary's acks=all writes wait for it (holds the HW)
+    # the KRaft controller quorum (a cluster's)
+    QUORUM_UNAVAILABLE = "QuorumUnavailable"          # no leader, or no caught-up majority of voters
+    QUORUM_VOTER_LAGGING = "QuorumVoterLagging"       # a voter not caught up for longer than a setting
+    QUORUM_LEADER_FLAPPING = "QuorumLeaderFlapping"   # the leader changed N times within a window
+    BROKER_METADATA_LAGGING = "BrokerMetadataLagging"  # a broker's metadata behind the quorum's
 
 
 SEVERITY = {
@@ -78,6 +83,10 @@ SEVERITY = {
     Alert.BROKER_DOWN: Severity.CRITICAL,
     Alert.BROKER_UNDER_REPLICATING: Severity.WARNING,
     Alert.BROKER_STALLING_WRITES: Severity.CRITICAL,
+    Alert.QUORUM_UNAVAILABLE: Severity.CRITICAL,
+    Alert.QUORUM_VOTER_LAGGING: Severity.WARNING,
+    Alert.QUORUM_LEADER_FLAPPING: Severity.WARNING,
+    Alert.BROKER_METADATA_LAGGING: Severity.WARNING,
 }
 
 

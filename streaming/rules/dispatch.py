@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-from streaming.rules import broker, canary, client, fetch, group, lag, partition, partition_config, produce, source, topic
+from streaming.rules import (broker, canary, client, fetch, group, lag, partition, partition_config, produce, quorum,
+                             source, topic)
 from streaming.rules.base import Transition, report_int
 
 #: a new entity of each kind from its identifying fields (an input row, or a stored entity to
@@ -26,6 +27,7 @@ TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "client": lambda e: client.new_client(e["cluster"], e["source"]),
     "source": lambda e: source.new_source(e["cluster"], e["source"]),
     "topic": lambda e: topic.new_topic(e["cluster"], e["topic"]),
+    "quorum": lambda e: quorum.new_quorum(e["cluster"]),
 }
 
 
@@ -53,6 +55,8 @@ def labels(s: dict) -> dict:
         return {"cluster": s["cluster"], "group": s["group"]}
     if kind == "topic":
         return {"cluster": s["cluster"], "topic": s["topic"]}
+    if kind == "quorum":
+        return quorum.quorum_labels(s)
     return {"cluster": s["cluster"], "source": s["source"]}
 
 
@@ -114,6 +118,7 @@ EVENTS: dict[str, On] = {
     "canary": On(canary.on_canary, writes=_canary_writes),
     "client_produce": On(produce.on_client_produce, writes=_produce_writes),
     "heartbeat": On(source.on_heartbeat, "source"),
+    "quorum_state": On(quorum.on_quorum_state, "quorum"),
     "partition_count_change": On(_partition_count_change, "partition"),
 }
 

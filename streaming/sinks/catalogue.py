@@ -5,7 +5,8 @@ the sink (``streaming.sinks.batch``) and the job's settings share.
 Every metric is documented in ``docs/metrics.md`` (a test keeps the two in step).  Naming: one
 prefix (``kafka_monitor_``), base units, ``_total`` only on counters, a fixed label vocabulary
 (``cluster``, ``topic``, ``partition``, ``group``, ``source``, ``alert``, ``severity``,
-``action``, ``reason``, ``state``, ``status``).
+``action``, ``reason``, ``state``, ``status``, and ``broker``, ``node``, ``role`` for brokers and
+the quorum's nodes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ CANARY = ("cluster", "topic", "partition", "broker")
 CPROD = ("cluster", "source", "topic", "partition", "broker")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source", "broker")
 BROKER = ("cluster", "broker")
+QUORUM = ("cluster",)
+#: a node of the KRaft quorum: a voter (controller) or an observer (broker)
+QNODE = ("cluster", "node", "role")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
 #: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
 #: a series per partition (at 100,000 partitions: ~900,000 series against ~few thousand)
@@ -108,6 +112,12 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "canary_produce_errors_total": ("counter", "Canary writes that failed, by librdkafka error code.", CANARY + ("code",)),
     P + "canary_pending_messages": ("gauge", "Canary writes sent and not acknowledged yet, at the canary's last report.", CANARY),
     P + "canary_oldest_pending_seconds": ("gauge", "Age of the oldest of those at the canary's last report; 0 when none.", CANARY),
+    P + "quorum_up": ("gauge", "1 while the probe's last DescribeQuorum was answered, 0 after it was not (no answer, no permission, an error): the quorum series below then keep the last answer.", QUORUM),
+    P + "quorum_leader": ("gauge", "The KRaft quorum's leader: the active controller's node id; -1 while there is none (an election).", QUORUM),
+    P + "quorum_leader_epoch": ("gauge", "The quorum leader's epoch: it goes up with every new leader.", QUORUM),
+    P + "quorum_high_watermark": ("gauge", "The high watermark of the metadata log (__cluster_metadata).", QUORUM),
+    P + "quorum_replica_lag": ("gauge", "Metadata records a voter (role voter, a controller) or an observer (role observer, a broker) is behind the leader's log end offset.", QNODE),
+    P + "quorum_replica_caught_up_age_seconds": ("gauge", "Time since the voter or observer was last caught up with the leader, at the probe's answer (the leader's clock against the probe's).", QNODE),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_opened_timestamp_seconds": ("gauge", "When the open alert opened: the event time of the observation that opened it (Unix time), kept across a job restart; removed when it resolves.", ALERT),
     P + "alert_notify_after_seconds": ("gauge", "How long an alert the job opens at once is open before its Prometheus rule fires: the job's [job.rules.notify] setting for it.", ("alert",)),

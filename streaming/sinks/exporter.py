@@ -224,6 +224,8 @@ class Exporter:
         self._fetch_state: dict[tuple, str] = {}
         #: (cluster, topic, partition) -> (leader, its latest canary report)
         self._canary: dict[tuple, tuple[Optional[int], dict]] = {}
+        #: cluster -> the (cluster, node, role) label tuples its quorum series have now
+        self._quorum_nodes: dict[str, set] = {}
         #: (cluster, source, topic, partition) -> (leader, its latest client_produce report)
         self._produce: dict[tuple, tuple[Optional[int], dict]] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
@@ -340,6 +342,42 @@ class Exporter:
                 self._set(name, lab, v)
         self._set_state("client_fetch_state", self._fetch_state, lab,
                         None if action == "remove" else r.get("fetch_state"))
+
+    _QUORUM = ("quorum_up", "quorum_leader", "quorum_leader_epoch", "quorum_high_watermark")
+    _QNODE = ("quorum_replica_lag", "quorum_replica_caught_up_age_seconds")
+
+    def _apply_quorum(self, r: dict, action: str) -> None:
+        """A cluster's quorum: its last answer with a leader (rules.quorum keeps it) and whether
+        the last request was answered; the nodes the answer no longer lists lose their series."""
+        cl = r["cluster"]
+        old = self._quorum_nodes.pop(cl, set())
+        try:
+            rep = json.loads(r.get("report") or "{}") if action != "remove" else {}
+        except ValueError:
+            rep = {}
+        now: set = set()
+        if action != "remove":
+            self._set("quorum_up", (cl,), 1 if rep.get("up") else 0)
+            for name, key in (("quorum_leader", "leader_id"), ("quorum_leader_epoch", "leader_epoch"),
+                              ("quorum_high_watermark", "high_watermark")):
+                v = rep.get(key)
+                self._set(name, (cl,), v) if isinstance(v, int) else self._remove(name, (cl,))
+            for role, key in (("voter", "voters"), ("observer", "observers")):
+                for n in rep.get(key) or []:
+                    lab = (cl, str(n.get("replica_id")), role)
+                    now.add(lab)
+                    lag, ago = n.get("lag"), n.get("last_caught_up_ms_ago")
+                    self._set("quorum_replica_lag", lab, lag) if isinstance(lag, int) else self._remove("quorum_replica_lag", lab)
+                    self._set("quorum_replica_caught_up_age_seconds", lab, ago / 1000.0) if isinstance(ago, int) \
+                        else self._remove("quorum_replica_caught_up_age_seconds", lab)
+        else:
+            for name in self._QUORUM:
+                self._remove(name, (cl,))
+        for lab in old - now:
+            for name in self._QNODE:
+                self._remove(name, lab)
+        if now:
+            self._quorum_nodes[cl] = now
 
     def _apply_report(self, r: dict, action: str) -> None:
         """A canary's or an instrumented producer's latest report of a partition (served by
@@ -492,6 +530,8 @@ class Exporter:
                                     ("broker_replicas", r.get("replicas")),
                                     ("broker_out_of_sync_replicas", r.get("out_of_sync_replicas"))):
                         self._remove(name, lab) if action == "remove" or v is None else self._set(name, lab, v)
+                elif kind == "quorum":
+                    self._apply_quorum(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

@@ -330,6 +330,10 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
         return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
                     count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
                     cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
+    if kind == "quorum":  # its last answer with a leader, and whether the last one answered at all
+        rep = json.loads(s.get("report") or "{}")
+        return _row(kind=kind, action=action, cluster=s["cluster"], at=s.get("last_seen"),
+                    report=json.dumps({**rep, "up": bool(s.get("up"))}, separators=(",", ":")))
     return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
 
 

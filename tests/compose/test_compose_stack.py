@@ -363,10 +363,21 @@ def test_the_restarted_job_resumes_from_its_checkpoint_volume_and_publishes_noth
     wait_for(lambda: stack.health("job") == "healthy", timeout=300, interval=1, what="the restarted job healthy")
     wait_for(lambda: last_commit(stack) > commit, timeout=120, interval=1, what="a batch committed after the restart")
     stack.timings["job restart -> healthy and committing"] = time.monotonic() - t0
-    # the state came back from the checkpoint: the alerts open before are open again at once
-    # (LeaderChanged from the broker fault stays open 5 minutes), not opened anew
-    again = {lab["alert"] for lab, v in series(stack.metrics(), "kafka_monitor_alert_active") if v == 1}
-    assert held <= again, (held, again)
+    # the state came back from the checkpoint: the alerts open before are open again (restated
+    # from the state, not opened anew: the alerts topic has no second open below), unless they
+    # resolved since (LeaderChanged closes 5 minutes after the broker fault: in CI, under load,
+    # that moment can fall within the restart)
+    published = {(r["alert_id"], r["action"], r["at"]) for r in before}
+
+    def restored():
+        again = {lab["alert"] for lab, v in series(stack.metrics(), "kafka_monitor_alert_active") if v == 1}
+        missing = held - again
+        if missing:
+            missing -= {r["alert"] for r in stack.alerts_topic() if r["action"] == "resolve"
+                        and (r["alert_id"], r["action"], r["at"]) not in published}
+        return not missing
+    wait_for(restored, timeout=120, interval=2, what=f"the alerts open before the restart ({sorted(held)}) "
+                                                      "open again on /metrics, or resolved since")
     after = stack.alerts_topic()
     keys = [(r["alert_id"], r["action"], r["at"]) for r in after]
     assert len(keys) == len(set(keys)), "a transition is on the alerts topic twice"

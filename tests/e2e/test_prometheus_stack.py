@@ -62,6 +62,10 @@ PRODUCE_PER_S = 40          # over two partitions: a stopped group passes 50 per
 #: (a window inside one update would see a flat gauge and a rate of 0)
 RATE_INTERVAL = "30s"
 
+#: the quorum panels on Tansu
+_NO_QUORUM = ("Tansu has no KRaft controller quorum (no DescribeQuorum): the probe says so once and sends "
+              "no quorum_state, so the quorum series do not exist "
+              "(the real cluster's are checked in tests/integration/test_quorum.py)")
 #: (dashboard, panel title) -> why its query may legitimately return no series in this run (it
 #: must still parse)
 MAY_BE_EMPTY = {
@@ -78,6 +82,12 @@ MAY_BE_EMPTY = {
     ("client-metadata.json", "Open leader and partition-count alerts"):
         "a table of the open LeaderChanged / PreferredLeaderImbalance / PartitionCountChanged alerts; Tansu is "
         "one node (its leader never changes) and the topic's partition count is fixed, so there is none",
+    ("overview.json", "Quorum leader"): _NO_QUORUM,
+    ("overview.json", "Quorum answered"): _NO_QUORUM,
+    ("overview.json", "Quorum alerts open"): _NO_QUORUM,
+    ("overview.json", "Quorum leader epoch"): _NO_QUORUM,
+    ("overview.json", "Metadata log lag per node"): _NO_QUORUM,
+    ("overview.json", "Time since caught up per node"): _NO_QUORUM,
 }
 #: (dashboard, panel title) -> why it has data only while an alert rule is pending or firing:
 #: these are checked for data in (b), while ConsumerLagHigh fires (and only parsed in (a))

@@ -710,6 +710,34 @@ def test_the_broker_writes_wait_for_silences_the_stalled_high_watermarks_of_its_
     assert got == want
 
 
+def test_an_unavailable_quorum_silences_its_lagging_voters_and_brokers_and_no_others(alertmanager):
+    """QuorumUnavailable (cluster c6) explains the voters and brokers behind on c6's metadata log:
+    their QuorumVoterLagging and BrokerMetadataLagging are suppressed; c6's QuorumLeaderFlapping
+    and another cluster's BrokerMetadataLagging still notify."""
+    def alert(name: str, cluster: str) -> dict:
+        return {"labels": {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"],
+                           "cluster": cluster}, "annotations": {"summary": "test"}}
+
+    sent = [alert("QuorumUnavailable", "c6"), alert("QuorumVoterLagging", "c6"), alert("BrokerMetadataLagging", "c6"),
+            alert("QuorumLeaderFlapping", "c6"), alert("BrokerMetadataLagging", "c7")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D~%22c6%7Cc7%22",
+                                               timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"]["cluster"]): a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("QuorumUnavailable", "c6"): "active", ("QuorumVoterLagging", "c6"): "suppressed",
+            ("BrokerMetadataLagging", "c6"): "suppressed", ("QuorumLeaderFlapping", "c6"): "active",
+            ("BrokerMetadataLagging", "c7"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
 def test_one_notification_group_per_broker_and_per_consumer_group(alertmanager):
     """Alerts of one broker (its own and the partition alerts blamed on it) form one group per
     receiver, as do the alerts of one consumer group across its topics; others group by alert

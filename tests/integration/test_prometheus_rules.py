@@ -46,9 +46,11 @@ EXPECTED_GROUPS = {
                                  "LeaderChanged", "PreferredLeaderImbalance", "PartitionCountChanged"],
     "kafka-monitor.clients": ["MetadataStale", "MetadataRefreshStorm"],
     "kafka-monitor.brokers": ["BrokerDown", "BrokerUnderReplicating", "BrokerStallingWrites"],
+    "kafka-monitor.quorum": ["QuorumUnavailable", "QuorumVoterLagging", "QuorumLeaderFlapping",
+                             "BrokerMetadataLagging"],
     "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
                            "KafkaMonitorJobFallingBehind", "KafkaMonitorJobSourceUnreadable",
-                           "KafkaMonitorEventsQuarantined"],
+                           "KafkaMonitorEventsQuarantined", "KafkaMonitorQuorumUnobserved"],
 }
 SEVERITIES = {"info", "warning", "critical"}
 #: labels a rule may group or match on: the metrics' vocabulary plus the scrape's own labels

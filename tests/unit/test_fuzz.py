@@ -34,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from monitor.contract import SCHEMA_OF_TYPE, SCHEMA_V1
 from streaming.ingest import parsing
 from streaming.ingest import quality
 from streaming.rules import base as rules
@@ -152,6 +153,21 @@ def payload(draw, etype: str) -> dict:
         return {"group": "g0"}
     if etype == "group_partition_gone":
         return {"group": "g0", "topic": topic, "partition": part}
+    if etype == "quorum_state":
+        ok = draw(st.booleans())
+        maybe = st.one_of(st.none(), st.integers(0, 60_000))
+
+        def nodes(ids):
+            return [{"replica_id": i, "log_end_offset": draw(st.one_of(st.none(), st.integers(0, 500))),
+                     "lag": draw(maybe), "last_fetch_ms_ago": draw(maybe), "last_caught_up_ms_ago": draw(maybe)}
+                    for i in ids]
+        if not ok:
+            return {"ok": False, "interval_ms": 10_000, "error": "boom",
+                    "error_kind": draw(st.sampled_from(["permission", "no_answer", "error"]))}
+        return {"ok": True, "interval_ms": 10_000, "leader_id": draw(st.sampled_from([-1, 100, 101])),
+                "leader_epoch": draw(st.one_of(st.none(), st.integers(0, 9))),
+                "high_watermark": draw(st.one_of(st.none(), st.integers(0, 500))),
+                "voters": nodes([100, 101, 102]), "observers": nodes(range(1, draw(st.integers(0, 4))))}
     return {"interval_ms": draw(st.sampled_from([1000, 10_000])), "events_sent": draw(st.integers(0, 10 ** 6)),
             "events_dropped": draw(st.integers(0, 10)), "started_at": draw(st.one_of(st.none(), st.just(BASE - 10 ** 6)))}
 
@@ -160,7 +176,7 @@ def payload(draw, etype: str) -> dict:
 def event(draw, t: int) -> tuple[dict, bool]:
     """(an event, whether it is left valid): one of every type, sometimes broken on purpose."""
     etype = draw(st.sampled_from(sorted(REQUIRED)))
-    e = {"schema": "kafka-monitor/v1", "type": etype, "event_id": f"e{draw(st.integers(0, 30))}", "cluster": "c",
+    e = {"schema": SCHEMA_OF_TYPE.get(etype, SCHEMA_V1), "type": etype, "event_id": f"e{draw(st.integers(0, 30))}", "cluster": "c",
          "source": draw(st.sampled_from(["p1", "p2"])), "seq": draw(st.integers(0, 100)),
          "observed_at": t + draw(st.integers(-3000, 3000)), "data": draw(payload(etype))}
     valid = True
