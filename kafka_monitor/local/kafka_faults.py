@@ -67,25 +67,17 @@ class ClusterFaultsMixin:
     def kill_broker(self, broker_id: int) -> None:
         """SIGKILL (unclean shutdown)."""
         self._require_managed("kill_broker")
-        n = self._broker(broker_id)
-        if n.running():
-            n.process.kill()
-            n.process.wait()
-        n.paused = False
+        self._kill(self._broker(broker_id))
 
     def pause_broker(self, broker_id: int) -> None:
         """SIGSTOP: the JVM freezes (no fetches, no heartbeats)."""
         self._require_managed("pause_broker")
-        n = self._broker(broker_id)
-        self._signal(n, signal.SIGSTOP)
-        n.paused = True
+        self._pause(self._broker(broker_id), True)
 
     def resume_broker(self, broker_id: int) -> None:
         """SIGCONT."""
         self._require_managed("resume_broker")
-        n = self._broker(broker_id)
-        self._signal(n, signal.SIGCONT)
-        n.paused = False
+        self._pause(self._broker(broker_id), False)
 
     def start_broker(self, broker_id: int, timeout: float = 120.0, wait: bool = True) -> None:
         """Start a stopped broker again (same ports and log dir) and wait until it is registered
@@ -118,25 +110,30 @@ class ClusterFaultsMixin:
     def kill_controller(self, controller_id: int) -> None:
         """SIGKILL a dedicated controller (with three, the others elect a leader among them)."""
         self._require_managed("kill_controller")
-        n = self._controller_node(controller_id)
+        self._kill(self._controller_node(controller_id))
+
+    def pause_controller(self, controller_id: int) -> None:
+        """SIGSTOP a controller: no fetches, no votes, no heartbeats answered."""
+        self._require_managed("pause_controller")
+        self._pause(self._controller_node(controller_id), True)
+
+    def resume_controller(self, controller_id: int) -> None:
+        """SIGCONT."""
+        self._require_managed("resume_controller")
+        self._pause(self._controller_node(controller_id), False)
+
+    # -- a node's process
+
+    @staticmethod
+    def _kill(n: _Node) -> None:
         if n.running():
             n.process.kill()
             n.process.wait()
         n.paused = False
 
-    def pause_controller(self, controller_id: int) -> None:
-        """SIGSTOP a controller: no fetches, no votes, no heartbeats answered."""
-        self._require_managed("pause_controller")
-        n = self._controller_node(controller_id)
-        self._signal(n, signal.SIGSTOP)
-        n.paused = True
-
-    def resume_controller(self, controller_id: int) -> None:
-        """SIGCONT."""
-        self._require_managed("resume_controller")
-        n = self._controller_node(controller_id)
-        self._signal(n, signal.SIGCONT)
-        n.paused = False
+    def _pause(self, n: _Node, paused: bool) -> None:
+        self._signal(n, signal.SIGSTOP if paused else signal.SIGCONT)
+        n.paused = paused
 
     def start_controller(self, controller_id: int) -> None:
         """Start a stopped controller again (same port and metadata log); it rejoins the quorum
