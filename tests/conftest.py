@@ -112,5 +112,23 @@ def wait_for(cond: Callable[[], object], timeout: float = 60.0, interval: float 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
 
 
+def watermarks(consumer, tp, timeout: float = 30.0) -> tuple[int, int]:
+    """``consumer.get_watermark_offsets(tp)``, asked again while the partition's leader settles: a
+    newly elected leader answers OFFSET_NOT_AVAILABLE until its high watermark has caught up (seen in
+    CI right after a preferred-leader election)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    settling = {KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10)
+        except KafkaException as e:
+            if e.args[0].code() not in settling or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"

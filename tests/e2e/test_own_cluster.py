@@ -29,7 +29,7 @@ from monitor.probe import Probe
 from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
-from tests.conftest import unique, wait_for
+from tests.conftest import unique, wait_for, watermarks
 from tests.support.alerts_topic import read_alerts
 from tests.support.kafka_cluster import in_sync
 from tests.support.real_cluster import MultiTopicWriter, broker_alerts
@@ -403,7 +403,7 @@ def heartbeat_partition(own) -> int:
         parts = con.list_topics(events, timeout=10).topics[events].partitions
         tps = []
         for q in parts:
-            lo, hi = con.get_watermark_offsets(TopicPartition(events, q), timeout=10)
+            lo, hi = watermarks(con, TopicPartition(events, q))
             tps.append(TopicPartition(events, q, max(lo, hi - 200)))
         con.assign(tps)
         deadline, found = time.monotonic() + 30, {}

@@ -23,7 +23,7 @@ from kafka_monitor.local.broker import free_port
 from monitor.probe import Probe
 from monitor.probe_config import ProbeConfig
 from streaming.sinks.progress import source_offsets
-from tests.conftest import unique
+from tests.conftest import unique, watermarks
 from tests.support.alerts_topic import kill_group
 from tests.support.real_cluster import MultiTopicWriter
 
@@ -116,7 +116,7 @@ class Job:
 def end_offsets(bootstrap: str, topic: str) -> dict:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("kill-end"), "log_level": 0})
     try:
-        return {(topic, str(p)): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        return {(topic, str(p)): watermarks(c, TopicPartition(topic, p))[1]
                 for p in range(EVENT_PARTITIONS)}
     finally:
         c.close()
