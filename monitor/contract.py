@@ -11,8 +11,10 @@ parses with are all generated from them (``kafka-monitor schema``).
 
 Compatibility rules: readers accept and ignore unknown extra fields; a new required field or a
 changed meaning is a new ``schema`` version, and readers keep reading the old one.  v2 adds the
-``quorum_state`` type (a v1 reader quarantines it as ``unknown_schema`` and reads every other
-event); the v1 types are still sent as v1 (``SCHEMA_OF_TYPE``).
+``quorum_state`` type and the eligible leader replicas of ``partition_metadata`` (a v1 reader
+quarantines both as ``unknown_schema`` and reads every other event: upgrade the job before the
+probes); the other types are still sent as v1 (``SCHEMA_OF_TYPE``), and a v1 ``partition_metadata``
+still reads (its ELR null: not known).
 
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
 never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
@@ -129,6 +131,14 @@ class PartitionMetadata:
     offline_replicas: list[int] = _doc("Replicas on offline log dirs or brokers.", default_factory=list)
     min_insync_replicas: Optional[int] = _doc("The topic's min.insync.replicas, when known.", default=None)
     error: Optional[str] = _doc("Partition-level error code name from the response, if any.", default=None)
+    eligible_leader_replicas: Optional[list[int]] = _doc(
+        "v2. Eligible leader replicas (KIP-966): replicas out of the ISR that hold every committed record and "
+        "may still be elected without data loss (kept while the ISR is below min.insync.replicas). null: not "
+        "known -- the cluster's eligible.leader.replicas.version is not finalized (Kafka before 4.1, or off), "
+        "the probe's DescribeTopicPartitions has not yet answered for this ISR, or a v1 probe.", default=None)
+    last_known_elr: Optional[list[int]] = _doc(
+        "v2. Last-known eligible leader replicas: ELR members that were shut down uncleanly, the last resort "
+        "before an unclean election. null as for eligible_leader_replicas.", default=None)
 
 
 @dataclass(frozen=True)
@@ -457,7 +467,7 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "quorum_state": (QuorumState, ()),
 }
 #: the contract version each type is sent with (the rest: v1)
-SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2}
+SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
@@ -468,7 +478,7 @@ Payload = Union[
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version: \"kafka-monitor/v1\", or \"kafka-monitor/v2\" for the types v2 added.",
+    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",

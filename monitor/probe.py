@@ -60,6 +60,7 @@ from monitor.leader_epochs import LeaderEpochs
 from monitor.metadata import MetadataCache, cause_for_error
 from monitor.offsets import ProbeOffsetsMixin
 from monitor.probe_config import ConfigError, ProbeConfig, ProbeScope
+from monitor.elr import ElrWatcher
 from monitor.quorum import QuorumConfigError, QuorumWatcher
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
@@ -158,6 +159,14 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             try:
                 self.quorum = QuorumWatcher(cfg.client_conf(), cfg.quorum_interval_s, cfg.request_timeout_s,
                                             clock=clock)
+            except QuorumConfigError as e:
+                raise ConfigError(f"probe.kafka: {e}") from None
+        #: eligible leader replicas (DescribeTopicPartitions through kafka-python, monitor.elr)
+        self.elr: Optional[ElrWatcher] = None
+        if cfg.elr_interval_s > 0 and admin is None:
+            try:
+                self.elr = ElrWatcher(cfg.client_conf(), cfg.elr_interval_s, cfg.request_timeout_s,
+                                      cluster_name=cfg.cluster or cfg.bootstrap_servers, watched=self._scope.watched)
             except QuorumConfigError as e:
                 raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
@@ -338,6 +347,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                  self.cfg.events_topic)
         if self.quorum is not None and self.quorum._thread is None:
             self.quorum.start()
+        if self.elr is not None and self.elr._thread is None:
+            self.elr.start()
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
                                                    name="canary", daemon=True)
@@ -411,6 +422,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         self.stop_canary()
         if self.quorum is not None:
             self.quorum.stop()
+        if self.elr is not None:
+            self.elr.stop()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

@@ -89,6 +89,9 @@ class ProbeConfig:
     #: seconds between two DescribeQuorum requests (the KRaft controller quorum, monitor.quorum);
     #: 0: not asked (a ZooKeeper cluster, or no kafka-python)
     quorum_interval_s: float = 10.0
+    #: seconds between two DescribeTopicPartitions sweeps of every topic (eligible leader replicas,
+    #: monitor.elr; a partition whose ISR changed is looked at again at once); 0: not asked
+    elr_interval_s: float = 60.0
 
     def validate(self) -> "ProbeConfig":
         if not self.bootstrap_servers:
@@ -137,6 +140,8 @@ class ProbeConfig:
                 raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
         if not (self.quorum_interval_s == 0 or 1 <= self.quorum_interval_s <= 3600):
             raise ConfigError(f"probe.quorum_interval_s: must be 0 (off) or within 1..3600, got {self.quorum_interval_s}")
+        if not (self.elr_interval_s == 0 or 5 <= self.elr_interval_s <= 3600):
+            raise ConfigError(f"probe.elr_interval_s: must be 0 (off) or within 5..3600, got {self.elr_interval_s}")
         return self
 
     def stats_interval(self) -> float:

@@ -52,7 +52,8 @@ class QuorumConfigError(ValueError):
     """A ``-X`` setting that the quorum's client cannot honour."""
 
 
-def kafka_python_conf(conf: dict[str, Any]) -> dict[str, Any]:
+def kafka_python_conf(conf: dict[str, Any], purpose: str = "DescribeQuorum",
+                      off: str = "--quorum-interval 0") -> dict[str, Any]:
     """The probe's librdkafka properties as ``KafkaAdminClient`` arguments.  Security settings
     without an equivalent raise ``QuorumConfigError`` naming them (the requests would otherwise
     go out with less than the operator asked for); tuning settings are left out."""
@@ -77,12 +78,29 @@ def kafka_python_conf(conf: dict[str, Any]) -> dict[str, Any]:
             log.debug("quorum client: librdkafka setting %s has no kafka-python equivalent; not applied", key)
     if refused:
         raise QuorumConfigError(
-            "the quorum's client (kafka-python, for DescribeQuorum) has no equivalent of the setting(s) "
-            f"{', '.join(sorted(refused))}; remove them or turn the quorum off (--quorum-interval 0)")
+            f"the client for {purpose} (kafka-python) has no equivalent of the setting(s) "
+            f"{', '.join(sorted(refused))}; remove them or turn it off ({off})")
     if out.get("sasl_mechanism") and out["sasl_mechanism"].upper() not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-        raise QuorumConfigError(f"sasl.mechanism {out['sasl_mechanism']}: the quorum's client supports PLAIN and "
-                                "SCRAM here; turn the quorum off (--quorum-interval 0)")
+        raise QuorumConfigError(f"sasl.mechanism {out['sasl_mechanism']}: the client for {purpose} (kafka-python) "
+                                f"supports PLAIN and SCRAM here; turn it off ({off})")
     return out
+
+
+def admin_kwargs(kp_conf: dict[str, Any], timeout_s: float, client_id: str) -> dict[str, Any]:
+    """kafka-python's KafkaAdminClient arguments; one it does not know is a QuorumConfigError (at start)."""
+    from kafka import KafkaAdminClient
+
+    ms = int(timeout_s * 1000)
+    kw = {**kp_conf, "client_id": kp_conf.get("client_id", client_id),
+          "request_timeout_ms": ms, "bootstrap_timeout_ms": ms, "reconnect_backoff_max_ms": 1000,
+          "connections_max_idle_ms": max(60_000, 3 * ms)}
+    unknown = sorted(set(kw) - set(KafkaAdminClient.DEFAULT_CONFIG))
+    if unknown:
+        import kafka
+
+        raise QuorumConfigError(f"kafka-python {getattr(kafka, '__version__', '?')} has no setting(s) "
+                                f"{', '.join(unknown)}")
+    return kw
 
 
 def error_kind(e: BaseException) -> str:
@@ -161,23 +179,7 @@ class QuorumWatcher:
         self.unsupported_said = self.permission_said = False
 
     def _admin_kwargs(self) -> dict[str, Any]:
-        """kafka-python's KafkaAdminClient arguments; one it does not know is a QuorumConfigError (at start)."""
-        from kafka import KafkaAdminClient
-
-        ms = int(self.timeout_s * 1000)
-        kw = {**self._kp_conf, "client_id": self._kp_conf.get("client_id", "kafka-monitor-quorum"),
-              "request_timeout_ms": ms, "bootstrap_timeout_ms": ms, "reconnect_backoff_max_ms": 1000,
-              "connections_max_idle_ms": max(60_000, 3 * ms)}
-        unknown = sorted(set(kw) - set(KafkaAdminClient.DEFAULT_CONFIG))
-        if unknown:
-            raise QuorumConfigError(f"kafka-python {self._kp_version()} has no setting(s) {', '.join(unknown)}")
-        return kw
-
-    @staticmethod
-    def _kp_version() -> str:
-        import kafka
-
-        return getattr(kafka, "__version__", "?")
+        return admin_kwargs(self._kp_conf, self.timeout_s, "kafka-monitor-quorum")
 
     def _kafka_python_admin(self) -> Any:
         from kafka import KafkaAdminClient

@@ -8,7 +8,7 @@ a timed-out request, a partition without a leader, an error such as NOT_LEADER_O
 any response the probe gets, a topic it has not seen (new_topic).  Each attempt is one
 ``metadata_refresh`` event with its reason and cause.  After a successful one, a watched
 partition gets a ``partition_metadata`` when its leader, leader epoch, replicas, ISR, offline
-replicas, min.insync.replicas or error differ from what the probe last sent for it, and at least
+replicas, min.insync.replicas, error or eligible leader replicas (``monitor.elr``) differ from what the probe last sent for it, and at least
 every ``metadata_snapshot_s`` even when nothing changed (a job started on an empty checkpoint,
 or one that missed an event, has the whole view within that time).  The first snapshots are
 spread over that period, so a large cluster's partitions do not all come due in one refresh.
@@ -40,6 +40,7 @@ from monitor.gcpause import gc_paused
 from monitor.metadata import Reason
 
 if TYPE_CHECKING:
+    from monitor.elr import ElrWatcher
     from monitor.emitter import EventEmitter
     from monitor.gone import GoneTracker
     from monitor.leader_epochs import LeaderEpochs
@@ -66,6 +67,7 @@ class ProbeTopologyMixin:
         _writes_held: Optional[tuple[int, int, int]]
         _next_observation: Optional[float]
         _refresh_busy_s: float
+        elr: Optional[ElrWatcher]
 
         def _now_ms(self) -> int: ...
 
@@ -198,20 +200,28 @@ class ProbeTopologyMixin:
         md_sent, sent = self._md_sent, {}
         rows, pending = [], []
         version = change.version
+        elr_of = self.elr.elr_of if self.elr is not None and self.elr.available else None
+        look: set[str] = set()  # topics whose ISR the ELR answer has not seen yet
         for name in topics:
             mi = min_isr.get(name)
             for pv in view.topics[name].partitions:  # sorted by partition
                 tp = (name, pv.partition)
                 watched.append(tp)
                 leaders.append(pv.leader)
-                shown = (pv, mi)
+                elr = None if elr_of is None else elr_of(name, pv.partition, pv.leader, pv.isr, pv.replicas)
+                if elr is None and elr_of is not None:
+                    look.add(name)
+                shown = (pv, mi, elr)
                 last = md_sent.get(tp)
                 if last is not None and now < last[1] and last[0] == shown:
                     sent[tp] = last
                     continue
                 rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
-                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error))
+                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error,
+                             None if elr is None else list(elr[0]), None if elr is None else list(elr[1])))
                 pending.append((tp, shown, last is None))
+        if look:
+            self.elr.wake(look)  # type: ignore[union-attr]  # look is only filled with elr_of set
         failed = set(self._emit_rows(PartitionMetadata, rows, now))
         for i, (tp, shown, first) in enumerate(pending):
             if i not in failed:  # not enqueued: tried again at the next refresh

@@ -367,7 +367,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
-        "report": _report(data, canary_type, produce_type, broker_type, quorum_type),
+        "report": _report(data, canary_type, produce_type, broker_type, quorum_type,
+                          _elr_rows(d, is_type["partition_metadata"])),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
@@ -388,6 +389,8 @@ REPORT_FIELDS = {
     "broker_state": ("writes_waiting_since", "writes_waiting_partitions"),
     "quorum_state": ("ok", "interval_ms", "leader_id", "leader_epoch", "high_watermark", "voters", "observers",
                      "error", "error_kind"),
+    # only for a partition without a leader or a full ISR whose ELR the probe knew (_elr_rows)
+    "partition_metadata": ("eligible_leader_replicas", "last_known_elr"),
 }
 #: voters and observers kept per quorum report (a quorum has 3 or 5 voters; observers are the brokers)
 QUORUM_MAX_REPLICAS = 1000
@@ -395,15 +398,30 @@ QUORUM_MAX_REPLICAS = 1000
 CANARY_MAX_CODES, CANARY_CODE_CHARS = 16, 64
 
 
+def _elr_rows(d: dict, rows: np.ndarray) -> np.ndarray:
+    """The ``partition_metadata`` rows with an ELR (the probe knew it) and no leader or a short ISR:
+    the only ones where it can matter (a full ISR leaves no replica to be eligible)."""
+    if not rows.any():
+        return rows
+    known = ~_null(d["eligible_leader_replicas"])
+    short = pc.fill_null(pc.less(pc.list_value_length(d["isr"]), pc.list_value_length(d["replicas"])), False)
+    return rows & known & (_negative(d["leader"]) | short.to_numpy(zero_copy_only=False))
+
+
+#: replica ids kept per ELR list (a partition has a handful of replicas)
+ELR_MAX_REPLICAS = 64
+
+
 def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray,
-            quorum: np.ndarray) -> pa.Array:
+            quorum: np.ndarray, elr: Optional[np.ndarray] = None) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
     produced-to partition per report): a Python loop."""
     out: list[Optional[str]] = [None] * len(data)
     for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"]),
-                         (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"])):
+                         (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"]),
+                         (elr if elr is not None else np.zeros(len(data), bool), REPORT_FIELDS["partition_metadata"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
@@ -420,6 +438,8 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
                 for role in ("voters", "observers"):
                     rep[role] = [r for r in (rep[role] or [])[:QUORUM_MAX_REPLICAS]
                                  if isinstance(r, dict) and isinstance(r.get("replica_id"), int)]
+            if rows is elr:
+                rep = {f: sorted({r for r in (rep[f] or [])[:ELR_MAX_REPLICAS] if isinstance(r, int)}) for f in fields}
             out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
 

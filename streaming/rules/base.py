@@ -34,6 +34,7 @@ class Alert(str, enum.Enum):
     UNDER_MIN_ISR = "UnderMinIsr"                     # |ISR| < min.insync.replicas: acks=all writes fail
     AT_MIN_ISR = "AtMinIsr"                           # |ISR| == min.insync.replicas: one more loss stops writes
     OFFLINE_PARTITION = "OfflinePartition"            # no leader
+    PARTITION_NO_ELIGIBLE_LEADER = "PartitionNoEligibleLeader"  # no leader, empty ISR, empty ELR (KIP-966)
     LEADER_CHANGED = "LeaderChanged"                  # leader or leader epoch changed (info)
     PREFERRED_LEADER_IMBALANCE = "PreferredLeaderImbalance"  # leader != first replica
     HIGH_WATERMARK_STALLED = "HighWatermarkStalled"   # HW flat while writes are known to be pending
@@ -67,6 +68,7 @@ SEVERITY = {
     Alert.UNDER_MIN_ISR: Severity.CRITICAL,
     Alert.AT_MIN_ISR: Severity.WARNING,
     Alert.OFFLINE_PARTITION: Severity.CRITICAL,
+    Alert.PARTITION_NO_ELIGIBLE_LEADER: Severity.CRITICAL,
     Alert.LEADER_CHANGED: Severity.INFO,
     Alert.PREFERRED_LEADER_IMBALANCE: Severity.INFO,
     Alert.HIGH_WATERMARK_STALLED: Severity.CRITICAL,

@@ -10,6 +10,7 @@ functions of (entity state, one observation, now): the conventions of
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Optional, TypedDict
 
 from streaming.rules.base import Alert, Transition, _open, _resolve
@@ -57,6 +58,7 @@ class PartitionState(TypedDict, total=False):
     pending_writes_at: Optional[int]
     pending_since: Optional[int]
     md_confirmed_at: Optional[int]
+    elr: dict[str, list[int]]  # eligible leader replicas and last-known ELR, while known and the ISR short
     due: Optional[int]
     due_pw: Optional[int]
     applied: dict[Any, Any]
@@ -206,16 +208,44 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
         out += _resolve(state, Alert.UNDER_REPLICATED, entity, labels, now, {"isr": isr, "replicas": replicas})
 
     leader = int(obs["leader"])
+    elr = eligible_leaders(obs)
     if leader < 0:
         last = state["leader"]  # the leader it lost (unknown when first seen offline)
+        evidence = {"leader": leader, "replicas": replicas, "offline_replicas": list(obs.get("offline_replicas") or [])}
+        if elr is not None:
+            evidence.update(elr)
         out += _open(state, Alert.OFFLINE_PARTITION, entity,
-                     blame(labels, [last] if last is not None and last >= 0 else []), now,
-                     {"leader": leader, "replicas": replicas, "offline_replicas": list(obs.get("offline_replicas") or [])})
+                     blame(labels, [last] if last is not None and last >= 0 else []), now, evidence)
+        if elr is not None and not isr and not elr["eligible_leader_replicas"]:
+            out += _open(state, Alert.PARTITION_NO_ELIGIBLE_LEADER, entity, labels, now,
+                         {**evidence, "isr": isr})
+        elif elr is not None and opened:  # an ELR member to elect again: recoverable without data loss
+            out += _resolve(state, Alert.PARTITION_NO_ELIGIBLE_LEADER, entity, labels, now, {**evidence, "isr": isr})
     elif opened:
         out += _resolve(state, Alert.OFFLINE_PARTITION, entity, labels, now, {"leader": leader})
+        out += _resolve(state, Alert.PARTITION_NO_ELIGIBLE_LEADER, entity, labels, now, {"leader": leader, "isr": isr})
+    if elr is not None:
+        state["elr"] = elr  # served (state/rows.py)
+    elif leader >= 0 and len(isr) >= len(replicas):
+        state.pop("elr", None)  # a full ISR: no replica left to be eligible (an unknown one keeps the last)
 
     write(state, VIEW_WRITES, obs, now)
     return out
+
+
+def eligible_leaders(obs: dict) -> Optional[dict[str, list[int]]]:
+    """A partition_metadata row's eligible leader replicas and last-known ELR (KIP-966), from its
+    report (streaming/ingest/parsing.py: only for a partition without a leader or a full ISR, and
+    only when the probe knew them); None: not known (the feature off, not asked yet, a v1 probe)."""
+    rep = obs.get("report")
+    if not rep:
+        return None
+    try:
+        d = json.loads(rep)
+        return {"eligible_leader_replicas": [int(r) for r in d.get("eligible_leader_replicas") or []],
+                "last_known_elr": [int(r) for r in d.get("last_known_elr") or []]}
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _offsets(state: PartitionState, obs: dict, now: int) -> list[Transition]:
@@ -294,7 +324,7 @@ def _leadership(state: PartitionState, obs: dict, now: int, entity: str,
     if min_isr is None:
         min_isr = _int(state.get("min_isr"))
     if min_isr is not None and min_isr >= 1 and leader >= 0:
-        out += _min_isr(state, now, entity, labels, isr, replicas, min_isr)
+        out += _min_isr(state, now, entity, labels, isr, replicas, min_isr, eligible_leaders(obs))
 
     # -- PreferredLeaderImbalance -------------------------------------------------------------
     imbalanced = leader >= 0 and bool(replicas) and leader != replicas[0]
@@ -362,13 +392,17 @@ def min_isr_status(n_isr: int, n_replicas: int, min_isr: int) -> Optional[str]:
 
 
 def _min_isr(state: PartitionState, now: int, entity: str, labels: dict, isr: list[int], replicas: list[int],
-             min_isr: int) -> list[Transition]:
+             min_isr: int, elr: Optional[dict] = None) -> list[Transition]:
     n_isr, n_rep = len(set(isr)), len(set(replicas))
     target = {None: None, "under": _UNDER, "at": _AT}[min_isr_status(n_isr, n_rep, min_isr)]
     if target is None and not state["open"]:
         return []  # healthy, nothing open to resolve
     evidence = {"isr": isr, "isr_size": n_isr, "min_insync_replicas": min_isr, "replicas": replicas,
                 "replication_factor": n_rep, "configured_margin": n_rep - min_isr}
+    if elr is not None and target is _UNDER:
+        # KIP-966: an eligible leader replica holds every committed record; with one, the
+        # partition comes back without data loss once it (or the ISR) returns
+        evidence.update(elr, recoverable_without_data_loss=bool(isr or elr["eligible_leader_replicas"]))
     out: list[Transition] = []
     now_is = {None: "healthy", _UNDER: "under_min_isr", _AT: "at_min_isr"}[target]
     for alert in (_UNDER, _AT):

@@ -60,6 +60,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "partition_leader": ("gauge", "Broker id of the partition's leader; -1 when it has none.", PART),
     P + "partition_replicas": ("gauge", "Number of replicas of the partition.", PART),
     P + "partition_in_sync_replicas": ("gauge", "Number of in-sync replicas of the partition.", PART),
+    P + "partition_eligible_leader_replicas": ("gauge", "Eligible leader replicas of the partition (KIP-966: out of the ISR, still electable without data loss); served while its ISR is short and the probe knows them (Kafka 4.1+).", PART),
+    P + "partition_last_known_elr": ("gauge", "Last-known eligible leader replicas of the partition (shut down uncleanly: the last resort before an unclean election); served with partition_eligible_leader_replicas.", PART),
     P + "group_partition_committed_offset": ("gauge", "Offset the consumer group committed for the partition.", GPART),
     P + "group_partition_lag": ("gauge", "Consumer lag in offsets: HW - committed offset, from one observation; never negative.", GPART),
     P + "group_partition_lag_seconds": ("gauge", "Consumer lag in seconds: how long ago the partition's HW was at the committed offset (interpolated; never negative, bounded extrapolation).", GPART),

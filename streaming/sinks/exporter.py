@@ -328,6 +328,16 @@ class Exporter:
                 self._part_series += 1
             cur[i] = v
 
+    def _apply_elr(self, lab: tuple, report: Optional[str]) -> None:
+        """A partition's eligible leader replicas (its row's report): served while known, else removed."""
+        elr = json.loads(report) if report else None
+        for name, key in (("partition_eligible_leader_replicas", "eligible_leader_replicas"),
+                          ("partition_last_known_elr", "last_known_elr")):
+            if elr is None:
+                self._remove(name, lab)
+            else:
+                self._set(name, lab, len(elr.get(key) or ()))
+
     def _apply_client_fetch(self, r: dict, action: str) -> None:
         """An instrumented consumer's view of a partition: its gauges, and its fetch state as a
         state set (the previous state's series removed)."""
@@ -494,6 +504,7 @@ class Exporter:
                     vals = (r["high_watermark"], r["log_start_offset"], r["last_stable_offset"], r["leader"],
                             r["replicas"], r["isr"])
                     self._apply_partition(lab, vals, action)
+                    self._apply_elr(lab, r.get("report") if action != "remove" else None)
                 elif kind == "group_partition":
                     lab = (r["cluster"], r["consumer_group"], r["topic"], str(r["partition"]))
                     status = r.get("lag_status")

@@ -56,7 +56,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("observation_lag_ms", "long"),
     ("position", "long"),         # kind client_fetch: the consumer's position
     ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
-    ("report", "string"),         # kinds canary, client_produce: the report as JSON (parsing.REPORT_FIELDS)
+    ("report", "string"),         # kinds canary, client_produce, quorum: the report as JSON (parsing.REPORT_FIELDS); partition: its ELR
     ("broker", "long"),           # kind broker, and the alerts on one: the broker id
     ("leader_partitions", "long"),     # kind broker: partitions it leads
     ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
@@ -297,7 +297,8 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     leader=s["leader"], replicas=None if s["replicas"] is None else len(s["replicas"]),
                     isr=None if s["isr"] is None else len(s["isr"]), high_watermark=s["hw"],
-                    log_start_offset=s["log_start"], last_stable_offset=s["lso"], at=s["last_seen"])
+                    log_start_offset=s["log_start"], last_stable_offset=s["lso"], at=s["last_seen"],
+                    report=_elr_report(s))
     if kind == "group_partition":
         return _row(kind=kind, action=action, cluster=s["cluster"], topic=s["topic"], partition=s["partition"],
                     consumer_group=s["group"], committed_offset=s["committed"], high_watermark=s["hw"],
@@ -337,13 +338,21 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
     return _row(kind=kind, action=action, cluster=s["cluster"], topic=s.get("topic"), at=s.get("last_seen"))
 
 
+def _elr_report(s: dict) -> Optional[str]:
+    """A partition's eligible leader replicas as its row's report, while known and its ISR short."""
+    elr = s.get("elr")
+    return None if elr is None else json.dumps(elr, separators=(",", ":"))
+
+
 def _exported(s: dict) -> Optional[tuple]:
     """What the exporter shows of a partition or a group partition (everything in its row but
     ``at``), cheap to compare; None for the other kinds (few entities: always sent)."""
     kind = s["kind"]
     if kind == "partition":
-        return (s["leader"], None if s["replicas"] is None else len(s["replicas"]),
-                None if s["isr"] is None else len(s["isr"]), s["hw"], s["log_start"], s["lso"])
+        shown = (s["leader"], None if s["replicas"] is None else len(s["replicas"]),
+                 None if s["isr"] is None else len(s["isr"]), s["hw"], s["log_start"], s["lso"])
+        # the ELR only while there is one: a quiet partition's (the table's, six values) never has
+        return shown if s.get("elr") is None else shown + (_elr_report(s),)
     if kind == "group_partition":
         return (s["committed"], s["hw"], s["lag"], s.get("lag_seconds"), s.get("status"), s.get("rc_lag"))
     return None

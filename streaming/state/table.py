@@ -124,7 +124,7 @@ def compact(s: rules_partition.PartitionState, run_id: str, cfg: rules_partition
     sig = repr(rules_partition.repeat_signature(s)) if md is not None else None
     shown = (s["leader"], _count(s["replicas"]), _count(s["isr"]))
     sent = s.get("sent")
-    sent_ok = sent is not None and sent[0] == run_id and tuple(sent[1][:3]) == shown
+    sent_ok = sent is not None and sent[0] == run_id and len(sent[1]) == 6 and tuple(sent[1][:3]) == shown
     keys, at_applied = cold_keys(s)
     values = list(itemgetter(*keys)(s))
     values[at_applied] = {k: v for k, v in applied.items()
