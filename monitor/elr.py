@@ -103,8 +103,14 @@ class ElrWatcher:
     # -- asking -----------------------------------------------------------------------------------
 
     def _feature_on(self) -> bool:
-        feats = self._admin.describe_features()
-        level = (feats.get("finalized_features") or {}).get(ELR_FEATURE)
+        """Whether the ELR feature is finalized at level 1 or more.  kafka-python 3.0.12 answers
+        ``{feature: {"supported": (lo, hi), "finalized": (lo, hi), "finalized_epoch": n}}`` (its
+        docstring describes another shape, ``finalized_features``: both are read)."""
+        feats = self._admin.describe_features() or {}
+        if "finalized_features" in feats:
+            level = (feats.get("finalized_features") or {}).get(ELR_FEATURE)
+        else:
+            level = (feats.get(ELR_FEATURE) or {}).get("finalized")
         return level is not None and int(level[1]) >= 1
 
     def _describe(self, topics: list[str]) -> tuple[dict[tuple[str, int], Entry], int, set[str]]:

@@ -4,7 +4,9 @@ and on Kafka 3.9.2 and 4.4.0 with three controllers and two log dirs per broker 
 shapes: voters, logging, replicas on both dirs); there the active controller is SIGKILLed, then
 the next one SIGSTOPped past the election timeout: the probe sees each new leader, and its
 answers, through the job's parser and quorum rules, open QuorumVoterLagging for the lost voter
-and resolve it once the voter is back, with no QuorumUnavailable (two of three keep a majority)."""
+and resolve it once the voter is back, with no QuorumUnavailable (two of three keep a majority).
+Then the eligible leader replicas there: not available on 3.9.2, a paused follower's on 4.4.0
+(tests/integration/test_elr.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from monitor.quorum import QuorumWatcher
 from streaming.ingest.parsing import parse_values
 from streaming.rules import quorum as rq
 from tests.conftest import unique, wait_for
+from tests.integration.test_elr import elr_below_min_isr
 from tests.support.capture import capturing_probe, latest, of_type
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -149,6 +152,9 @@ def test_a_version_with_three_controllers_and_two_log_dirs_loses_its_active_cont
         print(f"\n{version}: the probe saw the new leader {seen['kill']} s after the kill, {seen['pause']} s after "
               f"the pause; {len(states)} answers -> {got}")
         assert got == [("QuorumVoterLagging", "open"), ("QuorumVoterLagging", "resolve")] * 2, got
+        # eligible leader replicas on the same cluster: none on 3.9 (no such feature), on by default on 4.4
+        figures = elr_below_min_isr(cluster, expect_elr=not version.startswith("3."))
+        print(f"{version} ELR: {figures}")
     finally:
         if watcher is not None:
             watcher.stop()

@@ -41,10 +41,12 @@ class DtpAdmin:
     def describe_features(self):
         if self.errors:
             raise self.errors.pop(0)
-        fin = {"metadata.version": (27, 27)}
+        # as kafka-python 3.0.12 answers (seen on 4.1.1; not the shape its docstring gives)
+        out = {"metadata.version": {"supported": (7, 27), "finalized": (27, 27), "finalized_epoch": 17},
+               ELR_FEATURE: {"supported": (0, 1)}}
         if self.level is not None:
-            fin[ELR_FEATURE] = (self.level, self.level)
-        return {"supported_features": {}, "finalized_features": fin, "finalized_features_epoch": 3}
+            out[ELR_FEATURE].update(finalized=(self.level, self.level), finalized_epoch=17)
+        return out
 
     def describe_topic_partitions(self, topics, response_partition_limit=2000, cursor=None):
         self.calls.append((tuple(topics), response_partition_limit, cursor))
