@@ -53,7 +53,7 @@ class ElrWatcher:
                  admin_factory: Optional[Callable[[], Any]] = None):
         self.interval_s, self.timeout_s, self.page, self.min_gap_s = interval_s, timeout_s, page, min_gap_s
         self._watched, self._name = watched, cluster_name
-        self._kp_conf = kafka_python_conf(conf, purpose="DescribeTopicPartitions", off="--elr-interval 0")
+        self._kp_conf = kafka_python_conf(conf)
         if admin_factory is None:
             admin_kwargs(self._kp_conf, timeout_s, "kafka-monitor-elr")  # refused at start, not per request
         self._factory = admin_factory or self._kafka_python_admin

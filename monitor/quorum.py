@@ -52,8 +52,8 @@ class QuorumConfigError(ValueError):
     """A ``-X`` setting that the quorum's client cannot honour."""
 
 
-def kafka_python_conf(conf: dict[str, Any], purpose: str = "DescribeQuorum",
-                      off: str = "--quorum-interval 0") -> dict[str, Any]:
+def kafka_python_conf(conf: dict[str, Any], purpose: str = "DescribeQuorum and DescribeTopicPartitions",
+                      off: str = "--quorum-interval 0 and --elr-interval 0") -> dict[str, Any]:
     """The probe's librdkafka properties as ``KafkaAdminClient`` arguments.  Security settings
     without an equivalent raise ``QuorumConfigError`` naming them (the requests would otherwise
     go out with less than the operator asked for); tuning settings are left out."""

@@ -114,14 +114,19 @@ class Acl:
         star = "*" if self.pattern.lower() == "prefixed" else ""
         return f"{self.operation.upper()} on {what}:{self.name}{star}"
 
+    def _type(self):
+        """confluent-kafka's ResourceType: the cluster resource is its BROKER."""
+        from confluent_kafka.admin import ResourceType
+        return ResourceType["BROKER" if self.resource.lower() == "cluster" else self.resource.upper()]
+
     def binding(self, user: str):
-        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-        return AclBinding(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
+        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType
+        return AclBinding(self._type(), self.name, ResourcePatternType[self.pattern.upper()],
                           f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
 
     def binding_filter(self, user: str):
-        from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-        return AclBindingFilter(ResourceType[self.resource.upper()], self.name, ResourcePatternType[self.pattern.upper()],
+        from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType
+        return AclBindingFilter(self._type(), self.name, ResourcePatternType[self.pattern.upper()],
                                 f"User:{user}", "*", AclOperation[self.operation.upper()], AclPermissionType.ALLOW)
 
 
@@ -229,7 +234,7 @@ class ClusterSecurityMixin:
         flt = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, f"User:{user}", anything,
                                AclOperation.ANY, AclPermissionType.ALLOW)
         got = self.admin().describe_acls(flt, request_timeout=10).result(15)
-        return {Acl(b.restype.name.lower(), b.name, b.operation.name.lower(), b.resource_pattern_type.name.lower())
+        return {Acl("cluster" if b.restype.name == "BROKER" else b.restype.name.lower(), b.name, b.operation.name.lower(), b.resource_pattern_type.name.lower())
                 for b in got}
 
     def java_client_properties(self, controller: bool = False) -> Path:

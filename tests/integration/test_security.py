@@ -338,6 +338,41 @@ def test_the_probe_names_a_missing_permission(secure, caplog, missing, expected)
         assert md and not of_type(events, "group_state", group=GROUP)
 
 
+def test_the_quorum_and_elr_requests_go_over_sasl_ssl_with_the_probes_settings(secure):
+    """kafka-python's DescribeQuorum and DescribeTopicPartitions with the probe's -X settings
+    translated (SCRAM-SHA-512 over TLS, the CA): without DESCRIBE on the cluster the quorum is
+    refused as a permission (said once) while the ELR is asked with the topics' DESCRIBE; with it,
+    the quorum's leader is the active controller.  A security setting kafka-python has no
+    equivalent of is refused at start, by name."""
+    from monitor.elr import ElrWatcher
+    from monitor.quorum import QuorumWatcher
+
+    secure.add_acls("monitor", PROBE_ACLS)
+    conf = _probe_cfg(secure).client_conf()
+    quorum = QuorumWatcher(conf, interval_s=1, timeout_s=10)
+    elr = ElrWatcher(conf, interval_s=60, timeout_s=10, cluster_name="sec", watched=lambda t: t.startswith("sec."))
+    cluster_describe = Acl("cluster", "kafka-cluster", "describe")
+    try:
+        _, refused = quorum.ask()
+        assert (refused.ok, refused.error_kind) == (False, "permission"), refused
+        elr.sweep()
+        assert elr.available is True and elr.failures == 0
+        leader, replicas, isr = secure.partitions(ORDERS)[0]
+        assert elr.elr_of(ORDERS, 0, leader, isr, replicas) == ((), ())
+        secure.add_acls("monitor", [cluster_describe])
+        state = wait_for(lambda: (lambda s: s if s.ok else None)(quorum.ask()[1]), timeout=30, interval=0.5,
+                         what="DescribeQuorum answered once DESCRIBE on the cluster is granted")
+        assert state.leader_id == secure.active_controller()
+    finally:
+        secure.remove_acls("monitor", [cluster_describe])
+        quorum.stop()
+        elr.stop()
+    from monitor.probe_config import ConfigError as ProbeConfigError
+
+    with pytest.raises(ProbeConfigError, match="sasl.oauthbearer.config"):
+        Probe(_probe_cfg(secure, kafka={**conf, "sasl.oauthbearer.config": "scope=x"}))
+
+
 def test_the_probe_stops_and_names_write_on_the_events_topic(secure):
     secure.add_acls("monitor", PROBE_ACLS)
     secure.remove_acls("monitor", [PROBE_ACLS[3]])
