@@ -86,6 +86,13 @@ def _unpacked(rows: list[dict], kind: str, schema: pa.Schema) -> pa.Table:
     return pa.concat_tables([unpack_archive(b) for b in blocks]) if blocks else schema.empty_table()
 
 
+def _with_report(block: pa.Table, names: list) -> pa.Table:
+    """A packed block's rows with the ``partition`` columns: a quiet partition has no ELR (report null)."""
+    if "report" not in block.column_names:
+        block = block.append_column("report", pa.nulls(block.num_rows, pa.string()))
+    return block.select(names)
+
+
 def sink_rows(t: pa.Table) -> list[dict]:
     """The state's output rows as dicts, grouped by kind (in their order within a kind), each
     with only the columns the sink reads of it: building a dict of all 28 columns per row cost
@@ -104,7 +111,7 @@ def sink_rows(t: pa.Table) -> list[dict]:
     part = t.filter(pc.equal(kinds, "partition")).select(names)
     upsert = pc.equal(part.column("action"), "upsert")
     packed = t.filter(pc.equal(kinds, "partition_block")).column("block").to_pylist()
-    upserts = pa.concat_tables([part.filter(upsert)] + [unpack_block(b).select(names).cast(part.schema)
+    upserts = pa.concat_tables([part.filter(upsert)] + [_with_report(unpack_block(b), names).cast(part.schema)
                                                         for b in packed])
     if upserts.num_rows:
         out.append({"kind": "partition_block", "action": "upsert", "rows": upserts.num_rows,

@@ -156,7 +156,7 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: every column for the other kinds
 ROW_COLUMNS = {
     "partition": ("kind", "action", "cluster", "topic", "partition", "high_watermark", "log_start_offset",
-                  "last_stable_offset", "leader", "replicas", "isr"),
+                  "last_stable_offset", "leader", "replicas", "isr", "report"),
     "group_partition": ("kind", "action", "cluster", "consumer_group", "topic", "partition", "committed_offset",
                         "lag", "lag_seconds", "lag_status", "read_committed_lag"),
 }

@@ -230,6 +230,8 @@ class Exporter:
         self._produce: dict[tuple, tuple[Optional[int], dict]] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
         self._parts: dict[tuple, list] = {}
+        #: the partitions with ELR series (partition_eligible_leader_replicas): few, those with an ELR known
+        self._elr_parts: set[tuple] = set()
         #: group partition labels -> its gauge values in _GROUP_PARTITION_GAUGES order
         self._gparts: dict[tuple, list] = {}
         self._part_series = 0
@@ -331,6 +333,10 @@ class Exporter:
     def _apply_elr(self, lab: tuple, report: Optional[str]) -> None:
         """A partition's eligible leader replicas (its row's report): served while known, else removed."""
         elr = json.loads(report) if report else None
+        if elr is None:
+            self._elr_parts.discard(lab)
+        else:
+            self._elr_parts.add(lab)
         for name, key in (("partition_eligible_leader_replicas", "eligible_leader_replicas"),
                           ("partition_last_known_elr", "last_known_elr")):
             if elr is None:
@@ -427,10 +433,14 @@ class Exporter:
         written in place (~100,000 rows a batch at 100,000 partitions)."""
         parts = self._parts
         no_series = [None] * len(_PARTITION_GAUGES)
-        for c, tp, p, hw, ls, lso, leader, rep, isr in zip(
+        with_elr = self._elr_parts
+        reports = cols.get("report") or [None] * len(cols["cluster"])
+        for c, tp, p, hw, ls, lso, leader, rep, isr, report in zip(
                 cols["cluster"], cols["topic"], cols["partition"], cols["high_watermark"], cols["log_start_offset"],
-                cols["last_stable_offset"], cols["leader"], cols["replicas"], cols["isr"]):
+                cols["last_stable_offset"], cols["leader"], cols["replicas"], cols["isr"], reports):
             lab = (c, tp, str(p))
+            if report is not None or lab in with_elr:  # few: the partitions with an ELR known
+                self._apply_elr(lab, report)
             cur = parts.get(lab)
             if (cur is None or cur == no_series) and self.per_partition and self._full():  # all refused
                 if cur is None:

@@ -19,7 +19,9 @@ from monitor.probe_config import ProbeConfig
 from streaming.ingest.parsing import parse_values
 from streaming.rules import partition as rp
 from streaming.rules.base import Alert
+from streaming.sinks.batch import sink_rows
 from streaming.sinks.exporter import Exporter
+from streaming.state.rows import _frame, _row
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 NOW = 1_800_000_000_000
@@ -252,10 +254,11 @@ def test_the_exporter_serves_the_elr_while_known_and_removes_it_after():
     row = {"kind": "partition", "action": "upsert", "cluster": "k", "topic": "t", "partition": 0, "leader": 1,
            "replicas": 3, "isr": 1, "high_watermark": 5, "log_start_offset": 0, "last_stable_offset": None,
            "report": json.dumps({"eligible_leader_replicas": [2, 3], "last_known_elr": []})}
-    ex.apply([row])
+    # as the sink hands them over: partition upserts as one block's columns (sink_rows)
+    ex.apply(sink_rows(pa.Table.from_pandas(_frame([_row(**row)]), preserve_index=False)))
     text = ex.render().decode()
     assert 'kafka_monitor_partition_eligible_leader_replicas{cluster="k",partition="0",topic="t"} 2.0' in text
     assert 'kafka_monitor_partition_last_known_elr{cluster="k",partition="0",topic="t"} 0.0' in text
-    ex.apply([{**row, "isr": 3, "report": None}])
+    ex.apply(sink_rows(pa.Table.from_pandas(_frame([_row(**{**row, "isr": 3, "report": None})]), preserve_index=False)))
     assert "kafka_monitor_partition_eligible_leader_replicas{" not in ex.render().decode()
     assert Alert.PARTITION_NO_ELIGIBLE_LEADER.value == "PartitionNoEligibleLeader"
