@@ -68,6 +68,12 @@ LOG_START = "kafka_monitor_partition_log_start_offset"
 LEADER = "kafka_monitor_partition_leader"
 REPLICAS = "kafka_monitor_partition_replicas"
 ISR = "kafka_monitor_partition_in_sync_replicas"
+#: eligible leader replicas (KIP-966) and the last-known ELR: sizes, served only while a partition has
+#: no leader or a short ISR and the probe knows them (Kafka 4.1+; docs/elr.md)
+ELR = "kafka_monitor_partition_eligible_leader_replicas"
+LAST_KNOWN_ELR = "kafka_monitor_partition_last_known_elr"
+#: the job's alert for an offline partition with no replica left to elect without data loss
+NO_ELIGIBLE_LEADER = "PartitionNoEligibleLeader"
 COMMITTED = "kafka_monitor_group_partition_committed_offset"
 LAG = "kafka_monitor_group_partition_lag"
 LAG_SECONDS = "kafka_monitor_group_partition_lag_seconds"
@@ -145,6 +151,19 @@ def offline(by: str = "") -> str:
     grouping = f" by ({by})" if by else ""
     return (f"count{grouping} ({per_partition(LEADER)} == -1)\n"
             f"or\n0 * count{grouping} ({per_partition(LEADER)})")
+
+
+def no_eligible_leader(sel: str = PART) -> str:
+    """Partitions with the job's PartitionNoEligibleLeader open, 0 while partitions are watched."""
+    return open_count(NO_ELIGIBLE_LEADER, PK, sel, per_partition(REPLICAS, sel))
+
+
+def no_eligible_leader_words() -> str:
+    return ("Partitions with the job's PartitionNoEligibleLeader open (critical): no leader, an empty ISR and no "
+            "eligible leader replica (KIP-966), so no replica is left that Kafka can elect without losing "
+            "committed records; only a last-known ELR replica coming back, or an unclean leader election, gives it "
+            "a leader again. Each is also an offline partition. 0 also where the ELR is not known (the feature off, "
+            "as by default before Kafka 4.1, or --elr-interval 0): see docs/elr.md.")
 
 
 def consumption_rate(by: str) -> str:
@@ -438,7 +457,7 @@ def overview() -> dict:
           (stat("Open alerts by severity",
                 "Alerts the job has open now (kafka_monitor_alert_active), by severity: critical pages, warning "
                 "is for working hours, info is for the record. 0 = the job runs and has nothing open; no value "
-                "= the job is down or not scraped.", severity_targets, overrides=severity_overrides), 9),
+                "= the job is down or not scraped.", severity_targets, overrides=severity_overrides), 7),
           (stat("Worst consumer lag", "The largest lag of any watched group on any partition of the selected "
                 "topics, in offsets and in time (how long ago the high watermark was at the committed offset). "
                 + lag_high_words(),
@@ -449,9 +468,11 @@ def overview() -> dict:
                     {"id": "unit", "value": "s"},
                     {"id": "thresholds", "value": lag_threshold_seconds()}]}]), 5),
           (stat("Under-replicated partitions", "Partitions whose in-sync replica set is smaller than their "
-                "replica set (UnderReplicated).", [target(under_replicated())], th=GREEN_RED_AT_1), 5),
+                "replica set (UnderReplicated).", [target(under_replicated())], th=GREEN_RED_AT_1), 4),
           (stat("Offline partitions", "Partitions without a leader: nobody can produce to or consume from them "
-                "(OfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 5))
+                "(OfflinePartition, critical).", [target(offline())], th=GREEN_RED_AT_1), 4),
+          (stat("No eligible leader", no_eligible_leader_words(), [target(no_eligible_leader())], decimals=0,
+                th=GREEN_RED_AT_1), 4))
     g.row(4, (job_scraped(), 6), (job_query_up(), 6), (last_batch_age(), 6), (silent_sources(), 6))
     g.row(8,
           (table("Open alerts raised by the job", "One row per alert the job has open now "
@@ -490,23 +511,34 @@ def partitions() -> dict:
     g = Grid()
     g.row(4,
           (stat("Partitions watched", "Partitions of the selected topics the probes report.",
-                [target(f"count({per_partition(REPLICAS)})")]), 6),
+                [target(f"count({per_partition(REPLICAS)})")]), 4),
           (stat("Under-replicated", "Partitions with |ISR| < |replicas|.", [target(under_replicated())],
-                th=GREEN_RED_AT_1), 6),
-          (stat("Offline (no leader)", "Partitions whose leader is -1.", [target(offline())], th=GREEN_RED_AT_1), 6),
+                th=GREEN_RED_AT_1), 5),
+          (stat("Offline (no leader)", "Partitions whose leader is -1.", [target(offline())], th=GREEN_RED_AT_1), 5),
+          (stat("No eligible leader", no_eligible_leader_words(), [target(no_eligible_leader())], decimals=0,
+                th=GREEN_RED_AT_1), 5),
           (stat("ISR shrinks open", "Partitions with the job's IsrShrink alert open (a replica left the ISR, "
                 "replica set unchanged).",
                 [target(f'count(max by ({PK}) ({ALERT_ACTIVE}{{alert="IsrShrink", {PART}}}))\n'
-                        f"or\n0 * count({per_partition(REPLICAS)})")], th=GREEN_RED_AT_1), 6))
+                        f"or\n0 * count({per_partition(REPLICAS)})")], th=GREEN_RED_AT_1), 5))
     g.row(8,
           (timeseries("ISR size vs replicas per topic", "Sum over each topic's partitions of the ISR size and of "
                       "the replica count: the lines part when replicas drop out of the ISR.",
                       [target(f"sum by (cluster, topic) ({per_partition(ISR)})", legend="ISR {{topic}} ({{cluster}})"),
                        target(f"sum by (cluster, topic) ({per_partition(REPLICAS)})",
-                              legend="replicas {{topic}} ({{cluster}})", ref="B")], min_=0), 12),
+                              legend="replicas {{topic}} ({{cluster}})", ref="B")], min_=0), 8),
           (timeseries("Under-replicated partitions per topic", "Partitions with |ISR| < |replicas|, per topic "
                       "(0 while none).", [target(under_replicated("cluster, topic"), legend="{{topic}} ({{cluster}})")],
-                      min_=0, decimals=0), 12))
+                      min_=0, decimals=0), 8),
+          (timeseries("Eligible leader replicas per partition", "Beside the ISR, for each partition without a "
+                      f"leader or with a short ISR: its eligible leader replicas ({ELR}; KIP-966: out of the ISR, "
+                      "still electable without data loss) and its last-known ELR "
+                      f"({LAST_KNOWN_ELR}: shut down uncleanly, the last resort before an unclean election). A "
+                      "partition has lines only while its ISR is short and the probe knows its ELR (Kafka 4.1+); "
+                      "ELR 0 with no ISR and no leader is PartitionNoEligibleLeader.",
+                      [target(per_partition(ELR), legend="ELR {{topic}}/{{partition}} ({{cluster}})"),
+                       target(per_partition(LAST_KNOWN_ELR), legend="last-known ELR {{topic}}/{{partition}} "
+                              "({{cluster}})", ref="B")], min_=0, decimals=0), 8))
     g.row(10,
           (table("Partitions now: ISR, replicas, leader",
                  "One row per partition; sorted by replicas missing from the ISR. Leader -1 = offline.",
@@ -516,7 +548,18 @@ def partitions() -> dict:
                   target(f"{per_partition(REPLICAS)}\n- {per_partition(ISR)}", ref="D", table=True)],
                  rename={"cluster": "Cluster", "topic": "Topic", "partition": "Partition", "Value #A": "ISR",
                          "Value #B": "Replicas", "Value #C": "Leader", "Value #D": "Missing from ISR"},
-                 sort_by="Missing from ISR"), 24))
+                 sort_by="Missing from ISR"), 14),
+          (table("Eligible leader replicas now",
+                 "One row per partition whose eligible leader replicas are known while it has no leader or a "
+                 "short ISR (Kafka 4.1+): its leader and ISR size beside the sizes of its ELR and last-known ELR. "
+                 "Leader -1, ISR 0 and ELR 0 = PartitionNoEligibleLeader: bring a last-known ELR replica's broker "
+                 "back, or elect uncleanly as the last resort (docs/elr.md). Empty = no such partition.",
+                 [target(f"{per_partition(LEADER)}\nand on ({PK})\n{per_partition(ELR)}", table=True),
+                  target(f"{per_partition(ISR)}\nand on ({PK})\n{per_partition(ELR)}", ref="B", table=True),
+                  target(per_partition(ELR), ref="C", table=True),
+                  target(per_partition(LAST_KNOWN_ELR), ref="D", table=True)],
+                 rename={"cluster": "Cluster", "topic": "Topic", "partition": "Partition", "Value #A": "Leader",
+                         "Value #B": "ISR", "Value #C": "ELR", "Value #D": "Last-known ELR"}), 10))
     g.row(8,
           (timeseries("Partitions led per broker", "How many of the selected partitions each broker leads "
                       "(leadership balance); broker -1 = partitions without a leader.",
@@ -540,7 +583,7 @@ def partitions() -> dict:
                               legend="{{topic}} ({{cluster}})")], min_=0), 8))
     return dashboard("kafka-monitor-partitions", "kafka-monitor / Partitions",
                      "Replication and leadership per partition: ISR vs replicas, under-replicated and offline "
-                     "partitions, leaders, high-watermark rates.", ["cluster", "topic"], g)
+                     "partitions, eligible leader replicas, leaders, high-watermark rates.", ["cluster", "topic"], g)
 
 
 def consumer_groups() -> dict:

@@ -66,6 +66,9 @@ RATE_INTERVAL = "30s"
 _NO_QUORUM = ("Tansu has no KRaft controller quorum (no DescribeQuorum): the probe says so once and sends "
               "no quorum_state, so the quorum series do not exist "
               "(the real cluster's are checked in tests/integration/test_quorum.py)")
+#: the ELR panels on Tansu
+_NO_ELR = ("Tansu has no DescribeTopicPartitions and one node (ISR = replicas, always a leader): the job "
+           "serves no eligible leader replica gauges (the real clusters' ELR: tests/integration/test_elr.py)")
 #: (dashboard, panel title) -> why its query may legitimately return no series in this run (it
 #: must still parse)
 MAY_BE_EMPTY = {
@@ -88,6 +91,8 @@ MAY_BE_EMPTY = {
     ("overview.json", "Quorum leader epoch"): _NO_QUORUM,
     ("overview.json", "Metadata log lag per node"): _NO_QUORUM,
     ("overview.json", "Time since caught up per node"): _NO_QUORUM,
+    ("partitions.json", "Eligible leader replicas per partition"): _NO_ELR,
+    ("partitions.json", "Eligible leader replicas now"): _NO_ELR,
 }
 #: (dashboard, panel title) -> why it has data only while an alert rule is pending or firing:
 #: these are checked for data in (b), while ConsumerLagHigh fires (and only parsed in (a))
@@ -113,11 +118,13 @@ HW_RATE_PANEL = ("partitions.json", "High watermark rate per topic")
 EXPECTED_VALUES = {
     ("overview.json", "Under-replicated partitions"): 0.0,
     ("overview.json", "Offline partitions"): 0.0,
+    ("overview.json", "No eligible leader"): 0.0,
     ("overview.json", "Exporter scraped"): 1.0,
     ("overview.json", "Streaming query"): 1.0,
     ("partitions.json", "Partitions watched"): 2.0,
     ("partitions.json", "Under-replicated"): 0.0,
     ("partitions.json", "Offline (no leader)"): 0.0,
+    ("partitions.json", "No eligible leader"): 0.0,
     ("partitions.json", "ISR shrinks open"): 0.0,
     ("consumer-groups.json", "Consumer groups"): 1.0,
     ("monitor-health.json", "Series refused"): 0.0,

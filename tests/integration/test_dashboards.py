@@ -72,7 +72,8 @@ MUST_READ = {
                       "kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
                       "kafka_monitor_partition_leader", "kafka_monitor_job_up"},
     "partitions.json": {"kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
-                        "kafka_monitor_partition_leader", "kafka_monitor_partition_high_watermark"},
+                        "kafka_monitor_partition_leader", "kafka_monitor_partition_high_watermark",
+                        "kafka_monitor_partition_eligible_leader_replicas", "kafka_monitor_partition_last_known_elr"},
     "consumer-groups.json": {"kafka_monitor_group_partition_lag", "kafka_monitor_group_partition_committed_offset",
                              "kafka_monitor_group_partition_lag_seconds", "kafka_monitor_group_partition_lag_status"},
     "monitor-health.json": {"kafka_monitor_job_up", "kafka_monitor_job_batches_total",
@@ -87,6 +88,8 @@ MUST_READ = {
 }
 #: dashboard -> the job's alerts (kafka_monitor_alert_active{alert=...}) it must show
 MUST_SHOW_ALERTS = {
+    "overview.json": {"PartitionNoEligibleLeader"},
+    "partitions.json": {"IsrShrink", "PartitionNoEligibleLeader"},
     "rebalances.json": {"RebalanceStorm", "RebalanceStuck", "GroupEmptyWithLag"},
     "client-metadata.json": {"MetadataStale", "MetadataRefreshStorm", "LeaderChanged", "PartitionCountChanged"},
 }
@@ -705,6 +708,36 @@ def test_the_broker_writes_wait_for_silences_the_stalled_high_watermarks_of_its_
 
     want = {("BrokerStallingWrites", "c4", ""): "active", ("HighWatermarkStalled", "c4", "0"): "suppressed",
             ("HighWatermarkStalled", "c4", "1"): "suppressed", ("HighWatermarkStalled", "c5", "0"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
+def test_no_eligible_leader_silences_its_partitions_offline_page_and_nothing_silences_it(alertmanager):
+    """PartitionNoEligibleLeader (cluster c8, orders-0) is the more severe page of an offline
+    partition: that partition's OfflinePartition is suppressed (and its UnderReplicated still is,
+    by the OfflinePartition, inhibited or not); another partition's OfflinePartition still
+    notifies, and the PartitionNoEligibleLeader itself stays active while a BrokerDown fires."""
+    def alert(name: str, partition: str = "", broker: str = "") -> dict:
+        labels = {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"], "cluster": "c8"}
+        labels.update({k: v for k, v in (("topic", "orders" if partition else ""), ("partition", partition),
+                                         ("broker", broker)) if v})
+        return {"labels": labels, "annotations": {"summary": "test"}}
+
+    sent = [alert("PartitionNoEligibleLeader", "0"), alert("OfflinePartition", "0"), alert("UnderReplicated", "0"),
+            alert("OfflinePartition", "1"), alert("BrokerDown", broker="3")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D%22c8%22", timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"].get("partition", "")): a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("PartitionNoEligibleLeader", "0"): "active", ("OfflinePartition", "0"): "suppressed",
+            ("UnderReplicated", "0"): "suppressed", ("OfflinePartition", "1"): "active",
+            ("BrokerDown", ""): "active"}
     got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
                    what=f"Alertmanager's states to be {want} (last: {states()})")
     assert got == want

@@ -40,7 +40,8 @@ TEST_FILES = sorted((PROM_DIR / "tests").glob("*.test.yml"))
 #: An alert the job decides has the job's name (streaming.rules.base.Alert); ConsumerLagStatus has
 #: one rule per status.  Only the monitor's own health (KafkaMonitor*) is Prometheus's.
 EXPECTED_GROUPS = {
-    "kafka-monitor.kafka": ["ConsumerLagHigh", "IsrShrink", "UnderReplicated", "OfflinePartition"],
+    "kafka-monitor.kafka": ["ConsumerLagHigh", "IsrShrink", "UnderReplicated", "OfflinePartition",
+                            "PartitionNoEligibleLeader"],
     "kafka-monitor.consumers": ["ConsumerLagStatus"] * 4 + ["RebalanceStorm", "RebalanceStuck", "GroupEmptyWithLag"],
     "kafka-monitor.partitions": ["UnderMinIsr", "AtMinIsr", "HighWatermarkStalled", "PartitionUnobserved",
                                  "LeaderChanged", "PreferredLeaderImbalance", "PartitionCountChanged"],
