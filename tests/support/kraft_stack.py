@@ -1,0 +1,244 @@
+"""The whole monitor on a KRaft cluster with three controllers, for the controller's and the
+eligible leader replicas' faults (tests/e2e/test_kraft_faults.py, bench/kraft_bench.py).
+
+    real cluster (3 controllers, 3 brokers): a topic with writes flowing and a consumer group
+      committing, an ELR topic (replicas 1, 2, 3; min.insync.replicas 2)
+      -> probe (every second, DescribeQuorum every second, ELR) -> events on a Tansu broker
+      -> the Spark job (trigger 1 s) -> /metrics
+
+The events and alerts live on a Tansu broker, so the watched cluster's faults are the only ones
+the monitor sees.  ``Faults`` times each fault from its start to what ``/metrics`` shows."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from contextlib import ExitStack
+from typing import Any, Callable, Optional
+
+from confluent_kafka import Consumer
+
+from kafka_monitor.local.broker import TansuBroker, create_topics
+from kafka_monitor.local.kafka_cluster import KafkaCluster
+from monitor.probe import Probe
+from monitor.probe_config import ProbeConfig
+from streaming.job import JobConfig, start, stop_query
+from streaming.sinks.exporter import Exporter
+from tests.support.real_cluster import MultiTopicWriter
+
+CLUSTER = "kraft"
+REP, ELR, GROUP = "kraft.rep", "kraft.elr", "kraft-app"
+#: the alerts a controller's loss must not open: the partitions' and the groups'
+PARTITION_AND_GROUP_ALERTS = ("IsrShrink", "UnderReplicated", "UnderMinIsr", "AtMinIsr", "OfflinePartition",
+                              "PartitionNoEligibleLeader", "LeaderChanged", "HighWatermarkStalled",
+                              "PartitionUnobserved", "ConsumerLagHigh", "ConsumerLagStatus", "RebalanceStorm",
+                              "RebalanceStuck", "GroupEmptyWithLag")
+_SAMPLE = re.compile(r"^(kafka_monitor_[a-z_]+)\{([^}]*)\} (\S+)$", re.M)
+
+
+def poll(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Committer(threading.Thread):
+    """A consumer of ``REP`` in group ``GROUP`` that keeps up and commits every second."""
+
+    def __init__(self, bootstrap: str):
+        super().__init__(name="kraft-app", daemon=True)
+        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "auto.commit.interval.ms": 1000,
+                            "auto.offset.reset": "earliest", "log_level": 0})
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        self._c.subscribe([REP])
+        while not self._halt.is_set():
+            self._c.poll(0.5)
+        self._c.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+
+
+class KraftStack:
+    """Start with ``with KraftStack(spark, tmp) as s:``; everything stops by PID at the end."""
+
+    def __init__(self, spark: Any, tmp: Any, version: Optional[str] = None):
+        self.spark, self.tmp, self.version = spark, tmp, version
+        self._stack = ExitStack()
+
+    def __enter__(self) -> "KraftStack":
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def _start(self) -> None:
+        s = self._stack
+        self.cluster = c = KafkaCluster(version=self.version, controllers=3)
+        c.start()
+        s.callback(c.stop)
+        s.callback(self._heal)
+        c.create_topic(REP, partitions=3, config={"min.insync.replicas": 2})
+        c.create_topic(ELR, config={"min.insync.replicas": 2}, replica_assignment=[[1, 2, 3]])
+        self.events_broker = TansuBroker().start()
+        s.callback(self.events_broker.stop)
+        self.events, self.alerts = "kafka-monitor.events", "kafka-monitor.alerts"
+        create_topics(self.events_broker.bootstrap, {self.events: 3, self.alerts: 1})
+        writer = MultiTopicWriter(c.bootstrap_servers, [REP, ELR]).start()
+        s.callback(writer.stop)
+        app = Committer(c.bootstrap_servers)
+        app.start()
+        s.callback(app.stop)
+        stop_probe = threading.Event()
+        self.probe = Probe(ProbeConfig(
+            bootstrap_servers=c.bootstrap_servers, events_kafka={"bootstrap.servers": self.events_broker.bootstrap},
+            events_topic=self.events, interval_s=1, quorum_interval_s=1, elr_interval_s=5, request_timeout_s=5,
+            refresh_backoff_s=0.5, topics_include=r"^kraft\.", groups_include="^kraft-", cluster=CLUSTER,
+            source="probe-kraft"))
+        self.probe_thread = threading.Thread(target=self.probe.run, args=(stop_probe,), name="kraft-probe",
+                                             daemon=True)
+        self.probe_thread.start()
+
+        def stop_the_probe() -> None:
+            stop_probe.set()
+            self.probe_thread.join(30)
+            self.probe.close(flush_timeout=5)
+        s.callback(stop_the_probe)
+        exporter = Exporter()
+        port = exporter.serve(0)
+        s.callback(exporter.shutdown)
+        cfg = JobConfig(bootstrap_servers=self.events_broker.bootstrap, checkpoint_dir=str(self.tmp / "ckpt"),
+                        events_topic=self.events, alerts_topic=self.alerts, trigger_s=1, buckets=2, metrics_port=port)
+        self.query = start(self.spark, cfg, exporter, query_name="kraft-faults")
+        s.callback(stop_query, self.query)
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        poll(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
+                                                                       group=GROUP) is not None,
+             timeout=240, what="the quorum's leader and the group's lag on /metrics")
+
+    def _heal(self) -> None:
+        c = self.cluster
+        for n in c._nodes():
+            if n.paused:
+                c._pause(n, False)
+        for cid in c.controller_ids:
+            if not c.controllers[cid].running():
+                c.start_controller(cid)
+
+    # -- /metrics -------------------------------------------------------------------------------
+
+    def samples(self) -> list[tuple[str, dict, float]]:
+        try:
+            text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+        except OSError:
+            return []
+        out = []
+        for m in _SAMPLE.finditer(text):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            out.append((m.group(1), labels, float(m.group(3))))
+        return out
+
+    def value(self, name: str, **labels: Any) -> Optional[float]:
+        for n, lab, v in self.samples():
+            if n == name and all(lab.get(k) == str(x) for k, x in labels.items()):
+                return v
+        return None
+
+    def quorum_leader(self) -> Optional[int]:
+        v = self.value("kafka_monitor_quorum_leader", cluster=CLUSTER)
+        return None if v is None else int(v)
+
+    def active(self, alert: str) -> bool:
+        return any(n == "kafka_monitor_alert_active" and lab.get("alert") == alert and lab.get("cluster") == CLUSTER
+                   for n, lab, _ in self.samples())
+
+    def opened(self) -> dict[str, float]:
+        """kafka_monitor_alert_transitions_total{action="open"} by alert."""
+        return {lab["alert"]: v for n, lab, v in self.samples()
+                if n == "kafka_monitor_alert_transitions_total" and lab.get("action") == "open"}
+
+    def alive(self) -> bool:
+        return self.query.isActive and self.probe_thread.is_alive()
+
+
+class Faults:
+    """The faults and their timings, from each fault's start (monotonic seconds)."""
+
+    def __init__(self, stack: KraftStack):
+        self.s = stack
+
+    def controller(self, how: str, timeout: float = 120.0) -> dict:
+        """SIGKILL (``kill``) or SIGSTOP past the election timeout (``pause``) the active
+        controller; the new leader and QuorumVoterLagging on /metrics; then the controller back,
+        and QuorumVoterLagging resolved.  Times in seconds from the fault."""
+        s, c = self.s, self.s.cluster
+        before = s.opened()
+        lost = c.active_controller()
+        assert s.quorum_leader() == lost, (s.quorum_leader(), lost)
+        t0 = time.monotonic()
+        (c.kill_controller if how == "kill" else c.pause_controller)(lost)
+        new = poll(lambda: (lambda v: v if v not in (None, -1, lost) else None)(s.quorum_leader()), timeout,
+                   f"a new quorum leader on /metrics after the {how}")
+        t_leader = time.monotonic() - t0
+        poll(lambda: s.active("QuorumVoterLagging"), timeout, f"QuorumVoterLagging on /metrics after the {how}")
+        t_alert = time.monotonic() - t0
+        (c.start_controller if how == "kill" else c.resume_controller)(lost)
+        t1 = time.monotonic()
+        poll(lambda: not s.active("QuorumVoterLagging"), timeout + 60, "QuorumVoterLagging resolved on /metrics")
+        t_resolved = time.monotonic() - t1
+        after = s.opened()
+        false = {a: after.get(a, 0) - before.get(a, 0) for a in PARTITION_AND_GROUP_ALERTS
+                 if after.get(a, 0) != before.get(a, 0)}
+        return {"fault": how, "lost": lost, "new_leader": new, "leader_on_metrics_s": round(t_leader, 1),
+                "alert_on_metrics_s": round(t_alert, 1), "resolved_after_return_s": round(t_resolved, 1),
+                "quorum_unavailable": after.get("QuorumUnavailable", 0) - before.get("QuorumUnavailable", 0),
+                "partition_or_group_alerts": false, "alive": s.alive()}
+
+    def elr(self, timeout: float = 120.0) -> dict:
+        """Broker 2 paused (the ELR topic's ISR at min), then broker 3 (below: 3 is an eligible
+        leader replica): the ELR on /metrics, from the moment the cluster's metadata shows the ISR
+        below min; then both resumed, the gauge gone."""
+        s, c = self.s, self.s.cluster
+        lab = {"cluster": CLUSTER, "topic": ELR, "partition": 0}
+
+        def isr() -> Optional[list]:
+            try:
+                return c.partitions(ELR)[0][2]
+            except Exception:  # noqa: BLE001 - a paused broker can hold the request
+                return None
+        paused = []
+        try:
+            c.pause_broker(2)
+            paused.append(2)
+            poll(lambda: isr() == [1, 3], timeout, "the ELR topic's ISR at min.insync.replicas ([1, 3])")
+            t0 = time.monotonic()
+            c.pause_broker(3)
+            paused.append(3)
+            poll(lambda: isr() == [1], timeout, "the ELR topic's ISR below min.insync.replicas ([1])")
+            t_isr = time.monotonic() - t0
+            poll(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) == 1.0, timeout,
+                 "the ELR (broker 3) on /metrics")
+            t_metrics = time.monotonic() - t0
+        finally:
+            for b in paused:
+                c.resume_broker(b)
+        t1 = time.monotonic()
+        poll(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) is None, timeout + 60,
+             "the ELR gauge gone once the ISR is full")
+        return {"fault": "elr", "isr_below_min_s": round(t_isr, 1), "elr_on_metrics_s": round(t_metrics, 1),
+                "elr_on_metrics_after_isr_s": round(t_metrics - t_isr, 1),
+                "gone_after_resume_s": round(time.monotonic() - t1, 1), "alive": s.alive()}
