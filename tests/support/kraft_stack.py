@@ -191,12 +191,14 @@ class Faults:
         assert s.quorum_leader() == lost, (s.quorum_leader(), lost)
         t0 = time.monotonic()
         (c.kill_controller if how == "kill" else c.pause_controller)(lost)
-        new = poll(lambda: (lambda v: v if v not in (None, -1, lost) else None)(s.quorum_leader()), timeout,
-                   f"a new quorum leader on /metrics after the {how}")
-        t_leader = time.monotonic() - t0
-        poll(lambda: s.active("QuorumVoterLagging"), timeout, f"QuorumVoterLagging on /metrics after the {how}")
-        t_alert = time.monotonic() - t0
-        (c.start_controller if how == "kill" else c.resume_controller)(lost)
+        try:
+            new = poll(lambda: (lambda v: v if v not in (None, -1, lost) else None)(s.quorum_leader()), timeout,
+                       f"a new quorum leader on /metrics after the {how}")
+            t_leader = time.monotonic() - t0
+            poll(lambda: s.active("QuorumVoterLagging"), timeout, f"QuorumVoterLagging on /metrics after the {how}")
+            t_alert = time.monotonic() - t0
+        finally:
+            (c.start_controller if how == "kill" else c.resume_controller)(lost)
         t1 = time.monotonic()
         poll(lambda: not s.active("QuorumVoterLagging"), timeout + 60, "QuorumVoterLagging resolved on /metrics")
         t_resolved = time.monotonic() - t1
