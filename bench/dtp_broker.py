@@ -30,7 +30,6 @@ until it is killed (SIGTERM/SIGINT) or its stdin is closed.  Listens on 127.0.0.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import socketserver
@@ -247,14 +246,9 @@ def main() -> int:
           file=sys.stderr, flush=True)
     print(f"BOOTSTRAP {broker.host}:{broker.port}", flush=True)
     if not args.no_stdin_watch:
-        def watch() -> None:
-            try:
-                while os.read(0, 4096):
-                    pass
-            except OSError:
-                pass
-            stop.set()
-        threading.Thread(target=watch, daemon=True).start()
+        from mock_cluster_server import stop_when_stdin_closes  # bench/, the script's own dir
+
+        stop_when_stdin_closes(stop)
     while not stop.wait(1.0):
         pass
     broker.shutdown()

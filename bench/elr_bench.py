@@ -66,7 +66,6 @@ import argparse
 import gc
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -366,15 +365,7 @@ def probe_run(n_partitions: int, elr_interval_s: float, cycles: int) -> dict[str
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform()}
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        info["loadavg_at_start"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        pass
+    info = report.machine_info()
     import kafka
 
     info["kafka_python"] = getattr(kafka, "__version__", "?")

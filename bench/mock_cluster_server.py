@@ -24,6 +24,18 @@ sys.path.insert(0, str(ROOT))
 from tests.support.mock_cluster import MockCluster  # noqa: E402
 
 
+def stop_when_stdin_closes(stop: threading.Event) -> None:
+    """Set ``stop`` once standard input closes: the parent went away (SIGKILLed, say)."""
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        stop.set()
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--brokers", type=int, default=3)
@@ -45,14 +57,7 @@ def main() -> int:
                 mc.create_topic(f"{prefix}{i}", int(parts), int(rf))
         print(f"BOOTSTRAP {mc.bootstrap}", flush=True)
         if not args.no_stdin_watch:
-            def watch() -> None:
-                try:
-                    while os.read(0, 4096):
-                        pass
-                except OSError:
-                    pass
-                stop.set()
-            threading.Thread(target=watch, daemon=True).start()
+            stop_when_stdin_closes(stop)
         while not stop.wait(1.0):
             pass
     return 0

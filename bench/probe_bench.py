@@ -54,7 +54,6 @@ import importlib
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -413,15 +412,7 @@ def median_of_runs(runs: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    info: dict[str, Any] = {"platform": platform.platform()}
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        info["loadavg_at_start"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        pass
+    info = report.machine_info()
     import confluent_kafka
     info["confluent_kafka"] = confluent_kafka.version()[0]
     info["librdkafka"] = confluent_kafka.libversion()[0]

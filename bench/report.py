@@ -26,6 +26,21 @@ def portable(v: Any) -> Any:
     return v
 
 
+def machine_info() -> dict[str, Any]:
+    """The platform, the CPU model and the load average at the start of a run (a noisy machine
+    shows in it)."""
+    info: dict[str, Any] = {"platform": platform.platform()}
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        info["loadavg_at_start"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        pass
+    return info
+
+
 def write(path: str, benchmark: str, machine: dict[str, Any] | None = None, **figures: Any) -> pathlib.Path:
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from monitor.quorum import admin_kwargs, error_kind, kafka_python_conf
+from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python_admin, kafka_python_conf
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,7 @@ class ElrWatcher:
         self.sweeps = self.looks = self.failures = 0
 
     def _kafka_python_admin(self) -> Any:
-        from kafka import KafkaAdminClient
-
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
-        return KafkaAdminClient(**admin_kwargs(self._kp_conf, self.timeout_s, "kafka-monitor-elr"))
+        return kafka_python_admin(self._kp_conf, self.timeout_s, "kafka-monitor-elr")
 
     # -- what the probe reads -------------------------------------------------------------------
 
@@ -187,11 +184,7 @@ class ElrWatcher:
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
         admin, self._admin = self._admin, None
-        if admin is not None:
-            try:
-                admin.close()
-            except Exception:  # noqa: BLE001 - closing a broken client
-                pass
+        close_quietly(admin)
         kind = error_kind(e)
         if kind == "unsupported":
             self._set_off(f"no DescribeTopicPartitions ({e})")
@@ -231,8 +224,4 @@ class ElrWatcher:
         if self._thread is not None:
             self._thread.join(timeout)
         admin, self._admin = self._admin, None
-        if admin is not None:
-            try:
-                admin.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(admin)

@@ -103,6 +103,24 @@ def admin_kwargs(kp_conf: dict[str, Any], timeout_s: float, client_id: str) -> d
     return kw
 
 
+def kafka_python_admin(kp_conf: dict[str, Any], timeout_s: float, client_id: str) -> Any:
+    """A kafka-python ``KafkaAdminClient`` with ``admin_kwargs``, its reconnect chatter silenced
+    (its errors come back to the caller)."""
+    from kafka import KafkaAdminClient
+
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    return KafkaAdminClient(**admin_kwargs(kp_conf, timeout_s, client_id))
+
+
+def close_quietly(admin: Any) -> None:
+    """Close a kafka-python client that may be broken (None: nothing to close)."""
+    if admin is not None:
+        try:
+            admin.close()
+        except Exception:  # noqa: BLE001 - closing a broken client
+            pass
+
+
 def error_kind(e: BaseException) -> str:
     """permission, unsupported, no_answer or error (``QuorumState.error_kind``)."""
     from kafka import errors as E
@@ -182,10 +200,7 @@ class QuorumWatcher:
         return admin_kwargs(self._kp_conf, self.timeout_s, "kafka-monitor-quorum")
 
     def _kafka_python_admin(self) -> Any:
-        from kafka import KafkaAdminClient
-
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; errors come back to us
-        return KafkaAdminClient(**self._admin_kwargs())
+        return kafka_python_admin(self._kp_conf, self.timeout_s, "kafka-monitor-quorum")
 
     def ask(self) -> tuple[int, QuorumState]:
         """One DescribeQuorum (a new client after a failure); the state, stamped with the time asked."""
@@ -212,11 +227,7 @@ class QuorumWatcher:
 
     def _close_admin(self) -> None:
         admin, self._admin = self._admin, None
-        if admin is not None:
-            try:
-                admin.close()
-            except Exception:  # noqa: BLE001 - closing a broken client
-                pass
+        close_quietly(admin)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.request
 from contextlib import ExitStack
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from confluent_kafka import Consumer
 
@@ -26,6 +26,7 @@ from monitor.probe import Probe
 from monitor.probe_config import ProbeConfig
 from streaming.job import JobConfig, start, stop_query
 from streaming.sinks.exporter import Exporter
+from tests.conftest import wait_for
 from tests.support.real_cluster import MultiTopicWriter
 
 CLUSTER = "kraft"
@@ -36,16 +37,6 @@ PARTITION_AND_GROUP_ALERTS = ("IsrShrink", "UnderReplicated", "UnderMinIsr", "At
                               "PartitionUnobserved", "ConsumerLagHigh", "ConsumerLagStatus", "RebalanceStorm",
                               "RebalanceStuck", "GroupEmptyWithLag")
 _SAMPLE = re.compile(r"^(kafka_monitor_[a-z_]+)\{([^}]*)\} (\S+)$", re.M)
-
-
-def poll(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Committer(threading.Thread):
@@ -126,17 +117,19 @@ class KraftStack:
         self.query = start(self.spark, cfg, exporter, query_name="kraft-faults")
         s.callback(stop_query, self.query)
         self.url = f"http://127.0.0.1:{port}/metrics"
-        poll(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
+        wait_for(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
                                                                        group=GROUP) is not None,
              timeout=240, what="the quorum's leader and the group's lag on /metrics")
 
     def _heal(self) -> None:
         c = self.cluster
-        for n in c._nodes():
+        for b in c.broker_ids:
+            if c._broker(b).paused:
+                c.resume_broker(b)
+        for cid, n in c.controllers.items():
             if n.paused:
-                c._pause(n, False)
-        for cid in c.controller_ids:
-            if not c.controllers[cid].running():
+                c.resume_controller(cid)
+            elif not n.running():
                 c.start_controller(cid)
 
     # -- /metrics -------------------------------------------------------------------------------
@@ -192,15 +185,15 @@ class Faults:
         t0 = time.monotonic()
         (c.kill_controller if how == "kill" else c.pause_controller)(lost)
         try:
-            new = poll(lambda: (lambda v: v if v not in (None, -1, lost) else None)(s.quorum_leader()), timeout,
-                       f"a new quorum leader on /metrics after the {how}")
+            new = wait_for(lambda: (lambda v: v if v not in (None, -1, lost) else None)(s.quorum_leader()), timeout,
+                       interval=0.25, what=f"a new quorum leader on /metrics after the {how}")
             t_leader = time.monotonic() - t0
-            poll(lambda: s.active("QuorumVoterLagging"), timeout, f"QuorumVoterLagging on /metrics after the {how}")
+            wait_for(lambda: s.active("QuorumVoterLagging"), timeout, interval=0.25, what=f"QuorumVoterLagging on /metrics after the {how}")
             t_alert = time.monotonic() - t0
         finally:
             (c.start_controller if how == "kill" else c.resume_controller)(lost)
         t1 = time.monotonic()
-        poll(lambda: not s.active("QuorumVoterLagging"), timeout + 60, "QuorumVoterLagging resolved on /metrics")
+        wait_for(lambda: not s.active("QuorumVoterLagging"), timeout + 60, interval=0.25, what="QuorumVoterLagging resolved on /metrics")
         t_resolved = time.monotonic() - t1
         after = s.opened()
         false = {a: after.get(a, 0) - before.get(a, 0) for a in PARTITION_AND_GROUP_ALERTS
@@ -226,21 +219,21 @@ class Faults:
         try:
             c.pause_broker(2)
             paused.append(2)
-            poll(lambda: isr() == [1, 3], timeout, "the ELR topic's ISR at min.insync.replicas ([1, 3])")
+            wait_for(lambda: isr() == [1, 3], timeout, interval=0.25, what="the ELR topic's ISR at min.insync.replicas ([1, 3])")
             t0 = time.monotonic()
             c.pause_broker(3)
             paused.append(3)
-            poll(lambda: isr() == [1], timeout, "the ELR topic's ISR below min.insync.replicas ([1])")
+            wait_for(lambda: isr() == [1], timeout, interval=0.25, what="the ELR topic's ISR below min.insync.replicas ([1])")
             t_isr = time.monotonic() - t0
-            poll(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) == 1.0, timeout,
-                 "the ELR (broker 3) on /metrics")
+            wait_for(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) == 1.0, timeout,
+                 interval=0.25, what="the ELR (broker 3) on /metrics")
             t_metrics = time.monotonic() - t0
         finally:
             for b in paused:
                 c.resume_broker(b)
         t1 = time.monotonic()
-        poll(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) is None, timeout + 60,
-             "the ELR gauge gone once the ISR is full")
+        wait_for(lambda: s.value("kafka_monitor_partition_eligible_leader_replicas", **lab) is None, timeout + 60,
+             interval=0.25, what="the ELR gauge gone once the ISR is full")
         return {"fault": "elr", "isr_below_min_s": round(t_isr, 1), "elr_on_metrics_s": round(t_metrics, 1),
                 "elr_on_metrics_after_isr_s": round(t_metrics - t_isr, 1),
                 "gone_after_resume_s": round(time.monotonic() - t1, 1), "alive": s.alive()}
