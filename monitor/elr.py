@@ -83,9 +83,11 @@ class ElrWatcher:
         or None: the feature is not available, or the last answer saw another ISR or leader."""
         if self.available is not True:
             return None
+        if len(isr) == len(replicas):  # every replica in sync: none left to be eligible, whatever an
+            return _EMPTY              # older answer (or one from a broker still catching up) says
         e = self._entries.get((topic, partition))
-        if e is None:  # the answer saw it fully in sync, with no ELR
-            return _EMPTY if len(isr) == len(replicas) else None
+        if e is None:  # the answer saw it fully in sync: not this view
+            return None
         if e[1] != leader or set(e[0]) != set(isr):
             return None
         return e[2], e[3]

@@ -71,7 +71,7 @@ def elr_below_min_isr(cluster: KafkaCluster, expect_elr: bool) -> dict:
         for b in paused:
             cluster.resume_broker(b)
         paused.clear()
-        wait_for(lambda: md()[-1].data.isr == [1, 2, 3] and md()[-1].data.eligible_leader_replicas == [],
+        wait_for(lambda: sorted(md()[-1].data.isr) == [1, 2, 3] and md()[-1].data.eligible_leader_replicas == [],
                  timeout=120, interval=0.5, what="the ISR full again and the ELR empty")
         # the events through the job's parser and partition rules
         events = md()
