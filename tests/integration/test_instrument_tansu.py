@@ -155,14 +155,17 @@ def test_a_lost_assignment_reaches_the_app_as_before_and_the_monitor_sees_failed
 
     def run(make: Callable[[dict], Consumer], group: str) -> list[tuple[str, Any]]:
         seen: list[tuple[str, Any]] = []
-        conf = {"bootstrap.servers": tansu.bootstrap, "group.id": group, "max.poll.interval.ms": 2000,
-                **GROUP_TIMEOUTS}
+        # librdkafka checks the poll interval once a second, so the pause is 2 s past it. The session
+        # (at most the poll interval) is 4 s so that a late heartbeat on a loaded machine cannot end
+        # the membership first, as it once did in CI with 2 s.
+        conf = {"bootstrap.servers": tansu.bootstrap, "group.id": group, "max.poll.interval.ms": 4000,
+                **GROUP_TIMEOUTS, "session.timeout.ms": 4000, "heartbeat.interval.ms": 1000}
         consumer = make(conf)
         try:
             consumer.subscribe([topic], on_assign=lambda c, ps: seen.append(("assign", names(ps))),
                                 on_revoke=lambda c, ps: seen.append(("revoke", names(ps))))
             wait_for(lambda: consumer.poll(0.1) is None and seen, timeout=30, what="the assignment")
-            time.sleep(2.5)  # the scenario itself: the application stops polling past max.poll.interval.ms
+            time.sleep(6.0)  # the scenario itself: the application stops polling past max.poll.interval.ms
             deadline = time.monotonic() + 15
             while len(seen) < 3 and time.monotonic() < deadline:
                 m = consumer.poll(0.1)
