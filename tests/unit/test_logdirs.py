@@ -44,3 +44,30 @@ def test_names_are_bounded_and_moving_replicas_counted_apart():
     assert s.held_replicas == MAX_NAMED + 49 and len(s.held_partitions) == MAX_NAMED and s.moving_replicas == 1
     assert s.held_partitions[0] == f"t-{MAX_NAMED + 49}"  # the largest first
     assert isinstance(s, LogDirState)
+
+
+class FakeAdmin:
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def describe_log_dirs(self):
+        a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    def close(self):
+        pass
+
+
+def test_the_watcher_hands_each_answer_over_once_and_keeps_what_an_offline_dir_held():
+    from monitor.logdirs import LogDirWatcher
+
+    fake = FakeAdmin([[{"broker": 1, "log_dirs": [dir_("/d2", [("fill", 1, 300)])]}], ConnectionError("gone"),
+                      [{"broker": 1, "log_dirs": [dir_("/d2", error_code=56)]}]])
+    made = []
+    w = LogDirWatcher({}, interval_s=1, timeout_s=1, admin_factory=lambda: made.append(1) or fake)
+    assert w.ask(10) is not None and w.take()[0] == 10 and w.take() is None
+    assert w.ask(20) is None and w.failures == 1 and "gone" in w.last_error
+    (off,) = w.ask(30)
+    assert (off.online, off.held_partitions) == (False, ["fill-1"]) and len(made) == 2
