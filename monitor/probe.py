@@ -61,6 +61,7 @@ from monitor.metadata import MetadataCache, cause_for_error
 from monitor.offsets import ProbeOffsetsMixin
 from monitor.probe_config import ConfigError, ProbeConfig, ProbeScope
 from monitor.elr import ElrWatcher
+from monitor.logdirs import LogDirWatcher
 from monitor.quorum import QuorumConfigError, QuorumWatcher
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
@@ -169,6 +170,14 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                                       cluster_name=cfg.cluster or cfg.bootstrap_servers, watched=self._scope.watched)
             except QuorumConfigError as e:
                 raise ConfigError(f"probe.kafka: {e}") from None
+        #: every broker's log dirs (DescribeLogDirs through kafka-python, monitor.logdirs): the unshared
+        #: probe or share 1 of n
+        self.log_dirs: Optional[LogDirWatcher] = None
+        if cfg.log_dirs_interval_s > 0 and admin is None and (self._scope.share is None or self._scope.share[0] == 1):
+            try:
+                self.log_dirs = LogDirWatcher(cfg.client_conf(), cfg.log_dirs_interval_s, cfg.request_timeout_s)
+            except QuorumConfigError as e:
+                raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
             self.canary = Canary(
                 CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
@@ -204,6 +213,11 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             answer = self.quorum.take()
             if answer is not None:
                 self._emitter.emit(answer[1], observed_at=answer[0])
+        if self.log_dirs is not None:
+            dirs = self.log_dirs.take()
+            if dirs is not None:
+                for state in dirs[1]:
+                    self._emitter.emit(state, observed_at=dirs[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
@@ -349,6 +363,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self.quorum.start()
         if self.elr is not None and self.elr._thread is None:
             self.elr.start()
+        if self.log_dirs is not None and self.log_dirs._thread is None:
+            self.log_dirs.start()
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
                                                    name="canary", daemon=True)
@@ -424,6 +440,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self.quorum.stop()
         if self.elr is not None:
             self.elr.stop()
+        if self.log_dirs is not None:
+            self.log_dirs.stop()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

@@ -92,6 +92,8 @@ class ProbeConfig:
     #: seconds between two DescribeTopicPartitions sweeps of every topic (eligible leader replicas,
     #: monitor.elr; a partition whose ISR changed is looked at again at once); 0: not asked
     elr_interval_s: float = 60.0
+    #: seconds between two DescribeLogDirs of every broker (monitor.logdirs); 0: not asked
+    log_dirs_interval_s: float = 30.0
 
     def validate(self) -> "ProbeConfig":
         if not self.bootstrap_servers:
@@ -140,6 +142,9 @@ class ProbeConfig:
                 raise ConfigError(f"probe.{name}: not a valid regular expression: {e}") from None
         if not (self.quorum_interval_s == 0 or 1 <= self.quorum_interval_s <= 3600):
             raise ConfigError(f"probe.quorum_interval_s: must be 0 (off) or within 1..3600, got {self.quorum_interval_s}")
+        if not (self.log_dirs_interval_s == 0 or 1 <= self.log_dirs_interval_s <= 3600):
+            raise ConfigError(f"probe.log_dirs_interval_s: must be 0 (off) or within 1..3600, got "
+                              f"{self.log_dirs_interval_s}")
         if not (self.elr_interval_s == 0 or 5 <= self.elr_interval_s <= 3600):
             raise ConfigError(f"probe.elr_interval_s: must be 0 (off) or within 5..3600, got {self.elr_interval_s}")
         return self
