@@ -142,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
                         "epoch and each voter's and broker's metadata lag (through kafka-python, on a thread "
                         "of its own; its -X security settings are translated, one it cannot honour is refused "
                         "at start). 0 = off, for ZooKeeper clusters (default 10; config key quorum_interval_s)")
+    p.add_argument("--log-dirs-interval", dest="log_dirs_interval_s", type=float,
+                   help="seconds between two DescribeLogDirs requests to each broker: every log dir online or "
+                        "offline, its size, free space and the replicas it holds (through kafka-python, on a "
+                        "thread of its own). 0 = off (default 30; config key log_dirs_interval_s)")
     p.add_argument("--elr-interval", dest="elr_interval_s", type=float,
                    help="seconds between two DescribeTopicPartitions sweeps of every topic: each partition's "
                         "eligible leader replicas (KIP-966, Kafka 4.1+), through kafka-python; a partition whose "

@@ -449,12 +449,9 @@ class QuorumState:
 
 
 @dataclass(frozen=True)
-class LogDirState:
-    """One log dir of one broker as DescribeLogDirs answers it, asked by a probe on an interval of
-    its own (schema v2).  A dir that fails (a disk gone, a filesystem full) is reported offline by
-    its broker, which keeps serving its other dirs; the replicas it held leave their ISRs."""
+class LogDir:
+    """One log dir of a broker as DescribeLogDirs answers it."""
 
-    broker: int = _doc("The broker's id.")
     log_dir: str = _doc("The dir's absolute path on the broker.")
     online: bool = _doc("false: the broker reports the dir offline (error says why).")
     error: Optional[str] = _doc("The dir's error name (KAFKA_STORAGE_ERROR for an offline dir), when not online.",
@@ -464,9 +461,21 @@ class LogDirState:
     usable_bytes: Optional[int] = _doc("Bytes still usable on it; null as for total_bytes.", default=None)
     held_replicas: int = _doc("Replicas the dir holds (for an offline dir: held when it was last online).", default=0)
     held_bytes: Optional[int] = _doc("Sum of those replicas' sizes.", default=None)
-    held_partitions: list[str] = _doc("Up to 100 of those replicas as topic-partition names, largest first (an offline "
-                                 "dir's: from when it was last online).", default_factory=list)
+    held_partitions: list[str] = _doc("Up to 20 of those replicas as topic-partition names, largest first (an offline "
+                                      "dir's: from when it was last online).", default_factory=list)
     moving_replicas: int = _doc("Replicas being moved into the dir (future replicas, AlterReplicaLogDirs).", default=0)
+
+
+@dataclass(frozen=True)
+class BrokerLogDirs:
+    """Every log dir of one broker as DescribeLogDirs answers it, asked by a probe on an interval of
+    its own (schema v2).  A dir that fails (a disk gone, a filesystem full) is reported offline by
+    its broker, which keeps serving its other dirs; the replicas it held leave their ISRs.  A broker
+    that does not answer sends nothing (BrokerDown covers a stopped broker)."""
+
+    broker: int = _doc("The broker's id.")
+    interval_ms: int = _doc("How often this probe asks (its log dirs interval).")
+    dirs: list[LogDir] = _doc("Each of the broker's log dirs (at most 64).", default_factory=list)
 
 
 #: type name -> (payload class, fields that make up the entity key after the cluster)
@@ -486,17 +495,17 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "group_gone": (GroupGone, ("group",)),
     "group_partition_gone": (GroupPartitionGone, ("group", "topic", "partition")),
     "quorum_state": (QuorumState, ()),
-    "log_dir_state": (LogDirState, ("broker", "log_dir")),
+    "log_dirs": (BrokerLogDirs, ("broker",)),
 }
 #: the contract version each type is sent with (the rest: v1)
-SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dir_state": SCHEMA_V2}
+SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dirs": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
     ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat, PartitionGone, GroupGone, GroupPartitionGone,
-    QuorumState, LogDirState,
+    QuorumState, BrokerLogDirs,
 ]
 
 ENVELOPE_DOCS = {

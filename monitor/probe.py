@@ -175,7 +175,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         self.log_dirs: Optional[LogDirWatcher] = None
         if cfg.log_dirs_interval_s > 0 and admin is None and (self._scope.share is None or self._scope.share[0] == 1):
             try:
-                self.log_dirs = LogDirWatcher(cfg.client_conf(), cfg.log_dirs_interval_s, cfg.request_timeout_s)
+                self.log_dirs = LogDirWatcher(cfg.client_conf(), cfg.log_dirs_interval_s, cfg.request_timeout_s,
+                                              cluster_name=cfg.cluster or cfg.bootstrap_servers)
             except QuorumConfigError as e:
                 raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
@@ -216,8 +217,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         if self.log_dirs is not None:
             dirs = self.log_dirs.take()
             if dirs is not None:
-                for state in dirs[1]:
-                    self._emitter.emit(state, observed_at=dirs[0])
+                for broker in dirs[1]:
+                    self._emitter.emit(broker, observed_at=dirs[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),

@@ -78,6 +78,7 @@ REQUIRED_BY_TYPE = {
     "group_gone": ("group",),
     "group_partition_gone": ("group", "topic", "partition"),
     "quorum_state": ("ok", "interval_ms"),
+    "log_dirs": ("broker", "interval_ms"),
 }
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
@@ -345,6 +346,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     group_types = _is(etype, ("group_state", "rebalance", "group_gone"))
     client_type = is_type["metadata_refresh"]
     quorum_type = is_type["quorum_state"]
+    dirs_type = is_type["log_dirs"]
+    dirs_brk = _join(cl, "/broker/", pc.cast(d["broker"], pa.string()))
     fetch_type = is_type["client_fetch"]
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
@@ -356,9 +359,10 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
               pc.if_else(fetch_type, _join("client_fetch|", gtp),
               pc.if_else(group_types, _join("group|", grp),
               pc.if_else(client_type, _join("client|", src),
-              pc.if_else(quorum_type, _join("quorum|", cl), _join("source|", src))))))))))
+              pc.if_else(quorum_type, _join("quorum|", cl),
+              pc.if_else(dirs_type, _join("log_dirs|", dirs_brk), _join("source|", src)))))))))))
     bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(
-        gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type, cl, src))))
+        gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type, cl, pc.if_else(dirs_type, dirs_brk, src)))))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
@@ -368,7 +372,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
         "report": _report(data, canary_type, produce_type, broker_type, quorum_type,
-                          _elr_rows(d, is_type["partition_metadata"])),
+                          _elr_rows(d, is_type["partition_metadata"]), dirs_type),
+        "node_id": pc.if_else(dirs_type, d["broker"], d["node_id"]),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
@@ -391,7 +396,10 @@ REPORT_FIELDS = {
                      "error", "error_kind"),
     # only for a partition without a leader or a full ISR whose ELR the probe knew (_elr_rows)
     "partition_metadata": ("eligible_leader_replicas", "last_known_elr"),
+    "log_dirs": ("interval_ms", "dirs"),
 }
+#: dirs kept per log_dirs report, partition names per dir (the probe sends at most 64 and 20)
+LOG_DIRS_MAX, LOG_DIR_MAX_NAMED = 64, 20
 #: voters and observers kept per quorum report (a quorum has 3 or 5 voters; observers are the brokers)
 QUORUM_MAX_REPLICAS = 1000
 #: error codes kept per canary report (librdkafka's names are short; the rest is cut)
@@ -413,7 +421,7 @@ ELR_MAX_REPLICAS = 64
 
 
 def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray,
-            quorum: np.ndarray, elr: Optional[np.ndarray] = None) -> pa.Array:
+            quorum: np.ndarray, elr: Optional[np.ndarray] = None, dirs: Optional[np.ndarray] = None) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
@@ -421,7 +429,8 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
     out: list[Optional[str]] = [None] * len(data)
     for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"]),
                          (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"]),
-                         (elr if elr is not None else np.zeros(len(data), bool), REPORT_FIELDS["partition_metadata"])):
+                         (elr if elr is not None else np.zeros(len(data), bool), REPORT_FIELDS["partition_metadata"]),
+                         (dirs if dirs is not None else np.zeros(len(data), bool), REPORT_FIELDS["log_dirs"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
@@ -438,10 +447,25 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
                 for role in ("voters", "observers"):
                     rep[role] = [r for r in (rep[role] or [])[:QUORUM_MAX_REPLICAS]
                                  if isinstance(r, dict) and isinstance(r.get("replica_id"), int)]
+            if rows is dirs:
+                rep["dirs"] = [_log_dir(x) for x in (rep["dirs"] or [])[:LOG_DIRS_MAX] if isinstance(x, dict)
+                               and isinstance(x.get("log_dir"), str)]
             if rows is elr:
                 rep = {f: sorted({r for r in (rep[f] or [])[:ELR_MAX_REPLICAS] if isinstance(r, int)}) for f in fields}
             out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
+
+
+def _log_dir(x: dict) -> dict:
+    """One dir of a log_dirs report, bounded: its path and error cut to MAX_STRING_CHARS, at most
+    LOG_DIR_MAX_NAMED partition names."""
+    out = {k: x.get(k) for k in ("online", "total_bytes", "usable_bytes", "held_replicas", "held_bytes",
+                                 "moving_replicas")}
+    out["log_dir"] = x["log_dir"][:MAX_STRING_CHARS]
+    out["error"] = (x.get("error") or "")[:MAX_STRING_CHARS] or None
+    out["held_partitions"] = [p[:MAX_STRING_CHARS] for p in (x.get("held_partitions") or [])[:LOG_DIR_MAX_NAMED]
+                              if isinstance(p, str)]
+    return out
 
 
 def _members_sig(members: pa.Array, rows: np.ndarray) -> pa.Array:

@@ -60,6 +60,9 @@ class Alert(str, enum.Enum):
     QUORUM_VOTER_LAGGING = "QuorumVoterLagging"       # a voter not caught up for longer than a setting
     QUORUM_LEADER_FLAPPING = "QuorumLeaderFlapping"   # the leader changed N times within a window
     BROKER_METADATA_LAGGING = "BrokerMetadataLagging"  # a broker's metadata behind the quorum's
+    # a broker's log dirs
+    LOG_DIR_OFFLINE = "LogDirOffline"                 # a dir offline on a broker that answers
+    LOG_DIR_FILLING = "LogDirFilling"                 # a dir above a usage share, or full soon at its growth
 
 
 SEVERITY = {
@@ -89,6 +92,8 @@ SEVERITY = {
     Alert.QUORUM_VOTER_LAGGING: Severity.WARNING,
     Alert.QUORUM_LEADER_FLAPPING: Severity.WARNING,
     Alert.BROKER_METADATA_LAGGING: Severity.WARNING,
+    Alert.LOG_DIR_OFFLINE: Severity.CRITICAL,
+    Alert.LOG_DIR_FILLING: Severity.WARNING,
 }
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-from streaming.rules import (broker, canary, client, fetch, group, lag, partition, partition_config, produce, quorum,
-                             source, topic)
+from streaming.rules import (broker, canary, client, fetch, group, lag, logdirs, partition, partition_config, produce,
+                             quorum, source, topic)
 from streaming.rules.base import Transition, report_int
 
 #: a new entity of each kind from its identifying fields (an input row, or a stored entity to
@@ -28,6 +28,7 @@ TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "source": lambda e: source.new_source(e["cluster"], e["source"]),
     "topic": lambda e: topic.new_topic(e["cluster"], e["topic"]),
     "quorum": lambda e: quorum.new_quorum(e["cluster"]),
+    "log_dirs": lambda e: logdirs.new_log_dirs(e["cluster"], e.get("node_id") or 0),
 }
 
 
@@ -43,7 +44,7 @@ def new_entity(kind: str, r: dict) -> Any:
 def labels(s: dict) -> dict:
     """The labels of an entity's alerts and series."""
     kind = s["kind"]
-    if kind == "broker":
+    if kind == "broker" or kind == "log_dirs":
         return broker.broker_labels(s)
     if kind in ("partition", "canary"):
         return {"cluster": s["cluster"], "topic": s["topic"], "partition": s["partition"]}
@@ -119,6 +120,7 @@ EVENTS: dict[str, On] = {
     "client_produce": On(produce.on_client_produce, writes=_produce_writes),
     "heartbeat": On(source.on_heartbeat, "source"),
     "quorum_state": On(quorum.on_quorum_state, "quorum"),
+    "log_dirs": On(logdirs.on_log_dirs, "log_dirs"),
     "partition_count_change": On(_partition_count_change, "partition"),
 }
 

@@ -5,8 +5,8 @@ the sink (``streaming.sinks.batch``) and the job's settings share.
 Every metric is documented in ``docs/metrics.md`` (a test keeps the two in step).  Naming: one
 prefix (``kafka_monitor_``), base units, ``_total`` only on counters, a fixed label vocabulary
 (``cluster``, ``topic``, ``partition``, ``group``, ``source``, ``alert``, ``severity``,
-``action``, ``reason``, ``state``, ``status``, and ``broker``, ``node``, ``role`` for brokers and
-the quorum's nodes).
+``action``, ``reason``, ``state``, ``status``, and ``broker``, ``node``, ``role``, ``log_dir`` for
+brokers, the quorum's nodes and log dirs).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ BROKER = ("cluster", "broker")
 QUORUM = ("cluster",)
 #: a node of the KRaft quorum: a voter (controller) or an observer (broker)
 QNODE = ("cluster", "node", "role")
+#: a log dir of a broker
+LOGDIR = ("cluster", "broker", "log_dir")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
 #: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
 #: a series per partition (at 100,000 partitions: ~900,000 series against ~few thousand)
@@ -120,6 +122,11 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "quorum_high_watermark": ("gauge", "The high watermark of the metadata log (__cluster_metadata).", QUORUM),
     P + "quorum_replica_lag": ("gauge", "Metadata records a voter (role voter, a controller) or an observer (role observer, a broker) is behind the leader's log end offset.", QNODE),
     P + "quorum_replica_caught_up_age_seconds": ("gauge", "Time since the voter or observer was last caught up with the leader, at the probe's answer (the leader's clock against the probe's).", QNODE),
+    P + "log_dir_online": ("gauge", "1 while the broker reports the log dir online, 0 while it reports it offline (KAFKA_STORAGE_ERROR: its replicas are out of every ISR).", LOGDIR),
+    P + "log_dir_total_bytes": ("gauge", "Size of the filesystem the log dir is on, as the broker reports it (Kafka 3.3+); not served while the dir is offline.", LOGDIR),
+    P + "log_dir_usable_bytes": ("gauge", "Bytes still usable on that filesystem; not served while the dir is offline.", LOGDIR),
+    P + "log_dir_replicas": ("gauge", "Replicas the log dir holds (an offline dir: those it held when last online).", LOGDIR),
+    P + "log_dir_seconds_to_full": ("gauge", "Time until the log dir's filesystem is full at its growth over the job's growth window; served only while it grows.", LOGDIR),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_opened_timestamp_seconds": ("gauge", "When the open alert opened: the event time of the observation that opened it (Unix time), kept across a job restart; removed when it resolves.", ALERT),
     P + "alert_notify_after_seconds": ("gauge", "How long an alert the job opens at once is open before its Prometheus rule fires: the job's [job.rules.notify] setting for it.", ("alert",)),

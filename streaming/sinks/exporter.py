@@ -226,6 +226,8 @@ class Exporter:
         self._canary: dict[tuple, tuple[Optional[int], dict]] = {}
         #: cluster -> the (cluster, node, role) label tuples its quorum series have now
         self._quorum_nodes: dict[str, set] = {}
+        #: (cluster, broker) -> the (cluster, broker, log_dir) label tuples its log dir series have now
+        self._log_dirs: dict[tuple, set] = {}
         #: (cluster, source, topic, partition) -> (leader, its latest client_produce report)
         self._produce: dict[tuple, tuple[Optional[int], dict]] = {}
         #: partition labels -> its gauge values in _PARTITION_GAUGES order (None: no series)
@@ -395,6 +397,35 @@ class Exporter:
         if now:
             self._quorum_nodes[cl] = now
 
+    _LOG_DIR = ("log_dir_online", "log_dir_total_bytes", "log_dir_usable_bytes", "log_dir_replicas",
+                "log_dir_seconds_to_full")
+
+    def _apply_log_dirs(self, r: dict, action: str) -> None:
+        """A broker's log dirs as its last answer shows them (rules.logdirs adds the time to full);
+        the dirs it no longer lists lose their series."""
+        key = (r["cluster"], str(r["broker"]))
+        old = self._log_dirs.pop(key, set())
+        try:
+            dirs = json.loads(r.get("report") or "{}").get("dirs") or [] if action != "remove" else []
+        except (ValueError, AttributeError):
+            dirs = []
+        now: set = set()
+        for d in dirs:
+            lab = key + (str(d.get("log_dir")),)
+            now.add(lab)
+            for name, v in (("log_dir_online", 1 if d.get("online") else 0),
+                            ("log_dir_total_bytes", d.get("total_bytes")),
+                            ("log_dir_usable_bytes", d.get("usable_bytes")),
+                            ("log_dir_replicas", d.get("held_replicas")),
+                            ("log_dir_seconds_to_full", d.get("seconds_to_full"))):
+                self._set(name, lab, v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                    else self._remove(name, lab)
+        for lab in old - now:
+            for name in self._LOG_DIR:
+                self._remove(name, lab)
+        if now:
+            self._log_dirs[key] = now
+
     def _apply_report(self, r: dict, action: str) -> None:
         """A canary's or an instrumented producer's latest report of a partition (served by
         ReportMetrics); at most MAX_CANARY_PARTITIONS entities of each kind."""
@@ -553,6 +584,8 @@ class Exporter:
                         self._remove(name, lab) if action == "remove" or v is None else self._set(name, lab, v)
                 elif kind == "quorum":
                     self._apply_quorum(r, action)
+                elif kind == "log_dirs":
+                    self._apply_log_dirs(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

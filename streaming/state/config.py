@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
 from streaming.rules import lag_config as rules_lag_config
+from streaming.rules import logdirs as rules_logdirs
 from streaming.rules import partition_config as rules_partition_config
 from streaming.rules import quorum as rules_quorum
 from streaming.rules import source as rules_source
@@ -30,3 +31,4 @@ class StateConfig:
     client: rules_client.ClientRulesConfig = field(default_factory=rules_client.ClientRulesConfig)
     source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
     quorum: rules_quorum.QuorumRulesConfig = field(default_factory=rules_quorum.QuorumRulesConfig)
+    log_dirs: rules_logdirs.LogDirRulesConfig = field(default_factory=rules_logdirs.LogDirRulesConfig)

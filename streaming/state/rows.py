@@ -56,7 +56,7 @@ OUTPUT_COLUMNS: list[tuple[str, str]] = [
     ("observation_lag_ms", "long"),
     ("position", "long"),         # kind client_fetch: the consumer's position
     ("fetch_state", "string"),    # kind client_fetch: librdkafka's fetch state
-    ("report", "string"),         # kinds canary, client_produce, quorum: the report as JSON (parsing.REPORT_FIELDS); partition: its ELR
+    ("report", "string"),         # kinds canary, client_produce, quorum, log_dirs: the report as JSON (parsing.REPORT_FIELDS); partition: its ELR
     ("broker", "long"),           # kind broker, and the alerts on one: the broker id
     ("leader_partitions", "long"),     # kind broker: partitions it leads
     ("out_of_sync_replicas", "long"),  # kind broker: its replicas out of the ISR (replicas: all it holds)
@@ -331,6 +331,9 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
         return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
                     count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
                     cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
+    if kind == "log_dirs":  # its last answer, each dir with its use and time to full
+        return _row(kind=kind, action=action, cluster=s["cluster"], broker=s["broker"], at=s.get("last_seen"),
+                    report=s.get("report"))
     if kind == "quorum":  # its last answer with a leader, and whether the last one answered at all
         rep = json.loads(s.get("report") or "{}")
         return _row(kind=kind, action=action, cluster=s["cluster"], at=s.get("last_seen"),

@@ -168,6 +168,17 @@ def payload(draw, etype: str) -> dict:
                 "leader_epoch": draw(st.one_of(st.none(), st.integers(0, 9))),
                 "high_watermark": draw(st.one_of(st.none(), st.integers(0, 500))),
                 "voters": nodes([100, 101, 102]), "observers": nodes(range(1, draw(st.integers(0, 4))))}
+    if etype == "log_dirs":
+        def one(i):
+            if draw(st.booleans()):
+                return {"log_dir": f"/d{i}", "online": False, "error": "KAFKA_STORAGE_ERROR", "held_replicas": 2,
+                        "held_partitions": ["t-0", "t-1"]}
+            total = draw(st.integers(1, 10 ** 12))
+            return {"log_dir": f"/d{i}", "online": True, "total_bytes": total, "usable_bytes": draw(st.integers(0, total)),
+                    "held_replicas": draw(st.integers(0, 50)), "held_bytes": draw(st.integers(0, 10 ** 9)),
+                    "held_partitions": ["t-0"], "moving_replicas": 0}
+        return {"broker": draw(st.integers(1, 3)), "interval_ms": 30_000,
+                "dirs": [one(i) for i in range(draw(st.integers(0, 3)))]}
     return {"interval_ms": draw(st.sampled_from([1000, 10_000])), "events_sent": draw(st.integers(0, 10 ** 6)),
             "events_dropped": draw(st.integers(0, 10)), "started_at": draw(st.one_of(st.none(), st.just(BASE - 10 ** 6)))}
 
@@ -241,7 +252,7 @@ def check_parsed(values: list, stamps: Optional[list], limits: parsing.Limits, o
             assert r["raw"] is None and r["raw_bytes"] is None
             assert r["type"] in REQUIRED and r["entity"] is not None and r["bucket_key"] is not None
             for f in ("event_id", "cluster", "source", "seq", "observed_at", *REQUIRED[r["type"]]):
-                fld = {"state": "group_state", "reason": "refresh_reason"}.get(f, f)
+                fld = {"state": "group_state", "reason": "refresh_reason", "broker": "node_id"}.get(f, f)
                 assert r[fld] is not None, (f, r)
             for f in ("event_id", "cluster", "source", "topic", "group", "group_state", "phase", "member_id",
                       "refresh_reason", "cause", "error"):
