@@ -36,8 +36,8 @@ from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python
 log = logging.getLogger(__name__)
 
 ELR_FEATURE = "eligible.leader.replicas.version"
-#: an answer's (ISR, leader, ELR, last-known ELR) for a partition not fully in sync
-Entry = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
+#: an answer's (ISR, leader, ELR, last-known ELR, offline replicas) for a partition not fully in sync
+Entry = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 _EMPTY: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
@@ -92,6 +92,15 @@ class ElrWatcher:
             return None
         return e[2], e[3]
 
+    def offline_of(self, topic: str, partition: int, leader: int, isr: Any) -> tuple[int, ...]:
+        """The replicas the controller has offline (on an offline log dir, or on a stopped broker)
+        as the last answer gave them, when it saw this leader and ISR; () otherwise.  The
+        Metadata response librdkafka reads has them too but librdkafka drops them."""
+        e = self._entries.get((topic, partition)) if self.available is True else None
+        if e is None or e[1] != leader or set(e[0]) != set(isr):
+            return ()
+        return e[4]
+
     def wake(self, topics: set[str]) -> None:
         """Look at ``topics`` again soon: the metadata shows something the last answer did not."""
         if not topics or self.available is not True:
@@ -133,7 +142,8 @@ class ElrWatcher:
                     elr = tuple(sorted(p.get("eligible_leader_replicas") or ()))
                     lk = tuple(sorted(p.get("last_known_elr") or ()))
                     if elr or lk or len(isr) != len(p.get("replica_nodes") or ()):
-                        entries[(name, int(p["partition_index"]))] = (isr, int(p.get("leader_id", -1)), elr, lk)
+                        entries[(name, int(p["partition_index"]))] = (isr, int(p.get("leader_id", -1)), elr, lk,
+                                                                      tuple(sorted(p.get("offline_replicas") or ())))
             cursor = resp.get("next_cursor")
             if not cursor or requests >= 100_000:
                 return entries, requests, seen

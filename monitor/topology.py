@@ -211,13 +211,17 @@ class ProbeTopologyMixin:
                 elr = None if elr_of is None else elr_of(name, pv.partition, pv.leader, pv.isr, pv.replicas)
                 if elr is None and elr_of is not None:
                     look.add(name)
-                shown = (pv, mi, elr)
+                offline = pv.offline_replicas
+                if elr_of is not None and len(pv.isr) < len(pv.replicas):  # a replica on an offline log dir
+                    offline = tuple(sorted(set(offline) | set(self.elr.offline_of(  # type: ignore[union-attr]
+                        name, pv.partition, pv.leader, pv.isr))))
+                shown = (pv, mi, elr, offline)
                 last = md_sent.get(tp)
                 if last is not None and now < last[1] and last[0] == shown:
                     sent[tp] = last
                     continue
                 rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
-                             pv.leader_epoch, list(pv.offline_replicas), mi, pv.error,
+                             pv.leader_epoch, list(offline), mi, pv.error,
                              None if elr is None else list(elr[0]), None if elr is None else list(elr[1])))
                 pending.append((tp, shown, last is None))
         if look:

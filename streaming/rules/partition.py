@@ -176,6 +176,18 @@ def blame(labels: dict, brokers: list) -> dict:
     return {**labels, "broker": int(brokers[0])} if len(brokers) == 1 else labels
 
 
+#: the cause an ISR shrink carries when the controller has the replicas that left offline
+OFFLINE_CAUSE = "replica offline: on an offline log dir (LogDirOffline names it) or on a stopped broker"
+
+
+def offline_cause(obs: dict, out_of_isr: list) -> dict:
+    """``{"offline_replicas", "cause"}`` for those of ``out_of_isr`` the observation says are offline
+    (the controller's offline replicas: a stopped broker's, or on a log dir its broker reports
+    offline); {} when none is."""
+    offline = sorted({int(r) for r in obs.get("offline_replicas") or []} & set(out_of_isr))
+    return {"offline_replicas": offline, "cause": OFFLINE_CAUSE} if offline else {}
+
+
 def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> list[Transition]:
     """Fold one partition_metadata observation into ``state`` (mutated); return transitions.
 
@@ -195,7 +207,8 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
     missing = sorted(set(replicas) - set(isr))
     if removed and set(prev_replicas or []) == set(replicas):
         out += _open(state, Alert.ISR_SHRINK, entity, blame(labels, removed), now,
-                     {"isr_before": prev_isr, "isr_after": isr, "removed": removed, "replicas": replicas})
+                     {"isr_before": prev_isr, "isr_after": isr, "removed": removed, "replicas": replicas,
+                      **offline_cause(obs, removed)})
     opened = state["open"]  # evidence for a resolve is only built when something is open
     if opened and set(isr) >= set(replicas):
         out += _resolve(state, Alert.ISR_SHRINK, entity, labels, now,
@@ -203,7 +216,7 @@ def _replication(state: PartitionState, obs: dict, now: int, entity: str) -> lis
 
     if len(isr) < len(replicas):
         out += _open(state, Alert.UNDER_REPLICATED, entity, blame(labels, missing), now,
-                     {"isr": isr, "replicas": replicas, "missing": missing})
+                     {"isr": isr, "replicas": replicas, "missing": missing, **offline_cause(obs, missing)})
     elif opened:
         out += _resolve(state, Alert.UNDER_REPLICATED, entity, labels, now, {"isr": isr, "replicas": replicas})
 

@@ -27,9 +27,10 @@ from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 NOW = 1_800_000_000_000
 
 
-def part(i, leader=1, replicas=(1, 2, 3), isr=(1, 2, 3), elr=None, lk=None):
+def part(i, leader=1, replicas=(1, 2, 3), isr=(1, 2, 3), elr=None, lk=None, offline=()):
     return {"error_code": 0, "partition_index": i, "leader_id": leader, "leader_epoch": 0, "replica_nodes": list(replicas),
-            "isr_nodes": list(isr), "eligible_leader_replicas": elr, "last_known_elr": lk, "offline_replicas": []}
+            "isr_nodes": list(isr), "eligible_leader_replicas": elr, "last_known_elr": lk,
+            "offline_replicas": list(offline)}
 
 
 class DtpAdmin:
@@ -183,6 +184,43 @@ def test_the_probe_sends_a_partitions_elr_with_the_isr_it_was_answered_for():
     assert (m.isr, m.eligible_leader_replicas, m.last_known_elr) == ([1], [2, 3], [])
     e = Event.of(m, cluster="k", source="p", seq=0, observed_at=NOW)
     assert e.schema == "kafka-monitor/v2" and Event.from_json(e.to_json()) == e
+
+
+def test_a_replica_on_an_offline_log_dir_is_sent_offline_and_the_isr_shrink_says_why():
+    """Broker 1 is live (in the metadata) but its replica sits on an offline log dir: only
+    DescribeTopicPartitions says so (librdkafka drops the Metadata response's offline replicas)."""
+    admin, dtp = ShortIsrAdmin(), DtpAdmin({"t": [part(0), part(1), part(2)]})
+    em = FakeEmitter()
+    p = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1), emitter=em, admin=admin)
+    p.elr = watcher(dtp)
+    p.elr.sweep()
+    p.refresh_metadata()
+    admin.isr0 = [2, 3]  # 1 leaves the ISR: first seen before any answer says why
+    em.events.clear()
+    p.metadata.request_update("unknown_leader")
+    p.refresh_metadata()
+    (first,) = [m for m in em.of(PartitionMetadata) if m.partition == 0]
+    assert first.offline_replicas == []
+    dtp.topics["t"][0] = part(0, leader=1, isr=(2, 3), elr=[], offline=[1])
+    p.elr.look({"t"})
+    assert p.elr.offline_of("t", 0, 1, [3, 2]) == (1,) and p.elr.offline_of("t", 0, 1, [3]) == ()
+    em.events.clear()
+    p.metadata.request_update("unknown_leader")
+    p.refresh_metadata()
+    (m,) = [m for m in em.of(PartitionMetadata) if m.partition == 0]  # the same ISR, now with a cause: sent
+    assert (m.isr, m.offline_replicas) == ([2, 3], [1])
+    s = rp.new_partition("k", "t", 0)
+    rp._replication(s, {"replicas": [1, 2, 3], "isr": [1, 2, 3], "leader": 1}, NOW, "partition|k/t/0")
+    row = rows_of(Event.of(m, cluster="k", source="p", seq=0, observed_at=NOW))[0]
+    (shrink, under) = rp._replication(s, row, NOW + 1, "partition|k/t/0")
+    assert shrink.alert is Alert.ISR_SHRINK and shrink.labels["broker"] == 1
+    assert shrink.evidence["offline_replicas"] == [1] and shrink.evidence["cause"] == rp.OFFLINE_CAUSE
+    assert under.evidence["offline_replicas"] == [1]
+    # without offline replicas the evidence is as before
+    s = rp.new_partition("k", "t", 0)
+    rp._replication(s, {"replicas": [1, 2, 3], "isr": [1, 2, 3], "leader": 1}, NOW, "partition|k/t/0")
+    (shrink, _) = rp._replication(s, {"replicas": [1, 2, 3], "isr": [2, 3], "leader": 1}, NOW + 1, "partition|k/t/0")
+    assert "cause" not in shrink.evidence
 
 
 def rows_of(*events):
