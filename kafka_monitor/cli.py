@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_arguments(r)
 
     s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
-                       description="Print the event contract (v2: v1 and the quorum_state type), generated from monitor/contract.py: as JSON "
+                       description="Print the event contract (v2: v1 with the quorum_state and log_dirs types and the ELR), generated from monitor/contract.py: as JSON "
                                    "Schema (what docs/event-schema.json holds; validate events of other producers "
                                    "with it) or as the Markdown reference (docs/events.md).")
     s.add_argument("--format", choices=["json", "markdown"], default="json",

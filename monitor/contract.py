@@ -11,8 +11,8 @@ parses with are all generated from them (``kafka-monitor schema``).
 
 Compatibility rules: readers accept and ignore unknown extra fields; a new required field or a
 changed meaning is a new ``schema`` version, and readers keep reading the old one.  v2 adds the
-``quorum_state`` type and the eligible leader replicas of ``partition_metadata`` (a v1 reader
-quarantines both as ``unknown_schema`` and reads every other event: upgrade the job before the
+``quorum_state`` and ``log_dirs`` types and the eligible leader replicas of ``partition_metadata`` (a v1 reader
+quarantines them as ``unknown_schema`` and reads every other event: upgrade the job before the
 probes); the other types are still sent as v1 (``SCHEMA_OF_TYPE``), and a v1 ``partition_metadata``
 still reads (its ELR null: not known).
 
@@ -509,7 +509,7 @@ Payload = Union[
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
+    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",
