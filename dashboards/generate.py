@@ -42,6 +42,7 @@ from streaming.rules.base import Alert  # noqa: E402
 from streaming.rules.client import ClientRulesConfig  # noqa: E402
 from streaming.rules.group import GroupRulesConfig  # noqa: E402
 from streaming.rules.lag_config import LagConfig  # noqa: E402
+from streaming.rules.logdirs import LogDirRulesConfig  # noqa: E402
 from streaming.rules.partition_config import PartitionRulesConfig  # noqa: E402
 from streaming.rules.quorum import QuorumRulesConfig  # noqa: E402
 from streaming.rules.source import SourceRulesConfig  # noqa: E402
@@ -90,10 +91,16 @@ QUORUM_LAG = "kafka_monitor_quorum_replica_lag"
 QUORUM_CAUGHT_UP_AGE = "kafka_monitor_quorum_replica_caught_up_age_seconds"
 #: the job's alerts on the KRaft controller quorum (streaming/rules/quorum.py): a cluster's each
 QUORUM_ALERTS = ("QuorumUnavailable", "QuorumVoterLagging", "QuorumLeaderFlapping", "BrokerMetadataLagging")
+#: a broker's log dirs (DescribeLogDirs, docs/logdirs.md): per (cluster, broker, log_dir)
+LOG_DIR_ONLINE = "kafka_monitor_log_dir_online"
+LOG_DIR_TOTAL = "kafka_monitor_log_dir_total_bytes"
+LOG_DIR_USABLE = "kafka_monitor_log_dir_usable_bytes"
+LOG_DIR_TO_FULL = "kafka_monitor_log_dir_seconds_to_full"
 
 def default_rules() -> dict[str, Any]:
     return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig(),
-            "client": ClientRulesConfig(), "source": SourceRulesConfig(), "quorum": QuorumRulesConfig()}
+            "client": ClientRulesConfig(), "source": SourceRulesConfig(), "quorum": QuorumRulesConfig(),
+            "log_dirs": LogDirRulesConfig()}
 
 
 #: the job's rule settings the panels draw and name (build() sets them; defaults here)
@@ -443,6 +450,45 @@ def quorum_panels() -> tuple[list[tuple[dict, int]], list[tuple[dict, int]]]:
     ]
 
 
+def per_log_dir(metric: str) -> str:
+    """A log dir's series (one per broker and dir), one per exporter replica merged."""
+    return f"max by (cluster, broker, log_dir) ({metric}{{{CLUSTER}}})"
+
+
+def log_dir_panels() -> list[tuple[dict, int]]:
+    """The brokers' log dirs of the selected clusters (DescribeLogDirs, docs/logdirs.md): whether
+    each is online, how full, and when full at its growth."""
+    ld = RULES["log_dirs"]
+    legend = "broker {{broker}} {{log_dir}} ({{cluster}})"
+    return [
+        (state_timeline("Log dirs online", "Each broker's log dirs as the probe's last DescribeLogDirs answer "
+                        f"reports them ({LOG_DIR_ONLINE}): OFFLINE = a failed disk or a filesystem that filled "
+                        "(KAFKA_STORAGE_ERROR) on a broker that still answers; every replica on it is out of its "
+                        "ISR until the broker restarts (LogDirOffline, critical). A stopped broker sends nothing: "
+                        "its dirs keep their last state (BrokerDown says it). No rows = the probe does not ask "
+                        "(--log-dirs-interval 0), its user lacks DESCRIBE on the cluster, or the brokers do not "
+                        "support DescribeLogDirs.",
+                        [target(per_log_dir(LOG_DIR_ONLINE), legend=legend)],
+                        mappings=[{"type": "value", "options": {
+                            "0": {"color": "red", "index": 0, "text": "OFFLINE"},
+                            "1": {"color": "green", "index": 1, "text": "ONLINE"}}}],
+                        th=thresholds((None, "red"), (1, "green")), decimals=0), 8),
+        (timeseries("Log dir use", "Share of each online log dir's filesystem in use: 1 - usable / total bytes "
+                    f"({LOG_DIR_USABLE}, {LOG_DIR_TOTAL}; the whole filesystem, not only Kafka's files; Kafka "
+                    f"3.3+ reports them). LogDirFilling (warning) opens at {ld.usage_percent}%. An offline dir "
+                    "has no line.",
+                    [target(f"100 * (1 - {per_log_dir(LOG_DIR_USABLE)} / {per_log_dir(LOG_DIR_TOTAL)})",
+                            legend=legend)],
+                    unit="percent", min_=0, th=thresholds((None, "green"), (ld.usage_percent, "orange"))), 8),
+        (timeseries("Log dir time to full", "When each log dir's filesystem is full at its growth over the last "
+                    f"{minutes(ld.growth_window_ms)} ({LOG_DIR_TO_FULL}, the job's estimate once its answers span "
+                    f"{minutes(ld.min_growth_span_ms)}): a line only while the dir grows. LogDirFilling (warning) "
+                    f"opens below {ld.full_within_ms / 3_600_000:g} h. A full dir goes offline.",
+                    [target(per_log_dir(LOG_DIR_TO_FULL), legend=legend)],
+                    unit="s", min_=0, th=thresholds((None, "orange"), (ld.full_within_ms / 1000, "green"))), 8),
+    ]
+
+
 def overview() -> dict:
     g = Grid()
     severity_targets = [
@@ -502,9 +548,10 @@ def overview() -> dict:
     stats, graphs = quorum_panels()
     g.row(4, *stats)
     g.row(8, *graphs)
+    g.row(8, *log_dir_panels())
     return dashboard("kafka-monitor-overview", "kafka-monitor / Overview",
-                     "What is wrong now: open alerts, the worst lag, replication, the KRaft controller quorum and "
-                     "the monitor's own health.", ["cluster", "topic", "group"], g)
+                     "What is wrong now: open alerts, the worst lag, replication, the KRaft controller quorum, the "
+                     "brokers' log dirs and the monitor's own health.", ["cluster", "topic", "group"], g)
 
 
 def partitions() -> dict:

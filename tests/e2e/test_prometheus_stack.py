@@ -69,6 +69,10 @@ _NO_QUORUM = ("Tansu has no KRaft controller quorum (no DescribeQuorum): the pro
 #: the ELR panels on Tansu
 _NO_ELR = ("Tansu has no DescribeTopicPartitions and one node (ISR = replicas, always a leader): the job "
            "serves no eligible leader replica gauges (the real clusters' ELR: tests/integration/test_elr.py)")
+#: the log dir panels on Tansu
+_NO_LOG_DIRS = ("Tansu has no DescribeLogDirs: the probe's request to its one broker fails and sends no "
+                "log_dirs event, so the log dir series do not exist (the real cluster's: "
+                "tests/integration/test_logdirs.py)")
 #: (dashboard, panel title) -> why its query may legitimately return no series in this run (it
 #: must still parse)
 MAY_BE_EMPTY = {
@@ -91,6 +95,9 @@ MAY_BE_EMPTY = {
     ("overview.json", "Quorum leader epoch"): _NO_QUORUM,
     ("overview.json", "Metadata log lag per node"): _NO_QUORUM,
     ("overview.json", "Time since caught up per node"): _NO_QUORUM,
+    ("overview.json", "Log dirs online"): _NO_LOG_DIRS,
+    ("overview.json", "Log dir use"): _NO_LOG_DIRS,
+    ("overview.json", "Log dir time to full"): _NO_LOG_DIRS,
     ("partitions.json", "Eligible leader replicas per partition"): _NO_ELR,
     ("partitions.json", "Eligible leader replicas now"): _NO_ELR,
 }

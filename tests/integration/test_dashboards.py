@@ -164,19 +164,26 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
     gen = load_generator()
     committed = {n: (DASH_DIR / n).read_text(encoding="utf-8") for n in DASHBOARDS}
     lag = JobConfig("b", "c").rule_configs()["lag"]
+    dirs = JobConfig("b", "c").rule_configs()["log_dirs"]
     custom = JobConfig("b", "c", rules={"lag": {"lag_high_offsets": 12345, "lag_high_seconds": 77},
-                                          "source": {"silent_factor": 7}}).rule_configs()
+                                          "source": {"silent_factor": 7},
+                                          "log_dirs": {"usage_percent": 70, "full_within_ms": 3_600_000}}
+                       ).rule_configs()
     built = gen.build(custom)
     for name, title, override, default, mine in [
             ("overview.json", "Worst consumer lag", "", lag.lag_high_offsets, 12345),
             ("overview.json", "Worst consumer lag", "seconds", lag.lag_high_seconds, 77),
             ("overview.json", "Worst lag per group and topic", "", lag.lag_high_offsets, 12345),
             ("consumer-groups.json", "Worst partition lag", "", lag.lag_high_offsets, 12345),
-            ("consumer-groups.json", "Worst lag in time", "", lag.lag_high_seconds, 77)]:
+            ("consumer-groups.json", "Worst lag in time", "", lag.lag_high_seconds, 77),
+            ("overview.json", "Log dir use", "", dirs.usage_percent, 70),
+            ("overview.json", "Log dir time to full", "", dirs.full_within_ms / 1000, 3600)]:
         assert steps(panel(committed[name], title), override) == [None, default], (name, title, override)
         assert steps(panel(built[name], title), override) == [None, mine], (name, title, override)
     assert "12345 offsets" in panel(built["overview.json"], "Worst consumer lag")["description"]
     assert "after 7 of its intervals" in built["client-metadata.json"]
+    assert "opens at 70%" in panel(built["overview.json"], "Log dir use")["description"]
+    assert "opens below 1 h" in panel(built["overview.json"], "Log dir time to full")["description"]
     assert gen.build() == gen.build(gen.default_rules()) and gen.RULES["lag"].lag_high_offsets == lag.lag_high_offsets
 
 
@@ -766,6 +773,38 @@ def test_an_unavailable_quorum_silences_its_lagging_voters_and_brokers_and_no_ot
     want = {("QuorumUnavailable", "c6"): "active", ("QuorumVoterLagging", "c6"): "suppressed",
             ("BrokerMetadataLagging", "c6"): "suppressed", ("QuorumLeaderFlapping", "c6"): "active",
             ("BrokerMetadataLagging", "c7"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
+def test_an_offline_log_dir_silences_the_replication_warnings_of_its_broker_and_no_others(alertmanager):
+    """LogDirOffline (broker 3, cluster c9) explains its replicas out of their ISRs: broker 3's
+    BrokerUnderReplicating and the IsrShrink, UnderReplicated and AtMinIsr blamed on it are
+    suppressed; its UnderMinIsr (writes refused) still pages, as do other brokers' alerts."""
+    def alert(name: str, broker: str, partition: str = "") -> dict:
+        labels = {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"], "cluster": "c9",
+                  "broker": broker}
+        labels.update({"topic": "orders", "partition": partition} if partition else {})
+        return {"labels": labels, "annotations": {"summary": "test"}}
+
+    sent = [alert("LogDirOffline", "3"), alert("BrokerUnderReplicating", "3"), alert("IsrShrink", "3", "0"),
+            alert("UnderReplicated", "3", "1"), alert("AtMinIsr", "3", "2"), alert("UnderMinIsr", "3", "3"),
+            alert("BrokerUnderReplicating", "2"), alert("IsrShrink", "4", "4")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D%22c9%22", timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"]["broker"], a["labels"].get("partition", "")):
+               a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("LogDirOffline", "3", ""): "active", ("BrokerUnderReplicating", "3", ""): "suppressed",
+            ("IsrShrink", "3", "0"): "suppressed", ("UnderReplicated", "3", "1"): "suppressed",
+            ("AtMinIsr", "3", "2"): "suppressed", ("UnderMinIsr", "3", "3"): "active",
+            ("BrokerUnderReplicating", "2", ""): "active", ("IsrShrink", "4", "4"): "active"}
     got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
                    what=f"Alertmanager's states to be {want} (last: {states()})")
     assert got == want
