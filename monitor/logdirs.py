@@ -93,7 +93,7 @@ class LogDirWatcher:
         try:
             if self._admin is None:
                 self._admin = self._factory()
-            brokers = sorted(int(b["node_id"]) for b in (self._admin.describe_cluster() or {}).get("brokers") or [])
+            brokers = sorted(int(b["broker_id"]) for b in (self._admin.describe_cluster() or {}).get("brokers") or [])
         except Exception as e:  # noqa: BLE001 - reported, asked again
             self._failed(e)
             admin, self._admin = self._admin, None

@@ -59,7 +59,7 @@ class FakeAdmin:
         b = self.brokers.pop(0) if isinstance(self.brokers[0], (list, Exception)) else self.brokers
         if isinstance(b, Exception):
             raise b
-        return {"brokers": [{"node_id": n} for n in b]}
+        return {"brokers": [{"broker_id": n, "is_fenced": False} for n in b]}
 
     def describe_log_dirs(self, brokers):
         a = self.answers[brokers[0]].pop(0)
