@@ -12,7 +12,9 @@
 - **LogDirFilling (warning)**: an online dir is ``usage_percent`` full or more, or at its growth
   over the last ``growth_window_ms`` it is full within ``full_within_ms``.  A full dir goes
   offline (and with it every replica on it).  The evidence names each such dir with its use, its
-  growth and its time to full.  Resolves when no dir is either.
+  growth and its time to full.  Resolves when no dir is either, with a margin so that a dir
+  hovering at the setting (retention deletes whole segments) does not flap: once open it stays
+  open down to ``usage_percent`` - 2 and up to 1.25 x ``full_within_ms``.
 
 Growth is the change of used bytes (total - usable) between the oldest and the newest answer
 within the window, once they are at least ``min_growth_span_ms`` apart; used bytes count
@@ -30,6 +32,9 @@ from streaming.rules.group import check_settings
 
 #: growth samples kept per dir (thinned to this many within the window)
 MAX_SAMPLES = 64
+#: LogDirFilling, once open, resolves only this many percentage points below usage_percent, and
+#: only once the time to full is this many times full_within_ms
+RESOLVE_MARGIN_PERCENT, RESOLVE_MARGIN_FACTOR = 2, 1.25
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ def on_log_dirs(state: dict, ev: dict[str, Any], now: int, entity: str,
     for gone in set(samples) - {d["log_dir"] for d in dirs}:
         del samples[gone]
     filling, shown = [], []
+    was_filling = Alert.LOG_DIR_FILLING.value in state["open"]
+    usage = cfg.usage_percent - (RESOLVE_MARGIN_PERCENT if was_filling else 0)
+    within_ms = cfg.full_within_ms * (RESOLVE_MARGIN_FACTOR if was_filling else 1)
     for d in dirs:
         path, total, usable = d["log_dir"], _int(d.get("total_bytes")), _int(d.get("usable_bytes"))
         row = {k: d.get(k) for k in ("log_dir", "online", "error", "total_bytes", "usable_bytes", "held_replicas",
@@ -111,7 +119,7 @@ def on_log_dirs(state: dict, ev: dict[str, Any], now: int, entity: str,
             pct = 100.0 * used / total
             row.update(used_percent=round(pct, 2), growth_bytes_per_s=None if growth is None else round(growth, 1),
                        seconds_to_full=None if to_full is None else round(to_full, 1))
-            if pct >= cfg.usage_percent or (to_full is not None and to_full * 1000 <= cfg.full_within_ms):
+            if pct >= usage or (to_full is not None and to_full * 1000 <= within_ms):
                 filling.append({k: row[k] for k in ("log_dir", "used_percent", "usable_bytes", "total_bytes",
                                                     "growth_bytes_per_s", "seconds_to_full")})
         else:

@@ -171,12 +171,19 @@ def test_a_dir_filling_past_the_usage_share_or_full_soon_at_its_growth_warns():
     out, s = run_rules(steps + [(900_000, rows(online("/a", usable=9 * GiB // 2)))], cfg)  # still growing
     assert [(t, a, act) for t, a, act, _, _ in out] == [(600_000, "LogDirFilling", "open")]
     assert out[0][4]["dirs"][0]["seconds_to_full"] == 3000.0
-    # the growth stops: 1 GiB in 15 min leaves 75 min to full, past the hour
+    # the growth stops: 1 GiB in 15 min leaves 75 min to full, within the resolve margin (1.25 h);
+    # 1 GiB in 20 min leaves 100 min: resolved
     out2, s2 = run_rules(steps + [(t, rows(online("/a", usable=5 * GiB))) for t in range(900_000, 3_600_001, 300_000)],
                          cfg)
-    assert out2[-1][:3] == (900_000, "LogDirFilling", "resolve")
+    assert out2[-1][:3] == (1_200_000, "LogDirFilling", "resolve")
     # and once the window holds no growth, there is no time to full at all
     assert json.loads(s2["report"])["dirs"][0]["seconds_to_full"] is None and len(s2["samples"]["/a"]) == 7
+
+
+def test_a_dir_hovering_at_the_usage_setting_does_not_flap():
+    pct = lambda p: rows(online("/a", total=100 * GiB, usable=int((100 - p) * GiB)))  # noqa: E731
+    out, _ = run_rules([(0, pct(85)), (30_000, pct(84)), (60_000, pct(83.5)), (90_000, pct(85)), (120_000, pct(82))])
+    assert [(t, a, act) for t, a, act, _, _ in out] == [(0, "LogDirFilling", "open"), (120_000, "LogDirFilling", "resolve")]
 
 
 def test_an_older_answer_or_an_empty_one_changes_nothing():
