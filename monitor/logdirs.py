@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from monitor.contract import BrokerLogDirs, LogDir
-from monitor.quorum import admin_kwargs, close_quietly, kafka_python_admin, kafka_python_conf
+from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python_admin, kafka_python_conf
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,8 @@ class LogDirWatcher:
         self._said_empty: set[int] = set()
         self.failures = 0
         self.last_error: Optional[str] = None
+        #: False once the cluster has said it has no DescribeLogDirs (Tansu): no more asking
+        self.available: Optional[bool] = None
 
     def ask(self, now_ms: int) -> Optional[list[BrokerLogDirs]]:
         """One DescribeLogDirs of each broker; None when the brokers could not be listed (a new
@@ -105,6 +107,8 @@ class LogDirWatcher:
                 answer = self._admin.describe_log_dirs(brokers=[b])
             except Exception as e:  # noqa: BLE001 - that broker only
                 self._failed(e)
+                if self.available is False:
+                    return None
                 continue
             dirs = [d for a in answer or [] if int(a.get("broker", b)) == b for d in a.get("log_dirs") or []]
             if not dirs:
@@ -114,14 +118,26 @@ class LogDirWatcher:
                              "DESCRIBE on the cluster; its dirs are not watched", b, self._name or "the cluster")
                 continue
             self._said_empty.discard(b)
+            self.available = True
             out.append(broker_log_dirs(b, dirs, self._held, int(self.interval_s * 1000)))
         with self._lock:
             self._latest = (now_ms, out)
         return out
 
     def _failed(self, e: BaseException) -> None:
+        """Said in the log: the first, 10th, 100th and every 1000th failure; a cluster without the
+        request (Tansu, ZooKeeper-era brokers before 1.0) once, and then it is not asked again."""
         self.failures += 1
         self.last_error = f"{type(e).__name__}: {e}"[:1024]
+        kind = error_kind(e)
+        if kind == "unsupported" and self.available is not True:
+            self.available = False
+            log.warning("log dirs not available on cluster %s: no DescribeLogDirs (%s); not asked again "
+                        "(--log-dirs-interval 0 stops asking)", self._name or "?", e)
+        elif self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+            hint = "; the probe's user needs DESCRIBE on the cluster" if kind == "permission" else ""
+            log.warning("DescribeLogDirs failed on cluster %s (%s, %d so far): %s%s", self._name or "?", kind,
+                        self.failures, e, hint)
 
     def take(self) -> Optional[tuple[int, list[BrokerLogDirs]]]:
         with self._lock:
@@ -129,7 +145,7 @@ class LogDirWatcher:
         return latest
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.available is not False:
             started = time.monotonic()
             self.ask(int(time.time() * 1000))
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))

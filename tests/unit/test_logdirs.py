@@ -208,3 +208,21 @@ def test_the_exporter_serves_each_dir_and_drops_a_dir_no_longer_listed():
     rl.on_log_dirs(s, rows(online("/a")), 1000, "log_dirs|k/broker/1")
     exp.apply([{"kind": "log_dirs", "action": "upsert", "cluster": "k", "broker": 1, "report": s["report"]}])
     assert 'log_dir="/b"' not in exp.render().decode()
+
+
+def test_failures_are_said_in_the_log_and_a_cluster_without_the_request_is_not_asked_again(caplog):
+    from kafka import errors as kerr
+
+    fake = FakeAdmin([1, 2], {1: [kerr.IncompatibleBrokerVersion("DescribeLogDirs")], 2: []})
+    w = LogDirWatcher({}, interval_s=1, timeout_s=1, cluster_name="k", admin_factory=lambda: fake)
+    with caplog.at_level(logging.WARNING, logger="monitor.logdirs"):
+        assert w.ask(10) is None and w.available is False
+        w._run()  # returns at once: not asked again
+    assert [r.message.split(":")[0] for r in caplog.records] == ["log dirs not available on cluster k"]
+    caplog.clear()
+    fake = FakeAdmin([1], {1: [ConnectionError("refused")] * 10})
+    w = LogDirWatcher({}, interval_s=1, timeout_s=1, cluster_name="k", admin_factory=lambda: fake)
+    with caplog.at_level(logging.WARNING, logger="monitor.logdirs"):
+        for t in range(10):
+            assert w.ask(t) == []
+    assert w.failures == 10 and len(caplog.records) == 2 and "no_answer, 1 so far" in caplog.records[0].message
