@@ -95,13 +95,14 @@ class LogDirWatcher:
         try:
             if self._admin is None:
                 self._admin = self._factory()
-            brokers = sorted(int(b["broker_id"]) for b in (self._admin.describe_cluster() or {}).get("brokers") or [])
+            listed = (self._admin.describe_cluster() or {}).get("brokers") or []
+            brokers = sorted(int(b["broker_id"]) for b in listed if not b.get("is_fenced"))  # fenced: not serving
         except Exception as e:  # noqa: BLE001 - reported, asked again
             self._failed(e)
             admin, self._admin = self._admin, None
             close_quietly(admin)
             return None
-        out = []
+        out, stale = [], False
         for b in brokers:
             try:
                 answer = self._admin.describe_log_dirs(brokers=[b])
@@ -109,6 +110,9 @@ class LogDirWatcher:
                 self._failed(e)
                 if self.available is False:
                     return None
+                # listed by the cluster, unknown to the client: it was down when kafka-python last
+                # read the metadata, which it reads again only every 5 minutes: a new client next time
+                stale = stale or type(e).__name__ == "UnknownBrokerIdError"
                 continue
             dirs = [d for a in answer or [] if int(a.get("broker", b)) == b for d in a.get("log_dirs") or []]
             if not dirs:
@@ -120,6 +124,9 @@ class LogDirWatcher:
             self._said_empty.discard(b)
             self.available = True
             out.append(broker_log_dirs(b, dirs, self._held, int(self.interval_s * 1000)))
+        if stale:
+            admin, self._admin = self._admin, None
+            close_quietly(admin)
         with self._lock:
             self._latest = (now_ms, out)
         return out

@@ -94,6 +94,38 @@ def test_no_brokers_listed_makes_a_new_client_and_no_dirs_is_said_once_not_sent(
     assert len(made) == 2 and sum("may lack DESCRIBE on the cluster" in r.message for r in caplog.records) == 1
 
 
+
+class UnknownBrokerIdError(Exception):
+    """kafka-python's, by name: the client's metadata lacks a broker the cluster lists."""
+
+
+def test_a_fenced_broker_is_not_asked_and_one_the_client_does_not_know_makes_a_new_client():
+    """Seen on Kafka 4.1.1: a broker stopped (fenced, still listed) and started again stayed
+    unknown to kafka-python's client (its metadata read while the broker was down, again only
+    every 5 minutes): every request to it failed with UnknownBrokerIdError."""
+    made, asked = [], []
+
+    class Fake:
+        def __init__(self, n):
+            self.n = n
+
+        def describe_cluster(self):
+            return {"brokers": [{"broker_id": 1, "is_fenced": False}, {"broker_id": 2, "is_fenced": True}]}
+
+        def describe_log_dirs(self, brokers):
+            asked.append((self.n, brokers[0]))
+            if self.n == 1:
+                raise UnknownBrokerIdError(brokers[0])
+            return [{"broker": brokers[0], "log_dirs": [dir_("/d", [("t", 0, 5)])]}]
+
+        def close(self):
+            pass
+    w = LogDirWatcher({}, interval_s=1, timeout_s=1, admin_factory=lambda: made.append(1) or Fake(len(made)))
+    assert w.ask(10) == [] and w.failures == 1 and "UnknownBrokerIdError" in w.last_error
+    (b,) = w.ask(20)
+    assert (b.broker, b.dirs[0].held_partitions) == (1, ["t-0"]) and len(made) == 2
+    assert asked == [(1, 1), (2, 1)]  # the fenced broker 2 never
+
 # -- the job: parser, rules, exporter ----------------------------------------------------------
 
 NOW = 1_700_000_000_000
