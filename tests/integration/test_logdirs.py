@@ -74,9 +74,8 @@ def test_a_log_dir_that_fills_goes_offline_and_opens_log_dir_offline(tmpfs_clust
     disk, tmpfs = (str(p) for p in kc.log_dirs_of(BROKER))
     topic = unique("logdirs")
     kc.create_topic(topic, config={"min.insync.replicas": 2}, replica_assignment=[[1, 2, 3]] * 4)
-    on_tmpfs = wait_for(lambda: tc.partitions_on_tmpfs(topic), timeout=30, what="replicas on broker 1's tmpfs")
-    on_disk = tc.partitions_on_disk(topic)
-    assert on_disk and len(on_tmpfs | on_disk) == 4, (on_tmpfs, on_disk)  # each dir holds some
+    on_tmpfs, on_disk = wait_for(lambda: tc.placed(topic, 4), timeout=30, what="broker 1's 4 replicas in its dirs")
+    assert on_tmpfs and on_disk, (on_tmpfs, on_disk)  # each dir holds some
     wait_for(lambda: all(sorted(isr) == [1, 2, 3] for _, _, isr in kc.partitions(topic).values()), timeout=30,
              what="every ISR full")
 

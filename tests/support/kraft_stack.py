@@ -62,8 +62,13 @@ class Committer(threading.Thread):
 class KraftStack:
     """Start with ``with KraftStack(spark, tmp) as s:``; everything stops by PID at the end."""
 
-    def __init__(self, spark: Any, tmp: Any, version: Optional[str] = None):
+    def __init__(self, spark: Any, tmp: Any, version: Optional[str] = None, cluster: Optional[KafkaCluster] = None,
+                 probe_settings: Optional[dict] = None):
+        """``cluster``: an unstarted cluster to use instead of the default one (three controllers;
+        the stack starts and stops it, e.g. bench/logdir_bench.py's, with a log dir on a tmpfs);
+        ``probe_settings``: ProbeConfig fields the stack does not set (``log_dirs_interval_s``)."""
         self.spark, self.tmp, self.version = spark, tmp, version
+        self._cluster, self._probe_settings = cluster, dict(probe_settings or {})
         self._stack = ExitStack()
 
     def __enter__(self) -> "KraftStack":
@@ -79,7 +84,7 @@ class KraftStack:
 
     def _start(self) -> None:
         s = self._stack
-        self.cluster = c = KafkaCluster(version=self.version, controllers=3)
+        self.cluster = c = self._cluster or KafkaCluster(version=self.version, controllers=3)
         c.start()
         s.callback(c.stop)
         s.callback(self._heal)
@@ -99,7 +104,7 @@ class KraftStack:
             bootstrap_servers=c.bootstrap_servers, events_kafka={"bootstrap.servers": self.events_broker.bootstrap},
             events_topic=self.events, interval_s=1, quorum_interval_s=1, elr_interval_s=5, request_timeout_s=5,
             refresh_backoff_s=0.5, topics_include=r"^kraft\.", groups_include="^kraft-", cluster=CLUSTER,
-            source="probe-kraft"))
+            source="probe-kraft", **self._probe_settings))
         self.probe_thread = threading.Thread(target=self.probe.run, args=(stop_probe,), name="kraft-probe",
                                              daemon=True)
         self.probe_thread.start()

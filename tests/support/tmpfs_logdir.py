@@ -56,10 +56,26 @@ class TmpfsCluster:
         self.tmpfs = self.cluster.log_dirs_of(BROKER)[1]
         self.size = size
 
-    def start(self) -> "TmpfsCluster":
+    def mount(self) -> "TmpfsCluster":
+        """The tmpfs on the dir, before the cluster starts (when something else starts it)."""
         mount_tmpfs(self.tmpfs, self.size)
+        return self
+
+    def start(self) -> "TmpfsCluster":
+        self.mount()
         self.cluster.start()
         return self
+
+    def repair(self, timeout: float = 120.0) -> None:
+        """The failed dir replaced by an empty one of the same id: the broker stopped, the tmpfs
+        mounted again empty but for the dir's ``meta.properties``, the broker started (it fetches
+        its replicas there back from their leaders)."""
+        meta = (self.tmpfs / "meta.properties").read_bytes()
+        self.cluster.stop_broker(BROKER)
+        umount(self.tmpfs)
+        mount_tmpfs(self.tmpfs, self.size)
+        (self.tmpfs / "meta.properties").write_bytes(meta)
+        self.cluster.start_broker(BROKER, timeout)
 
     def close(self) -> None:
         try:
@@ -75,13 +91,31 @@ class TmpfsCluster:
     def partitions_on_disk(self, topic: str) -> set[str]:
         return {p.name for p in self.cluster.log_dirs_of(BROKER)[0].glob(f"{topic}-*") if p.is_dir()}
 
+    def placed(self, topic: str, count: int) -> Optional[tuple[set[str], set[str]]]:
+        """(on the tmpfs, on the other dir) once the broker holds all ``count`` replicas of the
+        topic (a replica's directory appears a moment after the topic is created), else None."""
+        tmpfs, disk = self.partitions_on_tmpfs(topic), self.partitions_on_disk(topic)
+        return (tmpfs, disk) if len(tmpfs | disk) == count else None
+
     def offline_logged(self) -> list[str]:
         """The partitions the broker's server.log says are offline ("Logs for partitions ... are offline")."""
+        return [p for _, names in self.offline_lines() for p in names]
+
+    def offline_lines(self) -> list[tuple[float, list[str]]]:
+        """Each "Logs for partitions ... are offline" line of the broker's server.log: its time
+        (epoch seconds, from the line's local-time stamp) and the partitions it names."""
         try:
             text = (self.cluster.node_dir(BROKER) / "server.log").read_text(errors="replace")
         except OSError:
             return []
-        return [p for m in _OFFLINE_LOG.finditer(text) for p in m.group(1).split(",") if p]
+        out = []
+        for m in _OFFLINE_LOG.finditer(text):
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            stamp = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]", text[line_start:])
+            at = (time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + int(stamp.group(2)) / 1000
+                  if stamp else float("nan"))
+            out.append((at, [p for p in m.group(1).split(",") if p]))
+        return out
 
 
 def fill(bootstrap: str, topic: str, partitions: list[int], done: Callable[[], object], timeout: float = 60.0,
