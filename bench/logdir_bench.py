@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -191,6 +192,7 @@ def main() -> int:
             stop_spark(spark)
         finally:
             tc.close()
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def med(key: str):
         xs = [g[key] for g in runs if g.get("detected") and g.get(key) is not None]
