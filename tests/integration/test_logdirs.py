@@ -80,7 +80,7 @@ def test_a_log_dir_that_fills_goes_offline_and_opens_log_dir_offline(tmpfs_clust
              what="every ISR full")
 
     cfg = ProbeConfig(bootstrap_servers=kc.bootstrap_servers, interval_s=1, log_dirs_interval_s=2, quorum_interval_s=0,
-                      elr_interval_s=0, topics_include=f"^{topic}$", groups_include="^$", cluster=unique("ld"),
+                      elr_interval_s=5, topics_include=f"^{topic}$", groups_include="^$", cluster=unique("ld"),
                       source="probe-logdirs")
     probe, cap = capturing_probe(cfg)
     stop = threading.Event()
@@ -131,6 +131,23 @@ def test_a_log_dir_that_fills_goes_offline_and_opens_log_dir_offline(tmpfs_clust
             assert leader != BROKER and sorted(isr) == [2, 3], (p, parts)
         assert on_tmpfs <= set(wait_for(tc.offline_logged, timeout=10, what="'Logs for partitions ... are offline'"))
 
+        # the cause of the ISR shrink: the controller has broker 1's replicas on the tmpfs offline,
+        # which only DescribeTopicPartitions says (the ELR watcher's look after the shrink)
+        idx = lambda names: {int(p.rsplit("-", 1)[1]) for p in names}  # noqa: E731
+
+        def offline_sent():
+            pm = of_type(cap.events, "partition_metadata", topic=topic)
+            return {e.data.partition for e in pm if BROKER in (e.data.offline_replicas or [])} == idx(on_tmpfs) or None
+        wait_for(offline_sent, timeout=30, what="the tmpfs partitions sent with broker 1's replica offline")
+        t_cause = time.monotonic() - t_fill
+        first_shrunk = {}  # per tmpfs partition, its first view without broker 1 in the ISR
+        for e in sorted(of_type(cap.events, "partition_metadata", topic=topic), key=lambda e: e.seq):
+            if e.data.partition in idx(on_tmpfs) and BROKER not in e.data.isr:
+                first_shrunk.setdefault(e.data.partition, e)
+        with_cause = sum(BROKER in (e.data.offline_replicas or []) for e in first_shrunk.values())
+        assert not [e for e in of_type(cap.events, "partition_metadata", topic=topic)
+                    if e.data.partition in idx(on_disk) and e.data.offline_replicas]
+
         # the dir stays offline in the answers that follow, and nothing resolves the alert
         wait_for(lambda: len([e for e in mine() if e.seq > off.seq]) >= 3, timeout=30, what="3 more answers of broker 1")
         assert all(not dirs_of(e)[tmpfs].online for e in mine() if e.seq >= off.seq)
@@ -154,5 +171,6 @@ def test_a_log_dir_that_fills_goes_offline_and_opens_log_dir_offline(tmpfs_clust
     assert not got.get(2) and not got.get(3), {b: got.get(b) for b in (2, 3)}  # a host disk >= 85 % full would fill
     print(f"\nKafka {kc.version}: cluster up in {kc.start_seconds:.1f} s; tmpfs replicas {sorted(on_tmpfs)}; "
           f"offline in the probe's answer {(off.observed_at - fill_ms) / 1000:.1f} s after the fill started "
-          f"(seen {seen_s:.1f} s, {produced / 1e6:.1f} MB acknowledged), ISR split seen at {t_isr:.1f} s; "
+          f"(seen {seen_s:.1f} s, {produced / 1e6:.1f} MB acknowledged), ISR split seen at {t_isr:.1f} s, "
+          f"offline replicas sent at {t_cause:.1f} s ({with_cause}/{len(first_shrunk)} first shrunk views had them: usually 0, docs/logdirs.md); "
           f"broker 1's transitions {mine_t}; test body {time.monotonic() - t_test:.1f} s")
