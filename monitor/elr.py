@@ -71,6 +71,7 @@ class ElrWatcher:
         #: swept (kafka-python's I/O thread not counted: ~88 % of a sweep's CPU at 100k, bench/elr_bench.py)
         self.last_sweep: Optional[dict[str, float]] = None
         self.sweeps = self.looks = self.failures = 0
+        self._in_a_row = 0  # failures since the last answer
 
     def _kafka_python_admin(self) -> Any:
         return kafka_python_admin(self._kp_conf, self.timeout_s, "kafka-monitor-elr")
@@ -165,7 +166,7 @@ class ElrWatcher:
         with self._lock:
             self._entries = entries
             self.available = True
-        self.sweeps += 1
+        self.sweeps, self._in_a_row = self.sweeps + 1, 0
         self.last_sweep = {"partitions_listed": float(len(entries)), "requests": float(requests),
                            "topics": float(len(seen)), "seconds": time.monotonic() - t0,
                            "cpu_seconds": time.thread_time() - c0}
@@ -183,7 +184,7 @@ class ElrWatcher:
             kept = {k: v for k, v in self._entries.items() if k[0] not in seen}
             kept.update(entries)
             self._entries = kept
-        self.looks += 1
+        self.looks, self._in_a_row = self.looks + 1, 0
 
     def _set_off(self, why: str) -> None:
         with self._lock:
@@ -195,9 +196,16 @@ class ElrWatcher:
 
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
-        admin, self._admin = self._admin, None
-        close_quietly(admin)
+        self._in_a_row += 1
         kind = error_kind(e)
+        # A request that timed out (a paused broker: its connection stays up, nothing answers)
+        # keeps the client: kafka-python closes that connection and sends the next request over
+        # an idle established one, a live broker's.  A new client would pick a node at random
+        # again (seen on 4.4.0: with 2 of 3 brokers paused, 90 s of timeouts and no answer).
+        # Anything else, or 3 timeouts in a row, and the next request has a new client.
+        if kind != "no_answer" or self._in_a_row >= 3:
+            admin, self._admin = self._admin, None
+            close_quietly(admin)
         if kind == "unsupported":
             self._set_off(f"no DescribeTopicPartitions ({e})")
         elif self.failures in (1, 10, 100) or self.failures % 1000 == 0:

@@ -93,8 +93,11 @@ def test_brokers_stopped_one_then_two_and_returned(kafka_cluster):
         assert first.data.leader_epoch is not None
         c.stop_broker(2)
         try:
+            # the epoch may be unknown for a refresh (the client's statistics late on a loaded
+            # machine, monitor/leader_epochs.py): the view with it follows at a later refresh
             moved = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader not in (2, -1) and
-                                  2 not in p.data.isr and p, "leadership away from broker 2")
+                                  2 not in p.data.isr and p.data.leader_epoch is not None and p,
+                                  "leadership away from broker 2, with its epoch")
             assert moved.data.leader_epoch > first.data.leader_epoch
             assert moved.data.offline_replicas == [2] and sorted(moved.data.isr) == [1, 3]
             refresh = latest(cap.events, "metadata_refresh", ok=True)

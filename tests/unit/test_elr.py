@@ -133,11 +133,27 @@ def test_a_failed_sweep_keeps_the_last_answer_and_a_new_client_follows():
         return admin
     w = ElrWatcher({}, interval_s=60, timeout_s=1, admin_factory=factory)
     w.sweep()
-    admin.errors = [kerr.KafkaConnectionError("gone")]
+    admin.errors = [kerr.ClusterAuthorizationFailedError("no")]
     w.sweep()
     assert w.failures == 1 and w.available is True and w.elr_of("b", 0, 1, [1], [1, 2, 3]) == ((2,), ())
     w.sweep()
     assert len(made) == 2
+
+
+def test_timeouts_keep_the_client_which_then_avoids_the_silent_broker_until_three_in_a_row():
+    admin = DtpAdmin({"b": [part(0, isr=(1,), elr=[2])]})
+    made = []
+    w = ElrWatcher({}, interval_s=60, timeout_s=1, admin_factory=lambda: made.append(1) or admin)
+    w.sweep()
+    admin.errors = [kerr.KafkaTimeoutError("paused broker")]
+    w.sweep()
+    w.sweep()
+    assert (w.failures, len(made), w.sweeps) == (1, 1, 2)  # the same client answered next
+    admin.errors = [kerr.KafkaTimeoutError("1"), kerr.KafkaTimeoutError("2"), kerr.KafkaTimeoutError("3")]
+    for _ in range(3):
+        w.sweep()
+    w.sweep()
+    assert (w.failures, len(made)) == (4, 2)  # the third in a row: a new client
 
 
 class ShortIsrAdmin(FakeAdmin):
