@@ -235,15 +235,23 @@ class AppConsumer:
         self.consumer.close()
 
 
-def probe_view_complete(events: list[Event], source: str) -> bool:
+def probe_view_missing(events: list[Event], source: str) -> list[str]:
+    """What the probe's view of sec.orders and sec-billing still lacks ([]: complete)."""
     mine = [e for e in events if e.source == source]
     md = {e.data.partition: e.data for e in of_type(mine, "partition_metadata", topic=ORDERS)}
     offs = {e.data.partition: e.data.high_watermark for e in of_type(mine, "partition_offsets", topic=ORDERS)}
     committed = {e.data.partition: e.data.committed_offset for e in of_type(mine, "group_offsets", group=GROUP)}
     states = [e.data for e in of_type(mine, "group_state", group=GROUP)]
-    return (set(md) == {0, 1} and all(d.min_insync_replicas == 2 and len(d.isr) == 3 for d in md.values())
-            and offs == {0: 5, 1: 5} and committed == {0: 5, 1: 5}
-            and any(s.state == "Stable" and len(s.members) == 1 for s in states))
+    missing = []
+    if not (set(md) == {0, 1} and all(d.min_insync_replicas == 2 and len(d.isr) == 3 for d in md.values())):
+        missing.append(f"metadata {md}")
+    if offs != {0: 5, 1: 5}:
+        missing.append(f"high watermarks {offs}")
+    if committed != {0: 5, 1: 5}:
+        missing.append(f"committed {committed}")
+    if not any(s.state == "Stable" and len(s.members) == 1 for s in states):
+        missing.append(f"group states {[(s.state, len(s.members)) for s in states[-3:]]}")
+    return missing
 
 
 def cli(*args: str, env: Optional[dict] = None) -> subprocess.Popen:
@@ -275,12 +283,25 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure):
     with AppConsumer(secure) as app:
         wait_for(lambda: app.committed, timeout=60, what="the application's group to commit")
         proc = cli(*args)
+        missing: list[str] = ["not asked yet"]
+
+        def view() -> bool:
+            nonlocal missing
+            missing = probe_view_missing(events_of(secure), "probe-sec")
+            return not missing or proc.poll() is not None  # an exited probe: said below, with its output
+        failed: Optional[AssertionError] = None
         try:
-            wait_for(lambda: probe_view_complete(events_of(secure), "probe-sec"), timeout=90,
-                     interval=1, what="the probe's view of sec.orders and sec-billing in the events topic")
+            wait_for(view, timeout=90, interval=1,
+                     what="the probe's view of sec.orders and sec-billing in the events topic")
+        except AssertionError as e:  # once failed in CI with nothing to go on: say what was missing, and why
+            failed = e
         finally:
-            proc.send_signal(signal.SIGTERM)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=30)
+        if failed is not None or missing:
+            raise AssertionError(f"{failed or 'the probe exited (' + str(proc.returncode) + ')'}; still missing: "
+                                 f"{missing}; the probe's stderr ends: {err[-4000:]}")
         assert not app.errors, app.errors
     SCANNED["probe command output"] = out + err
     assert proc.returncode == 0, err[-3000:]
