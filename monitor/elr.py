@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python_admin, kafka_python_conf
+from monitor.quorum import WatcherThread, admin_kwargs, error_kind, kafka_python_admin, kafka_python_conf
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,14 @@ Entry = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int,
 _EMPTY: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
-class ElrWatcher:
+class ElrWatcher(WatcherThread):
     """DescribeTopicPartitions sweeps every ``interval_s`` and looks on demand, on a thread.
 
     ``admin_factory()`` makes the client (default: kafka-python's ``KafkaAdminClient`` from
     ``conf``, the probe's librdkafka settings); tests pass a fake with ``describe_features()``
     and ``describe_topic_partitions(topics, response_partition_limit, cursor)``."""
+
+    thread_name = "elr"
 
     def __init__(self, conf: dict[str, Any], interval_s: float, timeout_s: float, cluster_name: str = "",
                  watched: Callable[[str], bool] = lambda t: True, page: int = 2000, min_gap_s: float = 1.0,
@@ -204,8 +206,7 @@ class ElrWatcher:
         # again (seen on 4.4.0: with 2 of 3 brokers paused, 90 s of timeouts and no answer).
         # Anything else, or 3 timeouts in a row, and the next request has a new client.
         if kind != "no_answer" or self._in_a_row >= 3:
-            admin, self._admin = self._admin, None
-            close_quietly(admin)
+            self._close_admin()
         if kind == "unsupported":
             self._set_off(f"no DescribeTopicPartitions ({e})")
         elif self.failures in (1, 10, 100) or self.failures % 1000 == 0:
@@ -233,15 +234,6 @@ class ElrWatcher:
                     continue
             self._wake.wait(max(0.0, next_sweep - time.monotonic()))
 
-    def start(self) -> "ElrWatcher":
-        self._thread = threading.Thread(target=self._run, name="elr", daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        admin, self._admin = self._admin, None
-        close_quietly(admin)
+        self._wake.set()  # out of its wait for a wake or the next sweep
+        super().stop(timeout)

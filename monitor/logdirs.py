@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from monitor.contract import BrokerLogDirs, LogDir
-from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python_admin, kafka_python_conf
+from monitor.quorum import WatcherThread, admin_kwargs, error_kind, kafka_python_admin, kafka_python_conf
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,14 @@ def broker_log_dirs(broker: int, dirs: list[dict], held: Held, interval_ms: int)
     return BrokerLogDirs(broker=broker, interval_ms=interval_ms, dirs=out)
 
 
-class LogDirWatcher:
+class LogDirWatcher(WatcherThread):
     """DescribeLogDirs of every broker every ``interval_s``, on a thread of its own (a hung or
     failing call costs that thread, never the probe's cycle); ``take()`` hands the newest answers
     over once.  ``admin_factory()`` makes the client (default: kafka-python's
     ``KafkaAdminClient`` from the probe's librdkafka settings); tests pass a fake with
     ``describe_cluster()`` and ``describe_log_dirs(brokers=[id])``."""
+
+    thread_name = "logdirs"
 
     def __init__(self, conf: dict[str, Any], interval_s: float, timeout_s: float, cluster_name: str = "",
                  admin_factory: Optional[Callable[[], Any]] = None):
@@ -99,8 +101,7 @@ class LogDirWatcher:
             brokers = sorted(int(b["broker_id"]) for b in listed if not b.get("is_fenced"))  # fenced: not serving
         except Exception as e:  # noqa: BLE001 - reported, asked again
             self._failed(e)
-            admin, self._admin = self._admin, None
-            close_quietly(admin)
+            self._close_admin()
             return None
         out, stale = [], False
         for b in brokers:
@@ -125,8 +126,7 @@ class LogDirWatcher:
             self.available = True
             out.append(broker_log_dirs(b, dirs, self._held, int(self.interval_s * 1000)))
         if stale:
-            admin, self._admin = self._admin, None
-            close_quietly(admin)
+            self._close_admin()
         with self._lock:
             self._latest = (now_ms, out)
         return out
@@ -157,14 +157,3 @@ class LogDirWatcher:
             self.ask(int(time.time() * 1000))
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
-    def start(self) -> "LogDirWatcher":
-        self._thread = threading.Thread(target=self._run, name="logdirs", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        admin, self._admin = self._admin, None
-        close_quietly(admin)

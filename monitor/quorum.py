@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from monitor.contract import NO_LEADER, QuorumReplica, QuorumState
 
@@ -168,12 +168,47 @@ def quorum_state(resp: dict, now_ms: int, interval_ms: int) -> QuorumState:
                        observers=sorted(map(replica, observers), key=lambda r: r.replica_id))
 
 
-class QuorumWatcher:
+_W = TypeVar("_W", bound="WatcherThread")
+
+
+class WatcherThread:
+    """The thread of a kafka-python watcher (quorum, ELR, log dirs): ``start()`` runs ``_run`` on
+    a daemon thread named ``thread_name``; ``stop()`` sets ``_stop``, waits for the thread and
+    closes the client (``_admin``)."""
+
+    thread_name = "watcher"
+    _thread: Optional[threading.Thread]
+    _stop: threading.Event
+    _admin: Any
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self: _W) -> _W:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._close_admin()
+
+    def _close_admin(self) -> None:
+        """Drop the client (a new one is made for the next request) and close it."""
+        admin, self._admin = self._admin, None
+        close_quietly(admin)
+
+
+class QuorumWatcher(WatcherThread):
     """DescribeQuorum every ``interval_s`` on a thread; ``take()`` hands the newest answer over once.
 
     ``admin_factory()`` makes the client (default: kafka-python's ``KafkaAdminClient`` from
     ``conf``, the probe's librdkafka settings); tests pass a fake with
     ``describe_metadata_quorum()``."""
+
+    thread_name = "quorum"
 
     def __init__(self, conf: dict[str, Any], interval_s: float, timeout_s: float,
                  clock: Callable[[], float] = time.time, admin_factory: Optional[Callable[[], Any]] = None):
@@ -225,10 +260,6 @@ class QuorumWatcher:
                                 error_kind=kind)
         return now, state
 
-    def _close_admin(self) -> None:
-        admin, self._admin = self._admin, None
-        close_quietly(admin)
-
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
@@ -240,17 +271,6 @@ class QuorumWatcher:
                     self.leader = state.leader_id if state.leader_id != NO_LEADER else None
                     self.leader_at = at
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-
-    def start(self) -> "QuorumWatcher":
-        self._thread = threading.Thread(target=self._run, name="quorum", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._close_admin()
 
     def take(self) -> Optional[tuple[int, QuorumState]]:
         """The newest answer not handed over yet; or, when the thread has not answered for
