@@ -146,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between two DescribeLogDirs requests to each broker: every log dir online or "
                         "offline, its size, free space and the replicas it holds (through kafka-python, on a "
                         "thread of its own). 0 = off (default 30; config key log_dirs_interval_s)")
+    p.add_argument("--transactions-interval", dest="transactions_interval_s", type=float,
+                   help="seconds between two rounds of ListTransactions to each broker, DescribeTransactions of "
+                        "the open ones and DescribeProducers of their partitions: each open transaction's age, "
+                        "timeout and the partitions whose last stable offset it holds (through kafka-python, on a "
+                        "thread of its own). 0 = off (default 30; config key transactions_interval_s)")
     p.add_argument("--elr-interval", dest="elr_interval_s", type=float,
                    help="seconds between two DescribeTopicPartitions sweeps of every topic: each partition's "
                         "eligible leader replicas (KIP-966, Kafka 4.1+), through kafka-python; a partition whose "
@@ -234,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_arguments(r)
 
     s = sub.add_parser("schema", help="print the event contract (JSON Schema or Markdown)",
-                       description="Print the event contract (v2: v1 with the quorum_state and log_dirs types and the ELR), generated from monitor/contract.py: as JSON "
+                       description="Print the event contract (v2: v1 with the quorum_state, log_dirs and transactions "
+                                   "types and the ELR), generated from monitor/contract.py: as JSON "
                                    "Schema (what docs/event-schema.json holds; validate events of other producers "
                                    "with it) or as the Markdown reference (docs/events.md).")
     s.add_argument("--format", choices=["json", "markdown"], default="json",

@@ -146,7 +146,8 @@ def run_demo(metrics_port: int = 9465, duration_s: float = 0, probe_interval_s: 
             probe = Probe(ProbeConfig(bootstrap_servers=broker.bootstrap, interval_s=probe_interval_s,
                                       offsets_via="fetch", cluster="local", source="demo-probe",
                                       quorum_interval_s=0, elr_interval_s=0,
-                                      log_dirs_interval_s=0))  # Tansu: no KRaft quorum, no ELR, no log dirs
+                                      log_dirs_interval_s=0, transactions_interval_s=0))
+            # Tansu: no KRaft quorum, no ELR, no log dirs, no ListTransactions
             t = threading.Thread(target=probe.run, args=(stop,), name="probe", daemon=True)
         t.start()
         threads.append(t)

@@ -11,10 +11,10 @@ parses with are all generated from them (``kafka-monitor schema``).
 
 Compatibility rules: readers accept and ignore unknown extra fields; a new required field or a
 changed meaning is a new ``schema`` version, and readers keep reading the old one.  v2 adds the
-``quorum_state`` and ``log_dirs`` types and the eligible leader replicas of ``partition_metadata`` (a v1 reader
-quarantines them as ``unknown_schema`` and reads every other event: upgrade the job before the
-probes); the other types are still sent as v1 (``SCHEMA_OF_TYPE``), and a v1 ``partition_metadata``
-still reads (its ELR null: not known).
+``quorum_state``, ``log_dirs`` and ``transactions`` types and the eligible leader replicas of
+``partition_metadata`` (a v1 reader quarantines them as ``unknown_schema`` and reads every other
+event: upgrade the job before the probes); the other types are still sent as v1
+(``SCHEMA_OF_TYPE``), and a v1 ``partition_metadata`` still reads (its ELR null: not known).
 
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
 never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
@@ -478,6 +478,77 @@ class BrokerLogDirs:
     dirs: list[LogDir] = _doc("Each of the broker's log dirs (at most 64).", default_factory=list)
 
 
+@dataclass(frozen=True)
+class OpenTransaction:
+    """One open transaction as its coordinator describes it (DescribeTransactions), or as
+    ListTransactions lists it when the description failed (``described`` false)."""
+
+    transactional_id: str = _doc("The producer's transactional.id (cut to 1,024 characters).")
+    producer_id: int = _doc("Its producer id.")
+    state: str = _doc("Ongoing (records being written), PrepareCommit or PrepareAbort (the coordinator is writing its "
+                      "markers): the open states.")
+    coordinator: int = _doc("The broker that coordinates it (the leader of its __transaction_state partition).")
+    described: bool = _doc("false: DescribeTransactions failed for it; only what ListTransactions says (id, producer "
+                           "id, state, coordinator) is known.", default=True)
+    producer_epoch: Optional[int] = _doc("Its producer epoch; null: not described.", default=None)
+    started_ms_ago: Optional[int] = _doc(
+        "Time since it started, at observed_at (the coordinator's start time against the probe's clock); null: "
+        "unknown (not described).", default=None)
+    timeout_ms: Optional[int] = _doc("Its transaction.timeout.ms: the coordinator aborts it once it is older; null: "
+                                     "not described.", default=None)
+    partitions: list[str] = _doc("Up to 100 of the partitions it has added, as topic-partition names (sorted).",
+                                 default_factory=list)
+    partitions_count: int = _doc("How many partitions it has added (0 when not described).", default=0)
+
+
+@dataclass(frozen=True)
+class HeldPartition:
+    """A partition on which a producer has an open transaction, as its leader describes it
+    (DescribeProducers): the partition's last stable offset cannot pass first_offset until that
+    transaction commits or aborts."""
+
+    topic: str = _doc("Topic name.")
+    partition: int = _doc("Partition index.")
+    producer_id: int = _doc("The producer whose transaction is open there. One that no listed transaction has is "
+                            "a hanging transaction (its coordinator knows none), or one not listed (its broker in "
+                            "unlisted_brokers, no DESCRIBE on its transactional id, begun after the listing).")
+    producer_epoch: int = _doc("That producer's epoch on the partition.")
+    first_offset: int = _doc("Offset of the transaction's first record on the partition: read_committed consumers "
+                             "stop before it (the last stable offset) until the transaction ends.")
+
+
+@dataclass(frozen=True)
+class OpenTransactions:
+    """The cluster's open transactions (ListTransactions of each broker, DescribeTransactions
+    of the open ones) and the partitions they hold (DescribeProducers), asked by a probe on an
+    interval of its own (schema v2).  An open transaction pins its partitions' last stable offset:
+    read_committed consumers stop there while the high watermark moves on.  The lists keep the
+    oldest transactions first and are cut to keep the event under 60,000 bytes; the counts say
+    how many there were."""
+
+    ok: bool = _doc("Whether any broker listed its transactions; false: error and error_kind say why, nothing else "
+                    "is known.")
+    interval_ms: int = _doc("How often this probe asks (its transactions interval).")
+    transactions: list[OpenTransaction] = _doc(
+        "Open transactions, the oldest first (those not described last), at most 1000.", default_factory=list)
+    transactions_count: int = _doc("Open transactions listed (the list may hold fewer).", default=0)
+    held_partitions: list[HeldPartition] = _doc(
+        "The open transactions' partitions on which a producer has a transaction open (DescribeProducers), those "
+        "of the oldest transactions first, at most 1000.", default_factory=list)
+    held_partitions_count: int = _doc("Such partitions and producers found (the list may hold fewer).", default=0)
+    unasked_partitions: int = _doc(
+        "Partitions of the open transactions that DescribeProducers did not answer for (it failed, or beyond the "
+        "1000 asked per round); 0: every one was asked and answered.", default=0)
+    unlisted_brokers: list[int] = _doc(
+        "Brokers whose ListTransactions failed: the transactions they coordinate are missing.", default_factory=list)
+    error: Optional[str] = _doc("Why nothing was listed, when ok is false.", default=None)
+    error_kind: Optional[str] = _doc(
+        "permission (the brokers refused DescribeCluster or ListTransactions; Kafka lists without refusing only the "
+        "transactional ids the probe's user may DESCRIBE), unsupported (no ListTransactions: Kafka before 3.0; said "
+        "once in the probe's log, not sent), no_answer (no broker answered in time: the monitor's blindness, not the "
+        "cluster's) or error (anything else); null when ok.", default=None)
+
+
 #: type name -> (payload class, fields that make up the entity key after the cluster)
 PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "metadata_refresh": (MetadataRefresh, ("@source",)),
@@ -496,20 +567,22 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "group_partition_gone": (GroupPartitionGone, ("group", "topic", "partition")),
     "quorum_state": (QuorumState, ()),
     "log_dirs": (BrokerLogDirs, ("broker",)),
+    "transactions": (OpenTransactions, ()),
 }
 #: the contract version each type is sent with (the rest: v1)
-SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dirs": SCHEMA_V2}
+SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dirs": SCHEMA_V2,
+                  "transactions": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
     ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat, PartitionGone, GroupGone, GroupPartitionGone,
-    QuorumState, BrokerLogDirs,
+    QuorumState, BrokerLogDirs, OpenTransactions,
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
+    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs, transactions and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",

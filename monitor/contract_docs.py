@@ -72,7 +72,8 @@ def json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "kafka-monitor/v2",
-        "title": "kafka-monitor event (contract v2; v1 is v2 without the quorum_state and log_dirs types and the ELR)",
+        "title": "kafka-monitor event (contract v2; v1 is v2 without the quorum_state, log_dirs and "
+                 "transactions types and the ELR)",
         "type": "object",
         "properties": env_types,
         "required": list(env_types),

@@ -65,6 +65,7 @@ from monitor.logdirs import LogDirWatcher
 from monitor.quorum import QuorumConfigError, QuorumWatcher
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
+from monitor.transactions import TransactionWatcher
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,17 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                                               cluster_name=cfg.cluster or cfg.bootstrap_servers)
             except QuorumConfigError as e:
                 raise ConfigError(f"probe.kafka: {e}") from None
+        #: the open transactions and the partitions they hold (ListTransactions, DescribeTransactions,
+        #: DescribeProducers through kafka-python, monitor.transactions): the unshared probe or share 1 of n
+        self.transactions: Optional[TransactionWatcher] = None
+        if cfg.transactions_interval_s > 0 and admin is None and (
+                self._scope.share is None or self._scope.share[0] == 1):
+            try:
+                self.transactions = TransactionWatcher(cfg.client_conf(), cfg.transactions_interval_s,
+                                                       cfg.request_timeout_s,
+                                                       cluster_name=cfg.cluster or cfg.bootstrap_servers)
+            except QuorumConfigError as e:
+                raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
             self.canary = Canary(
                 CanaryConfig(topic=cfg.canary_topic, interval_s=cfg.canary_interval_s, report_interval_s=cfg.interval_s,
@@ -219,6 +231,10 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             if dirs is not None:
                 for broker in dirs[1]:
                     self._emitter.emit(broker, observed_at=dirs[0])
+        if self.transactions is not None:
+            txns = self.transactions.take()
+            if txns is not None:
+                self._emitter.emit(txns[1], observed_at=txns[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
@@ -366,6 +382,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self.elr.start()
         if self.log_dirs is not None and self.log_dirs._thread is None:
             self.log_dirs.start()
+        if self.transactions is not None and self.transactions._thread is None:
+            self.transactions.start()
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
                                                    name="canary", daemon=True)
@@ -443,6 +461,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self.elr.stop()
         if self.log_dirs is not None:
             self.log_dirs.stop()
+        if self.transactions is not None:
+            self.transactions.stop()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

@@ -94,6 +94,9 @@ class ProbeConfig:
     elr_interval_s: float = 60.0
     #: seconds between two DescribeLogDirs of every broker (monitor.logdirs); 0: not asked
     log_dirs_interval_s: float = 30.0
+    #: seconds between two rounds of ListTransactions, DescribeTransactions and DescribeProducers
+    #: (the open transactions and the partitions they hold, monitor.transactions); 0: not asked
+    transactions_interval_s: float = 30.0
 
     def validate(self) -> "ProbeConfig":
         if not self.bootstrap_servers:
@@ -145,6 +148,9 @@ class ProbeConfig:
         if not (self.log_dirs_interval_s == 0 or 1 <= self.log_dirs_interval_s <= 3600):
             raise ConfigError(f"probe.log_dirs_interval_s: must be 0 (off) or within 1..3600, got "
                               f"{self.log_dirs_interval_s}")
+        if not (self.transactions_interval_s == 0 or 1 <= self.transactions_interval_s <= 3600):
+            raise ConfigError(f"probe.transactions_interval_s: must be 0 (off) or within 1..3600, got "
+                              f"{self.transactions_interval_s}")
         if not (self.elr_interval_s == 0 or 5 <= self.elr_interval_s <= 3600):
             raise ConfigError(f"probe.elr_interval_s: must be 0 (off) or within 5..3600, got {self.elr_interval_s}")
         return self
