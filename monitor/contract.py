@@ -174,6 +174,14 @@ class GroupOffsets:
     last_stable_offset: Optional[int] = _doc(
         "The partition's last stable offset observed with the HW (ListOffsets with read_committed "
         "isolation): what a read_committed consumer can read up to; null when unknown.", default=None)
+    held_by_transaction: Optional[str] = _doc(
+        "When the committed offset is the last stable offset and that is below the HW (a read_committed consumer "
+        "waiting on an open transaction): the transactional id of the transaction whose first record on the "
+        "partition is at the LSO, as the probe's last transactions answer has it (cut to 1,024 characters); null "
+        "otherwise or when not known (transactions not asked by this probe, or the transaction not described).",
+        default=None)
+    held_by_producer: Optional[int] = _doc(
+        "That transaction's producer id (known also when its transactional id is not); null as above.", default=None)
 
 
 @dataclass(frozen=True)
@@ -515,6 +523,12 @@ class HeldPartition:
     producer_epoch: int = _doc("That producer's epoch on the partition.")
     first_offset: int = _doc("Offset of the transaction's first record on the partition: read_committed consumers "
                              "stop before it (the last stable offset) until the transaction ends.")
+    last_stable_offset: Optional[int] = _doc(
+        "The partition's last stable offset in the probe's latest observation of its offsets; null when not "
+        "watched or unknown.", default=None)
+    high_watermark: Optional[int] = _doc(
+        "The partition's high watermark in that observation: high_watermark - last_stable_offset records are "
+        "written but held from read_committed consumers; null when not watched or unknown.", default=None)
 
 
 @dataclass(frozen=True)

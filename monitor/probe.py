@@ -65,7 +65,7 @@ from monitor.logdirs import LogDirWatcher
 from monitor.quorum import QuorumConfigError, QuorumWatcher
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
-from monitor.transactions import TransactionWatcher
+from monitor.transactions import TransactionWatcher, with_offsets
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         #: the open transactions and the partitions they hold (ListTransactions, DescribeTransactions,
         #: DescribeProducers through kafka-python, monitor.transactions): the unshared probe or share 1 of n
         self.transactions: Optional[TransactionWatcher] = None
+        #: the last observation's offsets, (topic, partition) -> (log start, HW, LSO): the held partitions' LSO and HW
+        self._last_offsets: dict[tuple[str, int], tuple] = {}
         if cfg.transactions_interval_s > 0 and admin is None and (
                 self._scope.share is None or self._scope.share[0] == 1):
             try:
@@ -234,7 +236,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         if self.transactions is not None:
             txns = self.transactions.take()
             if txns is not None:
-                self._emitter.emit(txns[1], observed_at=txns[0])
+                self._emitter.emit(with_offsets(txns[1], self._last_offsets), observed_at=txns[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
         self._emitter.emit(Heartbeat(interval_ms=int(self.cfg.interval_s * 1000),
@@ -296,13 +298,23 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         via, metadata_at = self.cfg.offsets_via, self._watched_at
         self._emit_rows(PartitionOffsets, [(topic, part, hi, via, lo, lso, metadata_at)
                                            for (topic, part), (lo, hi, lso) in offsets.items()], offsets_at)
-        rows = []
+        self._last_offsets = offsets
+        rows: list[tuple] = []
         get = offsets.get
+        holder = self.transactions.holder if self.transactions is not None else None
         for group, tps in committed.items():
             for (topic, part), off in tps.items():
                 hw = get((topic, part))
-                rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2]) if hw is not None
-                            else (group, topic, part, off, None, None, None, None, None, None))
+                if hw is None:
+                    rows.append((group, topic, part, off, None, None, None, None, None, None, None, None))
+                    continue
+                held = None
+                # at the LSO with records past it: a read_committed consumer waiting on a transaction
+                if holder is not None and off is not None and off == hw[2] and hw[1] is not None and off < hw[1]:
+                    held = holder(topic, part, off)
+                rows.append((group, topic, part, off, hw[1], offsets_at, None, None, None, hw[2],
+                             None if held is None or held[0] is None else held[0][:1024],
+                             None if held is None else held[1]))
         self._emit_rows(GroupOffsets, rows, offsets_at)
 
     def _check_overrun(self, duration: float, lag: Optional[float]) -> None:

@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Iterable, Optional
 
 from monitor.contract import HeldPartition, OpenTransaction, OpenTransactions
-from monitor.quorum import admin_kwargs, close_quietly, error_kind, kafka_python_admin, kafka_python_conf
+from monitor.quorum import WatcherThread, admin_kwargs, error_kind, kafka_python_admin, kafka_python_conf
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,18 @@ def held_partitions(asked: Iterable[tuple[str, int]], answers: dict[Any, Any]) -
     return out
 
 
+def with_offsets(event: OpenTransactions, offsets: dict[tuple[str, int], tuple]) -> OpenTransactions:
+    """The event with each held partition's LSO and HW from the probe's latest observation of
+    its offsets (``(topic, partition) -> (log start, HW, LSO)``); unwatched ones stay null."""
+    if not event.held_partitions or not offsets:
+        return event
+    held = []
+    for h in event.held_partitions:
+        o = offsets.get((h.topic, h.partition))
+        held.append(h if o is None else dataclasses.replace(h, high_watermark=o[1], last_stable_offset=o[2]))
+    return fit(dataclasses.replace(event, held_partitions=held))  # the offsets add ~40 bytes a partition
+
+
 def fit(event: OpenTransactions, budget: int = MAX_DATA_BYTES) -> OpenTransactions:
     """The event with its lists cut at their tail (the newest) so that its data stays within
     ``budget`` bytes; the held partitions get at most a third of the room the transactions leave."""
@@ -154,7 +166,7 @@ def fit(event: OpenTransactions, budget: int = MAX_DATA_BYTES) -> OpenTransactio
     return dataclasses.replace(event, transactions=txns[:n_t], held_partitions=held[:n_h])
 
 
-class TransactionWatcher:
+class TransactionWatcher(WatcherThread):
     """ListTransactions of each broker, DescribeTransactions of the open ones and
     DescribeProducers of their partitions every ``interval_s``, on a thread of its own (a hung
     or failing call costs that thread, never the probe's cycle); ``take()`` hands the newest
@@ -162,6 +174,8 @@ class TransactionWatcher:
     ``KafkaAdminClient`` from the probe's librdkafka settings); tests pass a fake with
     ``describe_cluster()``, ``list_transactions(broker_ids=, state_filters=)``,
     ``describe_transactions(ids)`` and ``describe_producers(partitions)``."""
+
+    thread_name = "transactions"
 
     def __init__(self, conf: dict[str, Any], interval_s: float, timeout_s: float, cluster_name: str = "",
                  admin_factory: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.time):
@@ -178,6 +192,9 @@ class TransactionWatcher:
         self._started: dict[str, int] = {}
         self._lock = threading.Lock()
         self._latest: Optional[tuple[int, OpenTransactions]] = None
+        #: (topic, partition) -> first offset -> (transactional id or None, producer id): the open
+        #: transactions of the last answer that listed any, by the partitions they hold (``holder``)
+        self._holders: dict[tuple[str, int], dict[int, tuple[Optional[str], int]]] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.failures = 0
@@ -238,6 +255,12 @@ class TransactionWatcher:
         asked = partitions[:MAX_PRODUCER_PARTITIONS]
         answers, _ = self._chunked(self._producers, asked, "DescribeProducers")
         held = held_partitions(asked, answers)
+        tid_of = {pid: tid for tid, (_, pid, _) in listed.items()}
+        holders: dict[tuple[str, int], dict[int, tuple[Optional[str], int]]] = {}
+        for h in held:
+            holders.setdefault((h.topic, h.partition), {})[h.first_offset] = (tid_of.get(h.producer_id),
+                                                                               h.producer_id)
+        self._holders = holders
         answered = {(tp[0], tp[1]) for tp in answers}
         event = fit(OpenTransactions(
             ok=True, interval_ms=interval_ms, transactions=txns, transactions_count=len(txns),
@@ -332,10 +355,15 @@ class TransactionWatcher:
 
     def _close_admin(self) -> None:
         self._renew = False
-        admin, self._admin = self._admin, None
-        close_quietly(admin)
+        super()._close_admin()
 
     # -- the thread --------------------------------------------------------------------------
+
+    def holder(self, topic: str, partition: int, offset: int) -> Optional[tuple[Optional[str], int]]:
+        """The open transaction (transactional id, None when not listed; producer id) whose first
+        record on the partition is at ``offset`` in the last answer that listed transactions."""
+        by_offset = self._holders.get((topic, partition))
+        return None if by_offset is None else by_offset.get(offset)
 
     def take(self) -> Optional[tuple[int, OpenTransactions]]:
         """The newest answer not handed over yet (epoch ms, event)."""
@@ -352,14 +380,3 @@ class TransactionWatcher:
                 log.exception("transactions round failed on cluster %s: %s", self._name or "?", e)
                 self._close_admin()
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-
-    def start(self) -> "TransactionWatcher":
-        self._thread = threading.Thread(target=self._run, name="transactions", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._close_admin()

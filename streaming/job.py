@@ -37,6 +37,7 @@ from streaming.rules import notify as rules_notify
 from streaming.rules import partition as rules_partition
 from streaming.rules import quorum as rules_quorum
 from streaming.rules import source as rules_source
+from streaming.rules import transactions as rules_transactions
 from streaming.read import spark_kafka
 from streaming.state import function as st
 from streaming.state.codec import STATE_SCHEMA
@@ -68,10 +69,10 @@ class JobConfigError(ValueError):
 RULE_FAMILIES = {"lag": rules_lag_config.LagConfig, "partition": rules_partition.PartitionRulesConfig,
                  "group": rules_group.GroupRulesConfig, "client": rules_client.ClientRulesConfig,
                  "source": rules_source.SourceRulesConfig, "quorum": rules_quorum.QuorumRulesConfig,
-                 "log_dirs": rules_logdirs.LogDirRulesConfig,
+                 "log_dirs": rules_logdirs.LogDirRulesConfig, "transactions": rules_transactions.TransactionRulesConfig,
                  "notify": rules_notify.NotifyConfig}
 #: the families the state function takes (notify is the exporter's: when an open alert pages)
-STATE_FAMILIES = ("lag", "partition", "group", "client", "source", "quorum", "log_dirs")
+STATE_FAMILIES = ("lag", "partition", "group", "client", "source", "quorum", "log_dirs", "transactions")
 #: settings that moved to a table of their own: (old family, name) -> the families that read it
 #: now.  Still read at the old place, with a warning; a value set at the new place wins.
 MOVED_RULES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -366,6 +367,7 @@ ENTITY_OF_TYPE = {
     "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
     "client_fetch": "client_fetch", "canary": "canary", "broker_state": "broker",
     "client_produce": "client_produce", "quorum_state": "quorum", "log_dirs": "log_dirs",
+    "transactions": "transactions",
     # a deleted entity: the state function drops it (and a group's partitions with a group)
     "partition_gone": "partition", "group_gone": "group", "group_partition_gone": "group_partition",
     "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry

@@ -37,7 +37,7 @@ MAX_STRING_CHARS = 1024
 #: envelope and payload fields that become state keys, metric labels or enum values
 IDENTIFIER_FIELDS = ("event_id", "cluster", "source", "topic", "group", "state", "phase", "member_id", "reason")
 #: free-text payload fields, cut to MAX_STRING_CHARS
-TEXT_FIELDS = ("cause", "error", "fetch_state")
+TEXT_FIELDS = ("cause", "error", "fetch_state", "held_by_transaction")
 #: the reasons parse gives, in priority order (the first that applies wins); the gate's
 #: rules (quality.RULES) come after them
 REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_type", "missing_envelope", "missing_field",
@@ -79,6 +79,7 @@ REQUIRED_BY_TYPE = {
     "group_partition_gone": ("group", "topic", "partition"),
     "quorum_state": ("ok", "interval_ms"),
     "log_dirs": ("broker", "interval_ms"),
+    "transactions": ("ok", "interval_ms"),
 }
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
@@ -348,6 +349,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     quorum_type = is_type["quorum_state"]
     dirs_type = is_type["log_dirs"]
     dirs_brk = _join(cl, "/broker/", pc.cast(d["broker"], pa.string()))
+    txn_type = is_type["transactions"]
     fetch_type = is_type["client_fetch"]
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
@@ -360,9 +362,11 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
               pc.if_else(group_types, _join("group|", grp),
               pc.if_else(client_type, _join("client|", src),
               pc.if_else(quorum_type, _join("quorum|", cl),
-              pc.if_else(dirs_type, _join("log_dirs|", dirs_brk), _join("source|", src)))))))))))
+              pc.if_else(dirs_type, _join("log_dirs|", dirs_brk),
+              pc.if_else(txn_type, _join("transactions|", cl), _join("source|", src))))))))))))
     bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(
-        gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type, cl, pc.if_else(dirs_type, dirs_brk, src)))))
+        gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type | txn_type, cl,
+                                                            pc.if_else(dirs_type, dirs_brk, src)))))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
@@ -372,7 +376,7 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
         "report": _report(data, canary_type, produce_type, broker_type, quorum_type,
-                          _elr_rows(d, is_type["partition_metadata"]), dirs_type),
+                          _elr_rows(d, is_type["partition_metadata"]), dirs_type, txn_type),
         "node_id": pc.if_else(dirs_type, d["broker"], d["node_id"]),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
@@ -397,7 +401,12 @@ REPORT_FIELDS = {
     # only for a partition without a leader or a full ISR whose ELR the probe knew (_elr_rows)
     "partition_metadata": ("eligible_leader_replicas", "last_known_elr"),
     "log_dirs": ("interval_ms", "dirs"),
+    "transactions": ("ok", "interval_ms", "transactions", "transactions_count", "held_partitions",
+                     "held_partitions_count", "unasked_partitions", "unlisted_brokers", "error", "error_kind"),
 }
+#: transactions and held partitions kept per transactions report (the probe sends at most 1000 of
+#: each, within 60,000 bytes), partition names per transaction (it sends at most 100)
+TXN_MAX, TXN_MAX_HELD, TXN_MAX_NAMED = 1000, 1000, 100
 #: dirs kept per log_dirs report, partition names per dir (the probe sends at most 64 and 20)
 LOG_DIRS_MAX, LOG_DIR_MAX_NAMED = 64, 20
 #: voters and observers kept per quorum report (a quorum has 3 or 5 voters; observers are the brokers)
@@ -421,7 +430,8 @@ ELR_MAX_REPLICAS = 64
 
 
 def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray,
-            quorum: np.ndarray, elr: Optional[np.ndarray] = None, dirs: Optional[np.ndarray] = None) -> pa.Array:
+            quorum: np.ndarray, elr: Optional[np.ndarray] = None, dirs: Optional[np.ndarray] = None,
+            txns: Optional[np.ndarray] = None) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
@@ -430,7 +440,8 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
     for rows, fields in ((canary, REPORT_FIELDS["canary"]), (produce, REPORT_FIELDS["client_produce"]),
                          (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"]),
                          (elr if elr is not None else np.zeros(len(data), bool), REPORT_FIELDS["partition_metadata"]),
-                         (dirs if dirs is not None else np.zeros(len(data), bool), REPORT_FIELDS["log_dirs"])):
+                         (dirs if dirs is not None else np.zeros(len(data), bool), REPORT_FIELDS["log_dirs"]),
+                         (txns if txns is not None else np.zeros(len(data), bool), REPORT_FIELDS["transactions"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
@@ -450,10 +461,36 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
             if rows is dirs:
                 rep["dirs"] = [_log_dir(x) for x in (rep["dirs"] or [])[:LOG_DIRS_MAX] if isinstance(x, dict)
                                and isinstance(x.get("log_dir"), str)]
+            if rows is txns:
+                rep["error"] = (rep["error"] or "")[:MAX_STRING_CHARS] or None
+                rep["transactions"] = [_transaction(x) for x in (rep["transactions"] or [])[:TXN_MAX]
+                                       if isinstance(x, dict) and isinstance(x.get("transactional_id"), str)
+                                       and isinstance(x.get("producer_id"), int)]
+                rep["held_partitions"] = [
+                    {k: x.get(k) for k in _HELD_FIELDS} | {"topic": x["topic"][:MAX_STRING_CHARS]}
+                    for x in (rep["held_partitions"] or [])[:TXN_MAX_HELD] if isinstance(x, dict)
+                    and isinstance(x.get("topic"), str) and isinstance(x.get("partition"), int)
+                    and isinstance(x.get("producer_id"), int) and isinstance(x.get("first_offset"), int)]
+                rep["unlisted_brokers"] = [b for b in (rep["unlisted_brokers"] or [])[:TXN_MAX] if isinstance(b, int)]
             if rows is elr:
                 rep = {f: sorted({r for r in (rep[f] or [])[:ELR_MAX_REPLICAS] if isinstance(r, int)}) for f in fields}
             out[i] = json.dumps(rep, separators=(",", ":"))
     return pa.array(out, type=pa.string())
+
+
+_HELD_FIELDS = ("partition", "producer_id", "producer_epoch", "first_offset", "last_stable_offset", "high_watermark")
+
+
+def _transaction(x: dict) -> dict:
+    """One transaction of a transactions report, bounded: its id cut to MAX_STRING_CHARS, at most
+    TXN_MAX_NAMED partition names."""
+    out = {k: x.get(k) for k in ("producer_id", "state", "coordinator", "described", "producer_epoch",
+                                 "started_ms_ago", "timeout_ms", "partitions_count")}
+    out["transactional_id"] = x["transactional_id"][:MAX_STRING_CHARS]
+    out["state"] = out["state"][:64] if isinstance(out["state"], str) else None
+    out["partitions"] = [p[:MAX_STRING_CHARS] for p in (x.get("partitions") or [])[:TXN_MAX_NAMED]
+                         if isinstance(p, str)]
+    return out
 
 
 def _log_dir(x: dict) -> dict:

@@ -54,7 +54,7 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("leader", "bigint"), ("leader_epoch", "bigint"), ("replicas", "array<bigint>"), ("isr", "array<bigint>"),
     ("offline_replicas", "array<bigint>"), ("min_insync_replicas", "bigint"),
     ("high_watermark", "bigint"), ("log_start_offset", "bigint"), ("last_stable_offset", "bigint"), ("metadata_at", "bigint"),
-    ("committed_offset", "bigint"),
+    ("committed_offset", "bigint"), ("held_by_transaction", "string"), ("held_by_producer", "bigint"),
     ("fetch_state", "string"), ("position", "bigint"), ("committed", "bigint"), ("consumer_lag", "bigint"),
     ("report", "string"),  # a canary or client_produce report's fields as JSON (parsing.REPORT_FIELDS)
     ("node_id", "bigint"), ("registered", "boolean"), ("leader_partitions", "bigint"),

@@ -63,6 +63,8 @@ class Alert(str, enum.Enum):
     # a broker's log dirs
     LOG_DIR_OFFLINE = "LogDirOffline"                 # a dir offline on a broker that answers
     LOG_DIR_FILLING = "LogDirFilling"                 # a dir above a usage share, or full soon at its growth
+    # the cluster's open transactions
+    HANGING_TRANSACTION = "HangingTransaction"        # open past a setting or its own timeout, or unknown to its coordinator
 
 
 SEVERITY = {
@@ -94,6 +96,7 @@ SEVERITY = {
     Alert.BROKER_METADATA_LAGGING: Severity.WARNING,
     Alert.LOG_DIR_OFFLINE: Severity.CRITICAL,
     Alert.LOG_DIR_FILLING: Severity.WARNING,
+    Alert.HANGING_TRANSACTION: Severity.CRITICAL,
 }
 
 

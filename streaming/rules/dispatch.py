@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Optional
 
 from streaming.rules import (broker, canary, client, fetch, group, lag, logdirs, partition, partition_config, produce,
-                             quorum, source, topic)
+                             quorum, source, topic, transactions)
 from streaming.rules.base import Transition, report_int
 
 #: a new entity of each kind from its identifying fields (an input row, or a stored entity to
@@ -29,6 +29,7 @@ TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "topic": lambda e: topic.new_topic(e["cluster"], e["topic"]),
     "quorum": lambda e: quorum.new_quorum(e["cluster"]),
     "log_dirs": lambda e: logdirs.new_log_dirs(e["cluster"], e.get("node_id") or 0),
+    "transactions": lambda e: transactions.new_transactions(e["cluster"]),
 }
 
 
@@ -58,6 +59,8 @@ def labels(s: dict) -> dict:
         return {"cluster": s["cluster"], "topic": s["topic"]}
     if kind == "quorum":
         return quorum.quorum_labels(s)
+    if kind == "transactions":
+        return {"cluster": s["cluster"]}
     return {"cluster": s["cluster"], "source": s["source"]}
 
 
@@ -121,6 +124,7 @@ EVENTS: dict[str, On] = {
     "heartbeat": On(source.on_heartbeat, "source"),
     "quorum_state": On(quorum.on_quorum_state, "quorum"),
     "log_dirs": On(logdirs.on_log_dirs, "log_dirs"),
+    "transactions": On(transactions.on_transactions, "transactions"),
     "partition_count_change": On(_partition_count_change, "partition"),
 }
 

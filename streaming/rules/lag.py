@@ -112,6 +112,24 @@ def between_commits_ms(stuck: Optional[Sequence[int]], waits: Sequence[int], his
     return int(max(0, min(now - stuck[0], max(waits) - interval)))
 
 
+#: observations in a row with the commit at the LSO and the HW past it before the group is taken
+#: to be read_committed and its lag blamed on the transaction
+AT_LSO_OBSERVATIONS = 2
+
+
+def transaction_cause(state: dict, obs: dict) -> dict:
+    """The evidence that blames an open transaction, not the consumer, for a lag alert: the
+    commit has sat at the last stable offset with records past it for AT_LSO_OBSERVATIONS
+    observations (the group is inferred to be read_committed: the broker never learns a
+    consumer's isolation level), with the transaction the probe found holding that offset when
+    it knows it.  {} otherwise."""
+    if (state.get("at_lso") or 0) < AT_LSO_OBSERVATIONS:
+        return {}
+    tid, pid = obs.get("held_by_transaction"), obs.get("held_by_producer")
+    return {"cause": "open_transaction", "read_committed": "inferred", "last_stable_offset": state["committed"],
+            "transaction": None if pid is None else {"transactional_id": tid, "producer_id": int(pid)}}
+
+
 def _with_severity(ts: list[Transition], severity: Optional[Severity]) -> list[Transition]:
     return [dataclasses.replace(t, severity_override=severity) for t in ts]
 
@@ -188,6 +206,9 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
     lso = _offset(obs.get("last_stable_offset"))
     state.update(committed=committed, hw=hw, lag=offset_lag(committed, hw), last_seen=now,
                  rc_lag=offset_lag(committed, lso))  # a read_committed consumer's lag: to the LSO
+    # a commit that sits at the LSO while records lie past it: read_committed, held by a transaction
+    at_lso = committed is not None and committed == lso and hw is not None and lso < hw
+    state["at_lso"] = (state.get("at_lso") or 0) + 1 if at_lso else None
     # when this partition's lag began (its own first event with lag since it was last 0): a time
     # of its own ordered events, so GroupEmptyWithLag's timer does not depend on micro-batches
     if state["lag"] is not None:
@@ -284,7 +305,8 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
                    "lag_high_for_ms": cfg.lag_high_for_ms, "tripped": tripped,
                    "tripped_since": state["high_since"], "committed": committed, "hw": hw}
         if held:
-            out += rules._open(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
+            out += rules._open(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now,
+                               {**high_ev, **transaction_cause(state, obs)})
         else:
             out += rules._resolve(state, Alert.CONSUMER_LAG_HIGH, entity, labels, now, high_ev)
 
@@ -297,6 +319,7 @@ def on_group_offsets(state: dict, obs: dict, now: int, entity: str,
         if changed:
             out += _resolve_status(state, entity, labels, now, status_ev)
         if status is not LagStatus.OK:
+            status_ev.update(transaction_cause(state, obs))
             out += _with_severity(rules._open(state, Alert.CONSUMER_LAG_STATUS, entity, labels, now, status_ev),
                                   STATUS_SEVERITY[status])
     return out

@@ -36,6 +36,8 @@ CPROD = ("cluster", "source", "topic", "partition", "broker")
 ALERT = ("alert", "severity", "cluster", "topic", "partition", "group", "source", "broker")
 BROKER = ("cluster", "broker")
 QUORUM = ("cluster",)
+#: a whole cluster (its open transactions)
+CLUSTER = ("cluster",)
 #: a node of the KRaft quorum: a voter (controller) or an observer (broker)
 QNODE = ("cluster", "node", "role")
 #: a log dir of a broker
@@ -127,6 +129,10 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "log_dir_usable_bytes": ("gauge", "Bytes still usable on that filesystem; not served while the dir is offline.", LOGDIR),
     P + "log_dir_replicas": ("gauge", "Replicas the log dir holds (an offline dir: those it held when last online).", LOGDIR),
     P + "log_dir_seconds_to_full": ("gauge", "Time until the log dir's filesystem is full at its growth over the job's growth window; served only while it grows.", LOGDIR),
+    P + "transactions_open": ("gauge", "Open transactions (Ongoing, PrepareCommit, PrepareAbort) the brokers listed at the probe's last transactions answer.", CLUSTER),
+    P + "transactions_hanging": ("gauge", "Of those, the hanging ones: open longer than the job's hanging_after_ms or past their own timeout, and producers holding a partition's LSO that no coordinator lists.", CLUSTER),
+    P + "transaction_oldest_age_seconds": ("gauge", "Age of the oldest open transaction at the probe's last answer; 0 when none is open.", CLUSTER),
+    P + "transaction_held_partitions": ("gauge", "Partitions on which an open transaction holds the last stable offset (DescribeProducers), at the probe's last answer.", CLUSTER),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_opened_timestamp_seconds": ("gauge", "When the open alert opened: the event time of the observation that opened it (Unix time), kept across a job restart; removed when it resolves.", ALERT),
     P + "alert_notify_after_seconds": ("gauge", "How long an alert the job opens at once is open before its Prometheus rule fires: the job's [job.rules.notify] setting for it.", ("alert",)),

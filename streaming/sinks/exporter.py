@@ -426,6 +426,21 @@ class Exporter:
         if now:
             self._log_dirs[key] = now
 
+    def _apply_transactions(self, r: dict, action: str) -> None:
+        """A cluster's open transactions as its last answer shows them (rules.transactions)."""
+        lab = (r["cluster"],)
+        try:
+            rep = json.loads(r.get("report") or "{}") if action != "remove" else {}
+        except ValueError:
+            rep = {}
+        rep = rep if isinstance(rep, dict) else {}
+        age = rep.get("oldest_age_ms")
+        for name, v in (("transactions_open", rep.get("open")), ("transactions_hanging", rep.get("hanging")),
+                        ("transaction_oldest_age_seconds", age / 1000.0 if isinstance(age, int) else None),
+                        ("transaction_held_partitions", rep.get("held_partitions"))):
+            self._set(name, lab, v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                else self._remove(name, lab)
+
     def _apply_report(self, r: dict, action: str) -> None:
         """A canary's or an instrumented producer's latest report of a partition (served by
         ReportMetrics); at most MAX_CANARY_PARTITIONS entities of each kind."""
@@ -586,6 +601,8 @@ class Exporter:
                     self._apply_quorum(r, action)
                 elif kind == "log_dirs":
                     self._apply_log_dirs(r, action)
+                elif kind == "transactions":
+                    self._apply_transactions(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

@@ -12,6 +12,7 @@ from streaming.rules import logdirs as rules_logdirs
 from streaming.rules import partition_config as rules_partition_config
 from streaming.rules import quorum as rules_quorum
 from streaming.rules import source as rules_source
+from streaming.rules import transactions as rules_transactions
 
 
 @dataclass(frozen=True)
@@ -32,3 +33,5 @@ class StateConfig:
     source: rules_source.SourceRulesConfig = field(default_factory=rules_source.SourceRulesConfig)
     quorum: rules_quorum.QuorumRulesConfig = field(default_factory=rules_quorum.QuorumRulesConfig)
     log_dirs: rules_logdirs.LogDirRulesConfig = field(default_factory=rules_logdirs.LogDirRulesConfig)
+    transactions: rules_transactions.TransactionRulesConfig = field(
+        default_factory=rules_transactions.TransactionRulesConfig)

@@ -106,7 +106,10 @@ def payload(draw, etype: str) -> dict:
         if etype == "group_offsets":
             d.update(committed_offset=draw(st.one_of(st.none(), st.integers(0, 12_000), valid_edge)),
                      high_watermark=draw(st.one_of(st.none(), st.just(hw))),
-                     hw_observed_at=draw(st.one_of(st.none(), st.integers(BASE - 60_000, BASE + 60_000))))
+                     hw_observed_at=draw(st.one_of(st.none(), st.integers(BASE - 60_000, BASE + 60_000))),
+                     last_stable_offset=draw(st.one_of(st.none(), st.integers(0, 12_000))),
+                     held_by_transaction=draw(st.one_of(st.none(), st.just("tx0"))),
+                     held_by_producer=draw(st.one_of(st.none(), st.integers(0, 10))))
         else:
             d.update(position=draw(st.one_of(st.none(), st.integers(0, 100))), high_watermark=hw)
         return d
@@ -179,6 +182,26 @@ def payload(draw, etype: str) -> dict:
                     "held_partitions": ["t-0"], "moving_replicas": 0}
         return {"broker": draw(st.integers(1, 3)), "interval_ms": 30_000,
                 "dirs": [one(i) for i in range(draw(st.integers(0, 3)))]}
+    if etype == "transactions":
+        def txn(i):
+            if draw(st.booleans()):
+                return {"transactional_id": f"tx{i}", "producer_id": 1000 + i, "state": "Ongoing", "coordinator": 1,
+                        "described": False}
+            return {"transactional_id": f"tx{i}", "producer_id": 1000 + i, "state": "Ongoing", "coordinator": 2,
+                    "producer_epoch": 0, "started_ms_ago": draw(st.integers(0, 10 ** 7)),
+                    "timeout_ms": draw(st.one_of(st.none(), st.integers(1, 900_000))),
+                    "partitions": ["t-0", "t-1"], "partitions_count": 2}
+        txns = [txn(i) for i in range(draw(st.integers(0, 3)))]
+        held = [{"topic": "t", "partition": draw(st.integers(0, 3)), "producer_id": draw(st.integers(1000, 1004)),
+                 "producer_epoch": 0, "first_offset": draw(st.integers(0, 500)),
+                 "last_stable_offset": draw(st.one_of(st.none(), st.integers(0, 500))),
+                 "high_watermark": draw(st.one_of(st.none(), st.integers(0, 900)))}
+                for _ in range(draw(st.integers(0, 3)))]
+        ok = draw(st.booleans())
+        return {"ok": ok, "interval_ms": 30_000, "transactions": txns if ok else [],
+                "transactions_count": len(txns) if ok else 0, "held_partitions": held if ok else [],
+                "held_partitions_count": len(held) if ok else 0, "unlisted_brokers": draw(st.sampled_from([[], [2]])),
+                "error": None if ok else "KafkaTimeoutError", "error_kind": None if ok else "no_answer"}
     return {"interval_ms": draw(st.sampled_from([1000, 10_000])), "events_sent": draw(st.integers(0, 10 ** 6)),
             "events_dropped": draw(st.integers(0, 10)), "started_at": draw(st.one_of(st.none(), st.just(BASE - 10 ** 6)))}
 

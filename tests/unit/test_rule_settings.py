@@ -19,6 +19,7 @@ from streaming.rules import partition_config as rules_partition_config
 from streaming.rules import logdirs as rules_logdirs
 from streaming.rules import quorum as rules_quorum
 from streaming.rules import source as rules_source
+from streaming.rules import transactions as rules_transactions
 from streaming.job import MOVED_RULES, RULE_FAMILIES, STATE_FAMILIES, JobConfig, JobConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,14 +49,16 @@ def test_file_and_environment_settings_reach_each_family_over_its_defaults():
     assert job().rule_configs() == {"lag": rules_lag_config.LagConfig(), "partition": rules_partition_config.PartitionRulesConfig(),
                                     "group": rules_group.GroupRulesConfig(), "client": rules_client.ClientRulesConfig(),
                                     "source": rules_source.SourceRulesConfig(), "quorum": rules_quorum.QuorumRulesConfig(),
-                                    "log_dirs": rules_logdirs.LogDirRulesConfig(), "notify": rules_notify.NotifyConfig()}
+                                    "log_dirs": rules_logdirs.LogDirRulesConfig(),
+                                    "transactions": rules_transactions.TransactionRulesConfig(),
+                                    "notify": rules_notify.NotifyConfig()}
 
 
 @pytest.mark.parametrize("rules, env, message", [
     ({"lag": {"window": 2}}, {}, "job.rules.lag.window: must be an integer within 3..64, got 2"),
     ({"lag": {"lag_high_ofsets": 1}}, {}, "job.rules.lag.lag_high_ofsets: unknown setting (settings: window, "),
     ({"lagg": {"window": 5}}, {}, "job.rules.lagg: unknown rule family (families: lag, partition, group, client, "
-                                  "source, quorum, log_dirs, notify)"),
+                                  "source, quorum, log_dirs, transactions, notify)"),
     ({"notify": {"broker_down_after_ms": -1}}, {}, "job.rules.notify.broker_down_after_ms: must be an integer >= 0"),
     ({"partition": {"hw_stall_ms": 0}}, {}, "job.rules.partition.hw_stall_ms: must be >= 1, got 0"),
     ({"source": {"silent_factor": 0.5}}, {}, "job.rules.source.silent_factor: must be >= 1"),
