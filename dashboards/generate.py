@@ -46,6 +46,7 @@ from streaming.rules.logdirs import LogDirRulesConfig  # noqa: E402
 from streaming.rules.partition_config import PartitionRulesConfig  # noqa: E402
 from streaming.rules.quorum import QuorumRulesConfig  # noqa: E402
 from streaming.rules.source import SourceRulesConfig  # noqa: E402
+from streaming.rules.transactions import TransactionRulesConfig  # noqa: E402
 
 #: the Grafana dashboard JSON schema version written (Grafana 10.3 - 11.x write 39; newer
 #: versions migrate it on load)
@@ -96,11 +97,18 @@ LOG_DIR_ONLINE = "kafka_monitor_log_dir_online"
 LOG_DIR_TOTAL = "kafka_monitor_log_dir_total_bytes"
 LOG_DIR_USABLE = "kafka_monitor_log_dir_usable_bytes"
 LOG_DIR_TO_FULL = "kafka_monitor_log_dir_seconds_to_full"
+#: a cluster's open transactions (ListTransactions, DescribeTransactions, DescribeProducers;
+#: docs/transactions.md): per cluster
+TXN_OPEN = "kafka_monitor_transactions_open"
+TXN_HANGING = "kafka_monitor_transactions_hanging"
+TXN_OLDEST_AGE = "kafka_monitor_transaction_oldest_age_seconds"
+TXN_HELD = "kafka_monitor_transaction_held_partitions"
+LSO = "kafka_monitor_partition_last_stable_offset"
 
 def default_rules() -> dict[str, Any]:
     return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig(),
             "client": ClientRulesConfig(), "source": SourceRulesConfig(), "quorum": QuorumRulesConfig(),
-            "log_dirs": LogDirRulesConfig()}
+            "log_dirs": LogDirRulesConfig(), "transactions": TransactionRulesConfig()}
 
 
 #: the job's rule settings the panels draw and name (build() sets them; defaults here)
@@ -489,6 +497,59 @@ def log_dir_panels() -> list[tuple[dict, int]]:
     ]
 
 
+def per_cluster_metric(metric: str) -> str:
+    """A cluster's series, one per exporter replica merged."""
+    return f"max by (cluster) ({metric}{{{CLUSTER}}})"
+
+
+def transaction_panels() -> list[tuple[dict, int]]:
+    """The open transactions of the selected clusters (docs/transactions.md): how many, how many
+    hanging, the oldest's age, the partitions they hold, and the records held back per partition."""
+    tx = RULES["transactions"]
+    after, grace = minutes(tx.hanging_after_ms), minutes(tx.timeout_grace_ms)
+    return [
+        (timeseries("Open and hanging transactions", "Open transactions (Ongoing, PrepareCommit, PrepareAbort) "
+                    f"the brokers listed at the probe's last answer ({TXN_OPEN}), and the hanging ones "
+                    f"({TXN_HANGING}): open {after} or longer (hanging_after_ms), older than their own "
+                    f"transaction.timeout.ms by {grace} (timeout_grace_ms), or a producer holding a partition's last "
+                    f"stable offset that no coordinator lists for {minutes(tx.unknown_after_ms)} (unknown_after_ms). "
+                    "HangingTransaction (critical) while any "
+                    "is. A steady open count is usually many short transactions; the oldest's age tells. No lines "
+                    "= the probe does not ask (--transactions-interval 0), the brokers have no ListTransactions "
+                    "(Kafka before 3.0) or its answers fail (said in the probe's log). 0 open while producers use "
+                    "transactions: the probe's user may lack DESCRIBE on their transactional ids (ListTransactions "
+                    "lists only those, without an error).",
+                    [target(per_cluster_metric(TXN_OPEN), legend="open ({{cluster}})"),
+                     target(per_cluster_metric(TXN_HANGING), legend="hanging ({{cluster}})", ref="B")],
+                    min_=0, decimals=0,
+                    overrides=[{"matcher": {"id": "byRegexp", "options": "^hanging"}, "properties": [
+                        {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]), 6),
+        (timeseries("Oldest open transaction", "Age of each cluster's oldest open transaction at the probe's last "
+                    f"answer ({TXN_OLDEST_AGE}: its coordinator's start time against the probe's clock); 0 when "
+                    f"none is open. HangingTransaction (critical) opens at {after} (hanging_after_ms), or "
+                    f"earlier for one older than its own transaction.timeout.ms by {grace}: its coordinator should "
+                    "have aborted it (Kafka caps the timeout at transaction.max.timeout.ms, 15 minutes by default). "
+                    "A saw-tooth is transactions ending; a line that keeps rising is one that does not.",
+                    [target(per_cluster_metric(TXN_OLDEST_AGE), legend="{{cluster}}")],
+                    unit="s", min_=0, th=thresholds((None, "green"), (tx.hanging_after_ms / 1000, "red"))), 6),
+        (timeseries("Partitions held by open transactions", "Partitions on which an open transaction holds the "
+                    f"last stable offset ({TXN_HELD}; DescribeProducers of the open transactions' partitions, at "
+                    "most 1,000 a round): read_committed consumers stop there until it ends. Some are normal "
+                    "while producers write transactions; the same ones held for minutes are not (Records held "
+                    "back per partition).",
+                    [target(per_cluster_metric(TXN_HELD), legend="{{cluster}}")], min_=0, decimals=0), 6),
+        (timeseries("Records held back per partition", "High watermark - last stable offset of each partition of "
+                    f"the selected topics, where above 0 ({HW} - {LSO}): records written but not yet readable "
+                    "by read_committed consumers, behind an open transaction's first record. A line that comes "
+                    "and goes is transactions ending; one that grows is a transaction that does not "
+                    "(HangingTransaction names it; the lag alerts of read_committed groups stuck at the LSO say "
+                    "cause open_transaction). The two offsets are separate reads: on a busy topic a one-point "
+                    "blip can be a write between them. No line where the LSO is unknown (--offsets-via fetch).",
+                    [target(f"(\n  {per_partition(HW)}\n  - {per_partition(LSO)}\n) > 0",
+                            legend="{{topic}}/{{partition}} ({{cluster}})")], min_=0, decimals=0), 6),
+    ]
+
+
 def overview() -> dict:
     g = Grid()
     severity_targets = [
@@ -549,9 +610,11 @@ def overview() -> dict:
     g.row(4, *stats)
     g.row(8, *graphs)
     g.row(8, *log_dir_panels())
+    g.row(8, *transaction_panels())
     return dashboard("kafka-monitor-overview", "kafka-monitor / Overview",
                      "What is wrong now: open alerts, the worst lag, replication, the KRaft controller quorum, the "
-                     "brokers' log dirs and the monitor's own health.", ["cluster", "topic", "group"], g)
+                     "brokers' log dirs, open transactions and the monitor's own health.",
+                     ["cluster", "topic", "group"], g)
 
 
 def partitions() -> dict:

@@ -190,7 +190,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             try:
                 self.transactions = TransactionWatcher(cfg.client_conf(), cfg.transactions_interval_s,
                                                        cfg.request_timeout_s,
-                                                       cluster_name=cfg.cluster or cfg.bootstrap_servers)
+                                                       cluster_name=cfg.cluster or cfg.bootstrap_servers,
+                                                       held_back=self._held_back)
             except QuorumConfigError as e:
                 raise ConfigError(f"probe.kafka: {e}") from None
         if cfg.canary:
@@ -202,6 +203,11 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
     @property
     def emitter(self) -> EventEmitter:
         return self._emitter
+
+    def _held_back(self) -> list[tuple[str, int]]:
+        """The partitions whose LSO was below their HW at the last observation (read on the
+        transactions thread: the dict is replaced each cycle, never changed)."""
+        return [tp for tp, (_, hw, lso) in self._last_offsets.items() if lso is not None and lso < hw]
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

@@ -178,8 +178,11 @@ class TransactionWatcher(WatcherThread):
     thread_name = "transactions"
 
     def __init__(self, conf: dict[str, Any], interval_s: float, timeout_s: float, cluster_name: str = "",
-                 admin_factory: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.time):
+                 admin_factory: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.time,
+                 held_back: Callable[[], Iterable[tuple[str, int]]] = tuple):
         self.interval_s, self.timeout_s, self._name, self._clock = interval_s, timeout_s, cluster_name, clock
+        #: the watched partitions whose last stable offset is below their HW (the probe's last observation)
+        self.held_back = held_back
         self._kp_conf = kafka_python_conf(conf, "ListTransactions, DescribeTransactions and DescribeProducers",
                                           "--transactions-interval 0")
         if admin_factory is None:
@@ -252,6 +255,10 @@ class TransactionWatcher(WatcherThread):
                 if tp not in seen:
                     seen.add(tp)
                     partitions.append(tp)
+        # then the watched partitions whose LSO lags their HW that no listed transaction writes to:
+        # a producer there is unknown to its coordinator (KIP-664's hanging transaction), or its
+        # transactional id is one the probe may not DESCRIBE
+        partitions += sorted(tp for tp in self.held_back() if tp not in seen)
         asked = partitions[:MAX_PRODUCER_PARTITIONS]
         answers, _ = self._chunked(self._producers, asked, "DescribeProducers")
         held = held_partitions(asked, answers)
@@ -345,7 +352,7 @@ class TransactionWatcher(WatcherThread):
         elif kind == "permission" and not self.permission_said:
             self.permission_said = True
             log.warning("%s refused on cluster %s (%s): the probe's user needs DESCRIBE on the transactional ids "
-                        "(ListTransactions lists only those, DescribeTransactions) and on their topics "
+                        "(ListTransactions lists only those, DescribeTransactions) and READ on their topics "
                         "(DescribeProducers)", what, self._name or "?", e)
         elif self.failures in (1, 10, 100) or self.failures % 1000 == 0:
             hint = ("; a topic the probe's user may not DESCRIBE reads so too" if what == "DescribeProducers"

@@ -9,9 +9,11 @@ docs/transactions.md.
   - older than its own transaction.timeout.ms by ``timeout_grace_ms`` (``tripped`` "timeout"):
     its coordinator should have aborted it;
   - a producer with a transaction open on a partition (DescribeProducers) that no coordinator
-    lists, for ``hanging_after_ms`` since the job first saw it so (``tripped``
-    "unknown_to_coordinator"): KIP-664's hanging transaction, which holds the partition's LSO
-    until an operator aborts it.  Judged only on an answer that listed every broker and was not
+    lists, at the same first offset for ``unknown_after_ms`` since the job first saw it so
+    (``tripped`` "unknown_to_coordinator"): KIP-664's hanging transaction, which holds the
+    partition's LSO until an operator aborts it.  Its own setting, longer than Kafka's
+    transaction.max.timeout.ms (15 min): ListTransactions leaves out, silently, the ids the
+    probe's user may not DESCRIBE, and a transaction of one of those ends within that limit.  Judged only on an answer that listed every broker and was not
     cut, and only for the partitions of the listed transactions (what DescribeProducers is
     asked for).
   The evidence names each (at most EVIDENCE_MAX): transactional id, producer, age, timeout, its
@@ -48,9 +50,12 @@ class TransactionRulesConfig:
     #: or once it is older than its own timeout by this much (the coordinator aborts expired
     #: transactions every 10 s by default)
     timeout_grace_ms: int = 30_000
+    #: or once a producer has held a partition at one first offset this long with no coordinator
+    #: listing it (16 min: past Kafka's default transaction.max.timeout.ms, 15 min)
+    unknown_after_ms: int = 960_000
 
     def __post_init__(self) -> None:
-        check_settings(self, ("hanging_after_ms",))
+        check_settings(self, ("hanging_after_ms", "unknown_after_ms"))
         if self.timeout_grace_ms < 0:
             raise ValueError(f"TransactionRulesConfig.timeout_grace_ms: must be >= 0, got {self.timeout_grace_ms!r}")
 
@@ -121,7 +126,7 @@ def hanging(rep: dict, state: dict, now: int, cfg: TransactionRulesConfig) -> li
         state["orphans"] = orphans = dict(sorted(seen.items(), key=lambda kv: kv[1])[:MAX_ORPHANS])
         late: dict[int, list[int]] = {}
         for key, since in orphans.items():
-            if now - since >= cfg.hanging_after_ms:
+            if now - since >= cfg.unknown_after_ms:
                 late.setdefault(int(key.split("/", 1)[0]), []).append(since)
         for pid, sinces in late.items():
             mine = held_by[pid]
@@ -169,7 +174,8 @@ def on_transactions(state: dict, ev: dict[str, Any], now: int, entity: str,
             state["hanging"] = [k for k in state["hanging"] if k in set(keys)]
         out += _open(state, Alert.HANGING_TRANSACTION, entity, labels, now,
                      {"transactions": found[:EVIDENCE_MAX], "hanging_count": len(found),
-                      "hanging_after_ms": cfg.hanging_after_ms, "timeout_grace_ms": cfg.timeout_grace_ms})
+                      "hanging_after_ms": cfg.hanging_after_ms, "timeout_grace_ms": cfg.timeout_grace_ms,
+                      "unknown_after_ms": cfg.unknown_after_ms})
     else:
         state["hanging"] = []
         out += _resolve(state, Alert.HANGING_TRANSACTION, entity, labels, now,

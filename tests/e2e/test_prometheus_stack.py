@@ -73,6 +73,11 @@ _NO_ELR = ("Tansu has no DescribeTopicPartitions and one node (ISR = replicas, a
 _NO_LOG_DIRS = ("Tansu has no DescribeLogDirs: the probe's request to its one broker fails and sends no "
                 "log_dirs event, so the log dir series do not exist (the real cluster's: "
                 "tests/integration/test_logdirs.py)")
+#: the transaction panels on Tansu
+_NO_TRANSACTIONS = ("Tansu has no ListTransactions: the probe says so once and sends no transactions event, so "
+                    "the transaction series do not exist (the real cluster's: tests/integration/test_transactions.py)")
+_NO_LSO = ("the probe reads the offsets with --offsets-via fetch here (Tansu's ListOffsets is wrong), which gives "
+           "no last stable offset, and no transaction holds one back in this run")
 #: (dashboard, panel title) -> why its query may legitimately return no series in this run (it
 #: must still parse)
 MAY_BE_EMPTY = {
@@ -98,6 +103,10 @@ MAY_BE_EMPTY = {
     ("overview.json", "Log dirs online"): _NO_LOG_DIRS,
     ("overview.json", "Log dir use"): _NO_LOG_DIRS,
     ("overview.json", "Log dir time to full"): _NO_LOG_DIRS,
+    ("overview.json", "Open and hanging transactions"): _NO_TRANSACTIONS,
+    ("overview.json", "Oldest open transaction"): _NO_TRANSACTIONS,
+    ("overview.json", "Partitions held by open transactions"): _NO_TRANSACTIONS,
+    ("overview.json", "Records held back per partition"): _NO_LSO,
     ("partitions.json", "Eligible leader replicas per partition"): _NO_ELR,
     ("partitions.json", "Eligible leader replicas now"): _NO_ELR,
 }

@@ -70,7 +70,10 @@ VARIABLES = {
 MUST_READ = {
     "overview.json": {"kafka_monitor_alert_active", "kafka_monitor_group_partition_lag",
                       "kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
-                      "kafka_monitor_partition_leader", "kafka_monitor_job_up"},
+                      "kafka_monitor_partition_leader", "kafka_monitor_job_up",
+                      "kafka_monitor_transactions_open", "kafka_monitor_transactions_hanging",
+                      "kafka_monitor_transaction_oldest_age_seconds", "kafka_monitor_transaction_held_partitions",
+                      "kafka_monitor_partition_last_stable_offset"},
     "partitions.json": {"kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
                         "kafka_monitor_partition_leader", "kafka_monitor_partition_high_watermark",
                         "kafka_monitor_partition_eligible_leader_replicas", "kafka_monitor_partition_last_known_elr"},
@@ -165,9 +168,11 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
     committed = {n: (DASH_DIR / n).read_text(encoding="utf-8") for n in DASHBOARDS}
     lag = JobConfig("b", "c").rule_configs()["lag"]
     dirs = JobConfig("b", "c").rule_configs()["log_dirs"]
+    txns = JobConfig("b", "c").rule_configs()["transactions"]
     custom = JobConfig("b", "c", rules={"lag": {"lag_high_offsets": 12345, "lag_high_seconds": 77},
                                           "source": {"silent_factor": 7},
-                                          "log_dirs": {"usage_percent": 70, "full_within_ms": 3_600_000}}
+                                          "log_dirs": {"usage_percent": 70, "full_within_ms": 3_600_000},
+                                          "transactions": {"hanging_after_ms": 600_000, "timeout_grace_ms": 5000}}
                        ).rule_configs()
     built = gen.build(custom)
     for name, title, override, default, mine in [
@@ -177,13 +182,16 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
             ("consumer-groups.json", "Worst partition lag", "", lag.lag_high_offsets, 12345),
             ("consumer-groups.json", "Worst lag in time", "", lag.lag_high_seconds, 77),
             ("overview.json", "Log dir use", "", dirs.usage_percent, 70),
-            ("overview.json", "Log dir time to full", "", dirs.full_within_ms / 1000, 3600)]:
+            ("overview.json", "Log dir time to full", "", dirs.full_within_ms / 1000, 3600),
+            ("overview.json", "Oldest open transaction", "", txns.hanging_after_ms / 1000, 600)]:
         assert steps(panel(committed[name], title), override) == [None, default], (name, title, override)
         assert steps(panel(built[name], title), override) == [None, mine], (name, title, override)
     assert "12345 offsets" in panel(built["overview.json"], "Worst consumer lag")["description"]
     assert "after 7 of its intervals" in built["client-metadata.json"]
     assert "opens at 70%" in panel(built["overview.json"], "Log dir use")["description"]
     assert "opens below 1 h" in panel(built["overview.json"], "Log dir time to full")["description"]
+    assert "opens at 10 minutes" in panel(built["overview.json"], "Oldest open transaction")["description"]
+    assert "timeout.ms by 5 s" in panel(built["overview.json"], "Open and hanging transactions")["description"]
     assert gen.build() == gen.build(gen.default_rules()) and gen.RULES["lag"].lag_high_offsets == lag.lag_high_offsets
 
 
@@ -805,6 +813,38 @@ def test_an_offline_log_dir_silences_the_replication_warnings_of_its_broker_and_
             ("IsrShrink", "3", "0"): "suppressed", ("UnderReplicated", "3", "1"): "suppressed",
             ("AtMinIsr", "3", "2"): "suppressed", ("UnderMinIsr", "3", "3"): "active",
             ("BrokerUnderReplicating", "2", ""): "active", ("IsrShrink", "4", "4"): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
+def test_a_hanging_transaction_silences_no_lag_alert_and_nothing_silences_it(alertmanager):
+    """HangingTransaction (cluster c10) carries only `cluster`: it holds back no lag alert of its
+    cluster (a read_committed group's names the transaction in its evidence; another group's
+    has another cause), and no cluster-wide or broker alert holds it back."""
+    def alert(name: str, severity: str, **labels: str) -> dict:
+        return {"labels": {"alertname": name, "severity": severity, "cluster": "c10", **labels},
+                "annotations": {"summary": "test"}}
+
+    sent = [alert("HangingTransaction", "critical"),
+            alert("ConsumerLagHigh", "warning", group="billing", topic="orders"),
+            alert("ConsumerLagStatus", "warning", group="billing", topic="orders", status="STALL"),
+            alert("ConsumerLagStatus", "critical", group="audit", topic="orders", status="STOP"),
+            alert("QuorumUnavailable", "critical"), alert("BrokerDown", "critical", broker="3")]
+    assert {a["labels"]["alertname"] for a in sent} <= set(rule_alerts())
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D%22c10%22", timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"].get("group", ""), a["labels"].get("status", "")):
+               a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("HangingTransaction", "", ""): "active", ("ConsumerLagHigh", "billing", ""): "active",
+            ("ConsumerLagStatus", "billing", "STALL"): "active", ("ConsumerLagStatus", "audit", "STOP"): "active",
+            ("QuorumUnavailable", "", ""): "active", ("BrokerDown", "", ""): "active"}
     got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
                    what=f"Alertmanager's states to be {want} (last: {states()})")
     assert got == want

@@ -50,6 +50,7 @@ EXPECTED_GROUPS = {
                               "LogDirFilling"],
     "kafka-monitor.quorum": ["QuorumUnavailable", "QuorumVoterLagging", "QuorumLeaderFlapping",
                              "BrokerMetadataLagging"],
+    "kafka-monitor.transactions": ["HangingTransaction"],
     "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
                            "KafkaMonitorJobFallingBehind", "KafkaMonitorJobSourceUnreadable",
                            "KafkaMonitorEventsQuarantined", "KafkaMonitorQuorumUnobserved"],

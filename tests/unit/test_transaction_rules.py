@@ -45,7 +45,7 @@ def parsed(payload, t=0):
     return parse_values(pa.array([e.to_json().decode()]), timestamps=pa.array([T0 + t], pa.int64())).to_pylist()[0]
 
 
-CFG = rt.TransactionRulesConfig(hanging_after_ms=5 * MIN, timeout_grace_ms=30_000)
+CFG = rt.TransactionRulesConfig(hanging_after_ms=5 * MIN, timeout_grace_ms=30_000, unknown_after_ms=6 * MIN)
 
 
 def run(steps, cfg=CFG):
@@ -81,10 +81,11 @@ def test_one_past_its_own_timeout_hangs_before_the_setting_and_a_young_one_does_
     assert [(h["transactional_id"], h["tripped"]) for h in out[0][4]["transactions"]] == [("tx-a", "timeout")]
 
 
-def test_a_producer_holding_a_partition_no_coordinator_lists_hangs_after_the_setting_if_the_answer_is_whole():
+def test_a_producer_holding_a_partition_no_coordinator_lists_hangs_after_its_setting_if_the_answer_is_whole():
     orphan = held(pid=99, first=40, lso=40, hw=500)
     steps = [(0, answer([txn(age=0)], [held(), orphan])), (4 * MIN, answer([txn(age=MIN)], [held(), orphan])),
              (5 * MIN, answer([txn(age=MIN)], [held(), orphan], unlisted=[3])),  # not whole: not judged
+             (5 * MIN + 59_999, answer([txn(age=MIN)], [held(), orphan])),  # before unknown_after_ms
              (6 * MIN, answer([txn(age=MIN)], [held(), orphan]))]
     out, s = run(steps)
     assert [(t, a, act) for t, a, act, _, _ in out] == [(6 * MIN, "HangingTransaction", "open")]
@@ -111,6 +112,8 @@ def test_a_failed_or_older_answer_changes_nothing():
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="hanging_after_ms: must be > 0"):
         rt.TransactionRulesConfig(hanging_after_ms=0)
+    with pytest.raises(ValueError, match="unknown_after_ms: must be > 0"):
+        rt.TransactionRulesConfig(unknown_after_ms=0)
     with pytest.raises(ValueError, match="timeout_grace_ms: must be >= 0"):
         rt.TransactionRulesConfig(timeout_grace_ms=-1)
 

@@ -255,3 +255,15 @@ def test_the_event_is_documented_in_the_contract_and_its_schema():
     assert "transactions" in s["properties"]["type"]["enum"]
     assert {"OpenTransactions", "OpenTransaction", "HeldPartition"} <= set(s["$defs"])
     assert json.loads(json.dumps(s))["$defs"]["OpenTransactions"]["required"] == ["ok", "interval_ms"]
+
+
+def test_partitions_held_back_that_no_listed_transaction_writes_to_are_asked_too_and_holders_are_kept():
+    fake = FakeAdmin({1: [listing("seen", 7)]}, {"seen": desc(1, 7, NOW - 2_000, [("orders", 0)])},
+                     {("orders", 0): producers((7, 100)), ("lost", 4): producers((66, 40)), ("quiet", 1): producers()})
+    w, _ = watcher(fake, held_back=lambda: [("quiet", 1), ("orders", 0), ("lost", 4)])
+    _, e = w.ask()
+    assert [(h.topic, h.partition, h.producer_id, h.first_offset) for h in e.held_partitions] == [
+        ("orders", 0, 7, 100), ("lost", 4, 66, 40)]  # the listed transaction's first, then the rest by name
+    assert ("producers", 3) in fake.calls and e.unasked_partitions == 0
+    assert (w.holder("orders", 0, 100), w.holder("lost", 4, 40), w.holder("orders", 0, 99)) == (
+        ("seen", 7), (None, 66), None)
