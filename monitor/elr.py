@@ -65,6 +65,9 @@ class ElrWatcher(WatcherThread):
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._asked: set[str] = set()  # topics a look is wanted for
+        #: wakes so far, and the last wake a finished look or sweep had taken (wait_answer)
+        self._wake_seq = self._answered_seq = 0
+        self._answered = threading.Condition(self._lock)
         #: True: the feature is finalized; False: off or unsupported; None: not known yet
         self.available: Optional[bool] = None
         self._entries: dict[tuple[str, int], Entry] = {}
@@ -104,13 +107,30 @@ class ElrWatcher(WatcherThread):
             return ()
         return e[4]
 
-    def wake(self, topics: set[str]) -> None:
-        """Look at ``topics`` again soon: the metadata shows something the last answer did not."""
+    def wake(self, topics: set[str]) -> Optional[int]:
+        """Look at ``topics`` again soon: the metadata shows something the last answer did not.
+        Returns the wake's number for ``wait_answer`` (None: nothing will be asked)."""
         if not topics or self.available is not True:
-            return
+            return None
         with self._lock:
             self._asked |= topics
+            self._wake_seq += 1
+            seq = self._wake_seq
         self._wake.set()
+        return seq
+
+    def wait_answer(self, seq: Optional[int], timeout: float) -> bool:
+        """Wait at most ``timeout`` s for the look (or sweep) that takes wake ``seq`` to end,
+        answered or failed; whether it did."""
+        if seq is None:
+            return False
+        with self._answered:
+            return self._answered.wait_for(lambda: self._answered_seq >= seq, timeout)
+
+    def _answered_up_to(self, seq: int) -> None:
+        with self._answered:
+            self._answered_seq = max(self._answered_seq, seq)
+            self._answered.notify_all()
 
     # -- asking -----------------------------------------------------------------------------------
 
@@ -219,17 +239,23 @@ class ElrWatcher(WatcherThread):
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_sweep:
+                with self._lock:
+                    seq = self._wake_seq
                 self.sweep()
                 next_sweep = time.monotonic() + self.interval_s
                 with self._lock:
-                    self._asked.clear()  # the sweep answered them
-                self._wake.clear()
+                    if self._wake_seq == seq:
+                        self._asked.clear()  # the sweep answered them; not those asked while it ran
+                        self._wake.clear()
+                self._answered_up_to(seq)
             else:
                 with self._lock:
                     asked, self._asked = self._asked, set()
+                    seq = self._wake_seq
                     self._wake.clear()
                 if asked:
                     self.look(asked)
+                    self._answered_up_to(seq)
                     self._stop.wait(self.min_gap_s)
                     continue
             self._wake.wait(max(0.0, next_sweep - time.monotonic()))

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from monitor.probe_config import ProbeConfig, ProbeScope
     from monitor.topic_configs import TopicConfigs
 
+#: a refresh that shows an ISR the last ELR answer did not see waits at most this long for the
+#: look at it (_elr_wait_s), once per such ISR
+ELR_WAIT_S = 3.0
+
 
 class ProbeTopologyMixin:
     """``Probe``'s metadata refreshes (mixed into it; not used on its own)."""
@@ -91,6 +95,8 @@ class ProbeTopologyMixin:
         self._watched_at: Optional[int] = None
         #: (topic, partition) -> (what was last sent, when it is due again)
         self._md_sent: dict[tuple[str, int], tuple[tuple, int]] = {}
+        #: the partitions (topic, partition, leader, ISR) a refresh last waited for the ELR look at
+        self._elr_waited: frozenset = frozenset()
         self.refresh_retries = 0  # metadata requests sent again through a new client
         self.refresh_failures = 0  # metadata requests that failed, retried or not
 
@@ -192,40 +198,20 @@ class ProbeTopologyMixin:
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
                             self.cfg.topics_include, self.cfg.topics_exclude)
         min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers else None)
-        # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
-        # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
-        # same object while nothing changed, so "unchanged" is mostly an identity test.
-        watched: list[tuple[str, int]] = []
-        leaders: list[int] = []
-        md_sent, sent = self._md_sent, {}
-        rows, pending = [], []
-        version = change.version
-        elr_of = self.elr.elr_of if self.elr is not None and self.elr.available else None
-        look: set[str] = set()  # topics whose ISR the ELR answer has not seen yet
-        for name in topics:
-            mi = min_isr.get(name)
-            for pv in view.topics[name].partitions:  # sorted by partition
-                tp = (name, pv.partition)
-                watched.append(tp)
-                leaders.append(pv.leader)
-                elr = None if elr_of is None else elr_of(name, pv.partition, pv.leader, pv.isr, pv.replicas)
-                if elr is None and elr_of is not None:
-                    look.add(name)
-                offline = pv.offline_replicas
-                if elr_of is not None and len(pv.isr) < len(pv.replicas):  # a replica on an offline log dir
-                    offline = tuple(sorted(set(offline) | set(self.elr.offline_of(  # type: ignore[union-attr]
-                        name, pv.partition, pv.leader, pv.isr))))
-                shown = (pv, mi, elr, offline)
-                last = md_sent.get(tp)
-                if last is not None and now < last[1] and last[0] == shown:
-                    sent[tp] = last
-                    continue
-                rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
-                             pv.leader_epoch, list(offline), mi, pv.error,
-                             None if elr is None else list(elr[0]), None if elr is None else list(elr[1])))
-                pending.append((tp, shown, last is None))
-        if look:
-            self.elr.wake(look)  # type: ignore[union-attr]  # look is only filled with elr_of set
+        watched, leaders, rows, pending, sent, unknown = self._partition_rows(view, topics, min_isr, change.version, now)
+        if unknown:
+            look = {t for t, _, _, _ in unknown}
+            seq = self.elr.wake(look)  # type: ignore[union-attr]  # unknown is only filled with the ELR on
+            if unknown != self._elr_waited:
+                # an ISR the ELR answer has not seen (a shrink, a new leader): wait for the look, once,
+                # a bounded time, so that the first view of the change has its ELR and the replicas
+                # the controller has offline (IsrShrink's cause, UnderMinIsr's eligible replicas)
+                self._elr_waited = unknown
+                if self.elr.wait_answer(seq, self._elr_wait_s()):  # type: ignore[union-attr]
+                    watched, leaders, rows, pending, sent, _ = self._partition_rows(view, topics, min_isr,
+                                                                                    change.version, now)
+        else:
+            self._elr_waited = frozenset()
         failed = set(self._emit_rows(PartitionMetadata, rows, now))
         for i, (tp, shown, first) in enumerate(pending):
             if i not in failed:  # not enqueued: tried again at the next refresh
@@ -239,6 +225,50 @@ class ProbeTopologyMixin:
         self._watched_at = now
         self._epochs.refresh_done()
         return True
+
+    def _partition_rows(self, view: ClusterView, topics: list[str], min_isr: dict, version: int, now: int
+                        ) -> tuple[list, list, list, list, dict, frozenset]:
+        """The watched partitions, their leaders, the partition_metadata rows to send (with what
+        each shows, and whether it is new), what stays as last sent, and the partitions whose
+        leader and ISR the last ELR answer did not see."""
+        # A partition's view is the PartitionView itself (leader, epoch, replicas, ISR, offline
+        # replicas, error) with the topic's min.insync.replicas; from_confluent hands back the
+        # same object while nothing changed, so "unchanged" is mostly an identity test.
+        watched: list[tuple[str, int]] = []
+        leaders: list[int] = []
+        md_sent, sent = self._md_sent, {}
+        rows, pending = [], []
+        elr_of = self.elr.elr_of if self.elr is not None and self.elr.available else None
+        unknown: set[tuple] = set()  # partitions whose ISR the ELR answer has not seen yet
+        for name in topics:
+            mi = min_isr.get(name)
+            for pv in view.topics[name].partitions:  # sorted by partition
+                tp = (name, pv.partition)
+                watched.append(tp)
+                leaders.append(pv.leader)
+                elr = None if elr_of is None else elr_of(name, pv.partition, pv.leader, pv.isr, pv.replicas)
+                if elr is None and elr_of is not None:
+                    unknown.add((name, pv.partition, pv.leader, tuple(sorted(pv.isr))))
+                offline = pv.offline_replicas
+                if elr_of is not None and len(pv.isr) < len(pv.replicas):  # a replica on an offline log dir
+                    offline = tuple(sorted(set(offline) | set(self.elr.offline_of(  # type: ignore[union-attr]
+                        name, pv.partition, pv.leader, pv.isr))))
+                shown = (pv, mi, elr, offline)
+                last = md_sent.get(tp)
+                if last is not None and now < last[1] and last[0] == shown:
+                    sent[tp] = last
+                    continue
+                rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
+                             pv.leader_epoch, list(offline), mi, pv.error,
+                             None if elr is None else list(elr[0]), None if elr is None else list(elr[1])))
+                pending.append((tp, shown, last is None))
+        return watched, leaders, rows, pending, sent, frozenset(unknown)
+
+    def _elr_wait_s(self) -> float:
+        """How long a refresh waits for the ELR look at a changed ISR: a quarter of the interval,
+        at least the watcher's min_gap_s + 1 s (a look right after another waits min_gap_s), at
+        most ELR_WAIT_S (the refresh holds up the next observation)."""
+        return min(ELR_WAIT_S, max(self.elr.min_gap_s + 1.0, 0.25 * self.cfg.interval_s))  # type: ignore[union-attr]
 
     def _controller_id(self, now: int) -> Optional[int]:
         """The active controller: the quorum's leader while a recent DescribeQuorum named one

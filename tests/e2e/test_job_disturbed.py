@@ -164,7 +164,9 @@ def disturb_on_the_cluster(c: "ClusterJob", spark_cluster: SparkCluster) -> "int
     return lost
 
 
-@pytest.mark.timeout(900)
+# 694 s and 797 s in the last two full runs on 2 cores (3 jobs, a Spark cluster and the shared
+# Kafka cluster beside the rest of the suite): a bound, not a goal
+@pytest.mark.timeout(1200)
 def test_jobs_killed_or_on_a_spark_cluster_end_as_an_uninterrupted_one(kafka_cluster, spark_cluster, tmp_path):  # noqa: F811
     kc = kafka_cluster
     seed = int(os.environ.get("KAFKA_MONITOR_KILL_SEED") or random.randrange(10**6))
@@ -194,7 +196,7 @@ def test_jobs_killed_or_on_a_spark_cluster_end_as_an_uninterrupted_one(kafka_clu
         c_thread.start()
         moments: list = []
         kill_at_random_moments(b, rnd, {1: lambda: kc.stop_broker(3), 3: lambda: kc.start_broker(3)}, moments)
-        c_thread.join(900)
+        c_thread.join(1100)
         if "error" in c_result:
             raise c_result["error"]
         assert not c_thread.is_alive(), "job C's faults did not finish"

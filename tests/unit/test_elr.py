@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ from streaming.rules.base import Alert
 from streaming.sinks.batch import sink_rows
 from streaming.sinks.exporter import Exporter
 from streaming.state.rows import _frame, _row
+from tests.conftest import wait_for
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
 
 NOW = 1_800_000_000_000
@@ -237,6 +239,40 @@ def test_a_replica_on_an_offline_log_dir_is_sent_offline_and_the_isr_shrink_says
     rp._replication(s, {"replicas": [1, 2, 3], "isr": [1, 2, 3], "leader": 1}, NOW, "partition|k/t/0")
     (shrink, _) = rp._replication(s, {"replicas": [1, 2, 3], "isr": [2, 3], "leader": 1}, NOW + 1, "partition|k/t/0")
     assert "cause" not in shrink.evidence
+
+
+def test_the_first_view_of_a_shrunk_isr_waits_for_the_look_and_carries_the_cause():
+    """A refresh that shows an ISR the ELR answer has not seen wakes a look and waits for it (at
+    most _elr_wait_s, once per such ISR): the shrink's first view already names the offline replica
+    and its ELR, so IsrShrink's evidence has the cause."""
+    admin, dtp = ShortIsrAdmin(), DtpAdmin({"t": [part(0), part(1), part(2)]})
+    em = FakeEmitter()
+    p = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1), emitter=em, admin=admin)
+    p.elr = watcher(dtp, min_gap_s=0.05).start()
+    try:
+        wait_for(lambda: p.elr.sweeps >= 1, timeout=10, what="the first sweep")
+        p.refresh_metadata()
+        admin.isr0 = [2, 3]
+        dtp.topics["t"][0] = part(0, leader=1, isr=(2, 3), elr=[], offline=[1])
+        em.events.clear()
+        p.metadata.request_update("unknown_leader")
+        t0 = time.monotonic()
+        p.refresh_metadata()
+        waited = time.monotonic() - t0
+        (first,) = [m for m in em.of(PartitionMetadata) if m.partition == 0]
+        assert (first.isr, first.offline_replicas, first.eligible_leader_replicas) == ([2, 3], [1], []), first
+        assert waited < 1.0 and p.elr.looks == 1, (waited, p.elr.looks)
+        # the same unknown ISR again (the look failed to see it): the next refresh does not wait again
+        dtp.topics["t"][0] = part(0)  # the answer now disagrees with the metadata
+        admin.isr0 = [3]
+        p.metadata.request_update("unknown_leader")
+        p.refresh_metadata()  # waits once for this ISR: the look sees another
+        t0 = time.monotonic()
+        p.metadata.request_update("unknown_leader")
+        p.refresh_metadata()
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        p.elr.stop()
 
 
 def rows_of(*events):
