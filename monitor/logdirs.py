@@ -147,13 +147,8 @@ class LogDirWatcher(WatcherThread):
                         self.failures, e, hint)
 
     def take(self) -> Optional[tuple[int, list[BrokerLogDirs]]]:
-        with self._lock:
-            latest, self._latest = self._latest, None
-        return latest
+        return self._take_latest()
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self.available is not False:
-            started = time.monotonic()
-            self.ask(int(time.time() * 1000))
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        self._every_interval(lambda: self.ask(int(time.time() * 1000)))
 

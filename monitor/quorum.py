@@ -172,17 +172,35 @@ _W = TypeVar("_W", bound="WatcherThread")
 
 
 class WatcherThread:
-    """The thread of a kafka-python watcher (quorum, ELR, log dirs): ``start()`` runs ``_run`` on
-    a daemon thread named ``thread_name``; ``stop()`` sets ``_stop``, waits for the thread and
-    closes the client (``_admin``)."""
+    """The thread of a kafka-python watcher (quorum, ELR, log dirs, transactions): ``start()``
+    runs ``_run`` on a daemon thread named ``thread_name``; ``stop()`` sets ``_stop``, waits for
+    the thread and closes the client (``_admin``).  ``_every_interval`` and ``_take_latest`` are
+    the loop and the hand-over of the watchers that answer once a round."""
 
     thread_name = "watcher"
+    interval_s: float
     _thread: Optional[threading.Thread]
     _stop: threading.Event
     _admin: Any
+    _lock: threading.Lock
+    _latest: Any
 
     def _run(self) -> None:
         raise NotImplementedError
+
+    def _every_interval(self, one_round: Callable[[], Any]) -> None:
+        """``one_round()`` every ``interval_s`` (from one round's start to the next) until stopped,
+        or until the cluster said it has no such request (``available`` False)."""
+        while not self._stop.is_set() and getattr(self, "available", None) is not False:
+            started = time.monotonic()
+            one_round()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def _take_latest(self) -> Any:
+        """The newest answer not handed over yet (``_latest``), once."""
+        with self._lock:
+            latest, self._latest = self._latest, None
+        return latest
 
     def start(self: _W) -> _W:
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
@@ -261,16 +279,16 @@ class QuorumWatcher(WatcherThread):
         return now, state
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            at, state = self.ask()
-            with self._lock:
-                self._latest = (at, state)
-                self._answered_at = time.monotonic()
-                if state.ok:
-                    self.leader = state.leader_id if state.leader_id != NO_LEADER else None
-                    self.leader_at = at
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        self._every_interval(self._round)
+
+    def _round(self) -> None:
+        at, state = self.ask()
+        with self._lock:
+            self._latest = (at, state)
+            self._answered_at = time.monotonic()
+            if state.ok:
+                self.leader = state.leader_id if state.leader_id != NO_LEADER else None
+                self.leader_at = at
 
     def take(self) -> Optional[tuple[int, QuorumState]]:
         """The newest answer not handed over yet; or, when the thread has not answered for

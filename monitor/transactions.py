@@ -374,16 +374,14 @@ class TransactionWatcher(WatcherThread):
 
     def take(self) -> Optional[tuple[int, OpenTransactions]]:
         """The newest answer not handed over yet (epoch ms, event)."""
-        with self._lock:
-            latest, self._latest = self._latest, None
-        return latest
+        return self._take_latest()
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self.available is not False:
-            started = time.monotonic()
-            try:
-                self.ask()
-            except Exception as e:  # noqa: BLE001 - a bug here must not end the thread silently
-                log.exception("transactions round failed on cluster %s: %s", self._name or "?", e)
-                self._close_admin()
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        self._every_interval(self._round)
+
+    def _round(self) -> None:
+        try:
+            self.ask()
+        except Exception as e:  # noqa: BLE001 - a bug here must not end the thread silently
+            log.exception("transactions round failed on cluster %s: %s", self._name or "?", e)
+            self._close_admin()
