@@ -30,7 +30,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -42,44 +41,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import report  # noqa: E402  (bench/report.py)
 
 
-class EventReader(threading.Thread):
-    """Keeps the log_dirs events of the events topic (on Tansu) as (observed_at, broker, {dir: online})."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int = 3):
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        super().__init__(name="logdir-events", daemon=True)
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": "logdir-bench", "enable.auto.commit": False,
-                            "log_level": 0})
-        self._c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        self.seen: list[tuple[int, int, dict[str, bool]]] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        from monitor.contract import Event
-
-        while not self._halt.is_set():
-            m = self._c.poll(0.2)
-            if m is None or m.error():
-                continue
-            try:
-                e = Event.from_json(m.value())
-            except Exception:  # noqa: BLE001 - not ours to judge here
-                continue
-            if e.type == "log_dirs":
-                self.seen.append((e.observed_at, e.data.broker, {d.log_dir: d.online for d in e.data.dirs}))
-        self._c.close()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-
-    def first(self, broker: int, log_dir: str, online: bool, since_ms: int) -> Optional[int]:
-        hits = [at for at, b, dirs in list(self.seen) if b == broker and dirs.get(log_dir) is online and at >= since_ms]
-        return min(hits) if hits else None
+def first_seen(tail: Any, broker: int, log_dir: str, online: bool, since_ms: int) -> Optional[int]:
+    """When a log_dirs event of the tail (tests.support.kraft_stack.Tail) first showed ``log_dir``
+    of ``broker`` online (or offline) at or after ``since_ms``."""
+    hits = [e.observed_at for e in list(tail.events) if e.data.broker == broker and e.observed_at >= since_ms
+            and {d.log_dir: d.online for d in e.data.dirs}.get(log_dir) is online]
+    return min(hits) if hits else None
 
 
-def one_fault(stack: Any, tc: Any, events: EventReader, r: int, limit: float) -> dict:
+def one_fault(stack: Any, tc: Any, events: Any, r: int, limit: float) -> dict:
     from tests.conftest import wait_for
     from tests.support.kraft_stack import CLUSTER
     from tests.support.tmpfs_logdir import BROKER, fill
@@ -96,7 +66,7 @@ def one_fault(stack: Any, tc: Any, events: EventReader, r: int, limit: float) ->
         return any(n == "kafka_monitor_alert_active" and x.get("alert") == "LogDirOffline" and x.get("cluster") == CLUSTER
                    and x.get("broker") == str(BROKER) for n, x, _ in stack.samples())
     t_ready = time.time() * 1000
-    wait_for(lambda: events.first(BROKER, tmpfs, True, int(t_ready)) and not offline_active()
+    wait_for(lambda: first_seen(events, BROKER, tmpfs, True, int(t_ready)) and not offline_active()
              and stack.value("kafka_monitor_log_dir_online", **lab) == 1.0, timeout=120, interval=0.5,
              what="broker 1's tmpfs dir online in an event and on /metrics, no LogDirOffline")
     logged = len(tc.offline_lines())
@@ -120,7 +90,7 @@ def one_fault(stack: Any, tc: Any, events: EventReader, r: int, limit: float) ->
         got["detected"] = True
     except AssertionError as e:
         got.update(detected=False, why=str(e))
-    ev = events.first(BROKER, tmpfs, False, fill_ms)
+    ev = first_seen(events, BROKER, tmpfs, False, fill_ms)
     got["event_offline_s"] = None if ev is None else round((ev - fill_ms) / 1000, 2)
     # the topic goes first: its replicas, several MB on the new leaders by now, would fill the
     # repaired dir again as broker 1 fetched them back
@@ -154,7 +124,7 @@ def main() -> int:
         return 2
     from kafka_monitor.spark_cluster import ensure_spark_kafka
     from streaming.job import JobConfig, spark_session, stop_spark
-    from tests.support.kraft_stack import KraftStack
+    from tests.support.kraft_stack import KraftStack, Tail
 
     if "--jars" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {','.join(str(j) for j in ensure_spark_kafka())} pyspark-shell"
@@ -171,7 +141,7 @@ def main() -> int:
             version = stack.cluster.version
             print(f"[bench] Kafka {version}, broker 1's {tc.tmpfs.name} a {TMPFS_SIZE} tmpfs; stack up in "
                   f"{time.monotonic() - t_start:.0f} s", flush=True)
-            events = EventReader(stack.events_broker.bootstrap, stack.events)
+            events = Tail(stack.events_broker.bootstrap, stack.events, ("log_dirs",), name="logdir-bench")
             events.start()
             try:
                 for r in range(args.repeats):

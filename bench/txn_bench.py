@@ -36,16 +36,12 @@ Prints each repeat's figures and the medians, and writes bench/results/transacti
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional
@@ -60,58 +56,16 @@ CLUSTER = "txn-bench"
 HELD, FREE = (0, 1), 2  # the transaction's partitions, and one it leaves alone
 LAG_RULES = {"lag_high_offsets": 10, "lag_high_seconds": None, "lag_high_for_ms": 3_000, "stall_after_ms": 3_000,
              "stop_after_ms": 10_000}
-_SAMPLE = re.compile(r"^(kafka_monitor_[a-z_]+)\{([^}]*)\} (\S+)$", re.M)
 
 
-class Tail(threading.Thread):
-    """Keeps the ``transactions`` events of the events topic (observed_at, event data) and every
-    record of the alerts topic (decoded), both on the Tansu broker."""
-
-    def __init__(self, bootstrap: str, events: str, alerts: str):
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        super().__init__(name="txn-bench-tail", daemon=True)
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-bench", "enable.auto.commit": False,
-                            "log_level": 0})
-        parts = []
-        for topic in (events, alerts):
-            meta = self._c.list_topics(topic, timeout=30).topics[topic]
-            parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
-        self._c.assign(parts)
-        self.events_topic = events
-        self.txns: list[tuple[int, Any]] = []
-        self.alerts: list[dict] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        from monitor.contract import Event
-
-        while not self._halt.is_set():
-            m = self._c.poll(0.2)
-            if m is None or m.error():
-                continue
-            try:
-                if m.topic() == self.events_topic:
-                    e = Event.from_json(m.value())
-                    if e.type == "transactions":
-                        self.txns.append((e.observed_at, e.data))
-                else:
-                    self.alerts.append(json.loads(m.value()))
-            except Exception:  # noqa: BLE001 - not ours to judge here
-                continue
-        self._c.close()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-
-    def listed(self, tid: str) -> Optional[tuple[int, Any]]:
-        """The first answer that lists ``tid``: (observed_at, its OpenTransaction)."""
-        for at, data in list(self.txns):
-            for t in data.transactions:
-                if t.transactional_id == tid:
-                    return at, t
-        return None
+def listed(tail: Any, tid: str) -> Optional[tuple[int, Any]]:
+    """The first transactions event of the tail (tests.support.kraft_stack.Tail) that lists
+    ``tid``: (observed_at, its OpenTransaction)."""
+    for e in list(tail.events):
+        for t in e.data.transactions:
+            if t.transactional_id == tid:
+                return e.observed_at, t
+    return None
 
 
 class Stack:
@@ -134,56 +88,27 @@ class Stack:
         self._stack.close()
 
     def _start(self) -> None:
-        from kafka_monitor.local.broker import TansuBroker, create_topics
         from kafka_monitor.local.kafka_cluster import KafkaCluster
-        from monitor.probe import Probe
-        from monitor.probe_config import ProbeConfig
-        from streaming.job import JobConfig, start, stop_query
-        from streaming.sinks.exporter import Exporter
+        from tests.support.kraft_stack import Tail, start_monitor
 
         s = self._stack
         self.cluster = c = KafkaCluster(version=self.version)
         s.callback(c.stop)
         c.start()
-        self.events_broker = TansuBroker().start()
-        s.callback(self.events_broker.stop)
-        self.events, self.alerts = "kafka-monitor.events", "kafka-monitor.alerts"
-        create_topics(self.events_broker.bootstrap, {self.events: 3, self.alerts: 1})
-        stop_probe = threading.Event()
-        self.probe = Probe(ProbeConfig(
-            bootstrap_servers=c.bootstrap_servers, events_kafka={"bootstrap.servers": self.events_broker.bootstrap},
-            events_topic=self.events, interval_s=1, transactions_interval_s=self.interval, quorum_interval_s=0,
-            log_dirs_interval_s=0, elr_interval_s=0, request_timeout_s=5, refresh_backoff_s=0.5,
-            topics_include=r"^txnb\.", groups_include="^txnb-", cluster=CLUSTER, source="probe-txn-bench"))
-        self.probe_thread = threading.Thread(target=self.probe.run, args=(stop_probe,), name="txn-bench-probe",
-                                             daemon=True)
-        self.probe_thread.start()
-
-        def stop_the_probe() -> None:
-            stop_probe.set()
-            self.probe_thread.join(30)
-            self.probe.close(flush_timeout=5)
-        s.callback(stop_the_probe)
-        exporter = Exporter()
-        port = exporter.serve(0)
-        s.callback(exporter.shutdown)
-        cfg = JobConfig(bootstrap_servers=self.events_broker.bootstrap, checkpoint_dir=str(self.tmp / "ckpt"),
-                        events_topic=self.events, alerts_topic=self.alerts, trigger_s=1, buckets=2, metrics_port=port,
-                        rules={"transactions": {"hanging_after_ms": self.hanging_ms}, "lag": dict(LAG_RULES)})
-        self.query = start(self.spark, cfg, exporter, query_name="txn-bench")
-        s.callback(stop_query, self.query)
-        self.url = f"http://127.0.0.1:{port}/metrics"
-        self.tail = Tail(self.events_broker.bootstrap, self.events, self.alerts)
+        m = start_monitor(s, self.spark, self.tmp, c, {
+            "transactions_interval_s": self.interval, "quorum_interval_s": 0, "log_dirs_interval_s": 0,
+            "elr_interval_s": 0, "topics_include": r"^txnb\.", "groups_include": "^txnb-", "cluster": CLUSTER,
+            "source": "probe-txn-bench"}, rules={"transactions": {"hanging_after_ms": self.hanging_ms},
+                                                 "lag": dict(LAG_RULES)}, query_name="txn-bench")
+        self.probe_thread, self.query, self.url = m.probe_thread, m.query, m.url
+        self.tail = Tail(m.events_broker.bootstrap, m.events, ("transactions",), others=(m.alerts,), name="txn-bench")
         self.tail.start()
         s.callback(self.tail.stop)
 
     def samples(self) -> list[tuple[str, dict, float]]:
-        try:
-            text = urllib.request.urlopen(self.url, timeout=5).read().decode()
-        except OSError:
-            return []
-        return [(m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3)))
-                for m in _SAMPLE.finditer(text)]
+        from tests.support.kraft_stack import metric_samples
+
+        return metric_samples(self.url)
 
     def active(self, samples: list, alert: str, **labels: Any) -> bool:
         return any(n == "kafka_monitor_alert_active" and lab.get("alert") == alert and lab.get("cluster") == CLUSTER
@@ -211,7 +136,7 @@ def one_repeat(stack: Stack, r: int, limit: float, hanging_ms: int) -> dict:
                GroupReader(c.bootstrap_servers, topic, ru, "read_uncommitted")]
     txn: Optional[TxnProcess] = None
     got: dict[str, Any] = {"repeat": r}
-    seen_alerts = len(stack.tail.alerts)
+    seen_alerts = len(stack.tail.records)
     try:
         writer.start()
         for x in readers:
@@ -248,9 +173,9 @@ def one_repeat(stack: Stack, r: int, limit: float, hanging_ms: int) -> dict:
         got.update(times)
         if "hanging_on_metrics_s" in times:
             got["hanging_after_setting_s"] = round(times["hanging_on_metrics_s"] - hanging_ms / 1000, 2)
-        listed = stack.tail.listed(tid)
-        got["event_listed_s"] = None if listed is None else round((listed[0] - open_ms) / 1000, 2)
-        pid = None if listed is None else listed[1].producer_id
+        seen = listed(stack.tail, tid)
+        got["event_listed_s"] = None if seen is None else round((seen[0] - open_ms) / 1000, 2)
+        pid = None if seen is None else seen[1].producer_id
         got["paused_s"] = round(time.monotonic() - t0, 1)
         txn.commit()
         t1 = time.monotonic()
@@ -267,7 +192,7 @@ def one_repeat(stack: Stack, r: int, limit: float, hanging_ms: int) -> dict:
                 got[key] = None
         # the alerts topic: the lag alerts' evidence, and anything opened where nothing is held
         time.sleep(3)  # the job's last batch published (trigger 1 s)
-        mine = [a for a in stack.tail.alerts[seen_alerts:] if a.get("labels", {}).get("cluster") == CLUSTER]
+        mine = [a for a in stack.tail.records[seen_alerts:] if a.get("labels", {}).get("cluster") == CLUSTER]
         lag_opens = [a for a in mine if a["action"] == "open" and a["labels"].get("group") == rc
                      and a["alert"] in ("ConsumerLagHigh", "ConsumerLagStatus")]
         got["lag_opens"] = [[a["alert"], a["labels"].get("partition"), a["evidence"].get("status"),

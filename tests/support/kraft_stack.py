@@ -7,18 +7,24 @@ eligible leader replicas' faults (tests/e2e/test_kraft_faults.py, bench/kraft_be
       -> the Spark job (trigger 1 s) -> /metrics
 
 The events and alerts live on a Tansu broker, so the watched cluster's faults are the only ones
-the monitor sees.  ``Faults`` times each fault from its start to what ``/metrics`` shows."""
+the monitor sees.  ``Faults`` times each fault from its start to what ``/metrics`` shows.
+
+``start_monitor`` (the events broker, the probe, the job and its exporter), ``Tail`` (the events
+and alerts as they are written) and ``metric_samples`` are the parts the benches on the real
+cluster share (bench/logdir_bench.py, bench/txn_bench.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 import urllib.request
 from contextlib import ExitStack
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
 
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from kafka_monitor.local.broker import TansuBroker, create_topics
 from kafka_monitor.local.kafka_cluster import KafkaCluster
@@ -37,6 +43,107 @@ PARTITION_AND_GROUP_ALERTS = ("IsrShrink", "UnderReplicated", "UnderMinIsr", "At
                               "PartitionUnobserved", "ConsumerLagHigh", "ConsumerLagStatus", "RebalanceStorm",
                               "RebalanceStuck", "GroupEmptyWithLag")
 _SAMPLE = re.compile(r"^(kafka_monitor_[a-z_]+)\{([^}]*)\} (\S+)$", re.M)
+
+
+def metric_samples(url: str) -> list[tuple[str, dict, float]]:
+    """The kafka_monitor_* samples ``url`` serves now, as (name, labels, value); [] when it does
+    not answer."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return []
+    return [(m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3)))
+            for m in _SAMPLE.finditer(text)]
+
+
+@dataclass
+class Monitor:
+    """What ``start_monitor`` started: the events broker and its topics, the probe on its thread,
+    the job's query and its exporter's /metrics."""
+
+    events_broker: TansuBroker
+    events: str
+    alerts: str
+    probe: Probe
+    probe_thread: threading.Thread
+    query: Any
+    url: str
+
+
+def start_monitor(s: ExitStack, spark: Any, tmp: Any, cluster: KafkaCluster, probe_settings: dict,
+                  rules: Optional[dict] = None, query_name: str = "monitor") -> Monitor:
+    """A Tansu broker for the events and alerts, the probe of ``cluster`` (every second, the
+    ``probe_settings`` ProbeConfig fields on top) and the Spark job (trigger 1 s, ``rules``:
+    ``[job.rules]`` tables) with its exporter; each stopped by ``s``."""
+    events_broker = TansuBroker().start()
+    s.callback(events_broker.stop)
+    events, alerts = "kafka-monitor.events", "kafka-monitor.alerts"
+    create_topics(events_broker.bootstrap, {events: 3, alerts: 1})
+    stop_probe = threading.Event()
+    probe = Probe(ProbeConfig(**{
+        "bootstrap_servers": cluster.bootstrap_servers, "events_kafka": {"bootstrap.servers": events_broker.bootstrap},
+        "events_topic": events, "interval_s": 1, "request_timeout_s": 5, "refresh_backoff_s": 0.5,
+        **probe_settings}))
+    probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name=f"{query_name}-probe", daemon=True)
+    probe_thread.start()
+
+    def stop_the_probe() -> None:
+        stop_probe.set()
+        probe_thread.join(30)
+        probe.close(flush_timeout=5)
+    s.callback(stop_the_probe)
+    exporter = Exporter()
+    port = exporter.serve(0)
+    s.callback(exporter.shutdown)
+    cfg = JobConfig(bootstrap_servers=events_broker.bootstrap, checkpoint_dir=str(tmp / "ckpt"),
+                    events_topic=events, alerts_topic=alerts, trigger_s=1, buckets=2, metrics_port=port,
+                    **({"rules": rules} if rules else {}))
+    query = start(spark, cfg, exporter, query_name=query_name)
+    s.callback(stop_query, query)
+    return Monitor(events_broker, events, alerts, probe, probe_thread, query, f"http://127.0.0.1:{port}/metrics")
+
+
+class Tail(threading.Thread):
+    """Every record written to the events topic and to ``others`` (on ``bootstrap``), from the
+    beginning: the events of ``types`` decoded into ``events`` (Event objects), the others' records
+    as JSON into ``records``."""
+
+    def __init__(self, bootstrap: str, events_topic: str, types: Iterable[str], others: Iterable[str] = (),
+                 name: str = "tail"):
+        super().__init__(name=name, daemon=True)
+        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": name, "enable.auto.commit": False,
+                            "log_level": 0})
+        parts = []
+        for topic in (events_topic, *others):
+            meta = self._c.list_topics(topic, timeout=30).topics[topic]
+            parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
+        self._c.assign(parts)
+        self.events_topic, self.types = events_topic, frozenset(types)
+        self.events: list[Any] = []
+        self.records: list[dict] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from monitor.contract import Event
+
+        while not self._halt.is_set():
+            m = self._c.poll(0.2)
+            if m is None or m.error():
+                continue
+            try:
+                if m.topic() == self.events_topic:
+                    e = Event.from_json(m.value())
+                    if e.type in self.types:
+                        self.events.append(e)
+                else:
+                    self.records.append(json.loads(m.value()))
+            except Exception:  # noqa: BLE001 - not ours to judge here
+                continue
+        self._c.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
 
 
 class Committer(threading.Thread):
@@ -90,38 +197,16 @@ class KraftStack:
         s.callback(self._heal)
         c.create_topic(REP, partitions=3, config={"min.insync.replicas": 2})
         c.create_topic(ELR, config={"min.insync.replicas": 2}, replica_assignment=[[1, 2, 3]])
-        self.events_broker = TansuBroker().start()
-        s.callback(self.events_broker.stop)
-        self.events, self.alerts = "kafka-monitor.events", "kafka-monitor.alerts"
-        create_topics(self.events_broker.bootstrap, {self.events: 3, self.alerts: 1})
         writer = MultiTopicWriter(c.bootstrap_servers, [REP, ELR]).start()
         s.callback(writer.stop)
         app = Committer(c.bootstrap_servers)
         app.start()
         s.callback(app.stop)
-        stop_probe = threading.Event()
-        self.probe = Probe(ProbeConfig(
-            bootstrap_servers=c.bootstrap_servers, events_kafka={"bootstrap.servers": self.events_broker.bootstrap},
-            events_topic=self.events, interval_s=1, quorum_interval_s=1, elr_interval_s=5, request_timeout_s=5,
-            refresh_backoff_s=0.5, topics_include=r"^kraft\.", groups_include="^kraft-", cluster=CLUSTER,
-            source="probe-kraft", **self._probe_settings))
-        self.probe_thread = threading.Thread(target=self.probe.run, args=(stop_probe,), name="kraft-probe",
-                                             daemon=True)
-        self.probe_thread.start()
-
-        def stop_the_probe() -> None:
-            stop_probe.set()
-            self.probe_thread.join(30)
-            self.probe.close(flush_timeout=5)
-        s.callback(stop_the_probe)
-        exporter = Exporter()
-        port = exporter.serve(0)
-        s.callback(exporter.shutdown)
-        cfg = JobConfig(bootstrap_servers=self.events_broker.bootstrap, checkpoint_dir=str(self.tmp / "ckpt"),
-                        events_topic=self.events, alerts_topic=self.alerts, trigger_s=1, buckets=2, metrics_port=port)
-        self.query = start(self.spark, cfg, exporter, query_name="kraft-faults")
-        s.callback(stop_query, self.query)
-        self.url = f"http://127.0.0.1:{port}/metrics"
+        m = start_monitor(s, self.spark, self.tmp, c, {
+            "quorum_interval_s": 1, "elr_interval_s": 5, "topics_include": r"^kraft\.", "groups_include": "^kraft-",
+            "cluster": CLUSTER, "source": "probe-kraft", **self._probe_settings}, query_name="kraft-faults")
+        self.events_broker, self.events, self.alerts, self.probe = m.events_broker, m.events, m.alerts, m.probe
+        self.probe_thread, self.query, self.url = m.probe_thread, m.query, m.url
         wait_for(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
                                                                        group=GROUP) is not None,
              timeout=240, what="the quorum's leader and the group's lag on /metrics")
@@ -140,15 +225,7 @@ class KraftStack:
     # -- /metrics -------------------------------------------------------------------------------
 
     def samples(self) -> list[tuple[str, dict, float]]:
-        try:
-            text = urllib.request.urlopen(self.url, timeout=5).read().decode()
-        except OSError:
-            return []
-        out = []
-        for m in _SAMPLE.finditer(text):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-            out.append((m.group(1), labels, float(m.group(3))))
-        return out
+        return metric_samples(self.url)
 
     def value(self, name: str, **labels: Any) -> Optional[float]:
         for n, lab, v in self.samples():
