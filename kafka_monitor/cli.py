@@ -126,6 +126,15 @@ def _parser() -> argparse.ArgumentParser:
                         "every group's committed offsets on them -- and the state of the groups whose crc32(name) "
                         "%% N is I-1, so every partition and group is watched by exactly one probe (default: the "
                         "whole cluster; config key share)")
+    p.add_argument("--ha-group", dest="ha_group", metavar="NAME",
+                   help="probes started with the same NAME (each with its own --source) split the cluster "
+                        "through a consumer group of their own on the events cluster: each probes the shards the "
+                        "group hands it and a dead probe's shards move to the others within the session timeout; "
+                        "the job fences a paused probe's old epochs and raises ShardUnobserved for a shard nobody "
+                        "observes (docs/ha.md; not with --share; config key ha_group)")
+    p.add_argument("--shards", type=int,
+                   help="shards of the cluster with --ha-group: the partitions of kafka-monitor.shards.NAME, the "
+                        "same for every probe of the group (default 64; config key shards)")
     p.add_argument("--canary", action="store_true", default=None,
                    help="also run the canary: a topic of the monitor's own (--canary-topic) with one partition "
                         "led by each broker, acks=all writes to each every --canary-interval seconds, read back; "

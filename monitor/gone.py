@@ -50,6 +50,26 @@ class GoneTracker:
         self.gp_known: dict[str, set[tuple[str, int]]] = {}
         self.gp_misses: dict[str, dict[tuple[str, int], int]] = {}
 
+    def forget_unowned(self) -> None:
+        """An HA group moved shards (monitor.shards): the topics and group partitions this probe
+        no longer owns are forgotten, never said gone (their new owner tracks them)."""
+        for t in [t for t in self.topic_parts if not self._owns(t)]:
+            del self.topic_parts[t]
+            self.topic_misses.pop(t, None)
+        for g, known in list(self.gp_known.items()):
+            moved = {k for k in known if not self._owns(k[0])}
+            if not moved:
+                continue
+            known.difference_update(moved)
+            misses = self.gp_misses.get(g)
+            if misses:
+                for k in moved:
+                    misses.pop(k, None)
+                if not misses:
+                    del self.gp_misses[g]
+            if not known:
+                del self.gp_known[g]
+
     def note_topics(self, view: ClusterView, topics: list[str], now: int) -> None:
         """After each successful metadata refresh (a complete response: ``view``; ``topics``: the
         watched ones it answered without an error): a watched topic seen before and absent from

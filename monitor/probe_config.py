@@ -75,6 +75,12 @@ class ProbeConfig:
     #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
     #: their names, see share_of); empty: the whole cluster
     share: str = ""
+    #: probes started with the same HA group split the cluster through a consumer group of their
+    #: own on the events cluster (monitor.shards): each probes the shards it holds; empty: off
+    ha_group: str = ""
+    #: shards of the cluster when ha_group is set (the shard topic's partitions: every probe of the
+    #: group must use the same count)
+    shards: int = 64
     #: librdkafka properties passed to every client the probe creates (SASL/SSL, ...)
     kafka: dict[str, str] = field(default_factory=dict)
     #: librdkafka properties for the events producer only (e.g. another cluster's bootstrap)
@@ -125,6 +131,18 @@ class ProbeConfig:
         if self.offsets_via not in OFFSETS_VIA:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
         parse_share(self.share)
+        if self.ha_group:
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", self.ha_group):
+                raise ConfigError(f"probe.ha_group: letters, digits, '.', '_' and '-' only, at most 200 (it names a "
+                                  f"topic and a consumer group), got {self.ha_group!r}")
+            if parse_share(self.share) is not None:
+                raise ConfigError("probe.ha_group: not with probe.share: the group hands out the shards itself "
+                                  "(remove --share)")
+            if not 1 <= self.shards <= 1024:
+                raise ConfigError(f"probe.shards: must be within 1..1024, got {self.shards}")
+            if self.canary:
+                raise ConfigError("probe.canary: not yet with probe.ha_group (issue 49: the canary moves with "
+                                  "the cluster shard)")
         if self.canary:
             share = parse_share(self.share)
             if share is not None and share[0] != 1:
@@ -175,7 +193,7 @@ class ProbeScope:
     """What one probe watches: the topics and groups its patterns match and, when probes share
     the cluster, that are in its share."""
 
-    def __init__(self, cfg: ProbeConfig):
+    def __init__(self, cfg: ProbeConfig, membership: Any = None):
         self._topics_in = re.compile(cfg.topics_include)
         self._topics_out = re.compile(cfg.topics_exclude)
         self._groups_in = re.compile(cfg.groups_include)
@@ -183,21 +201,41 @@ class ProbeScope:
         self._watched_cache: dict[str, bool] = {}
         #: (i, n) when n probes share the cluster (None: the whole cluster)
         self.share = parse_share(cfg.share)
+        #: the HA group's membership (monitor.shards.ShardMembership) when ha_group is set
+        self.membership = membership
 
     def owns(self, name: str) -> bool:
-        """Whether a topic or group is in this probe's share (always, without one)."""
+        """Whether a topic or group is in this probe's share, or in a shard it holds (always,
+        without either)."""
+        if self.membership is not None:
+            return self.membership.owns(name) is not None
         return self.share is None or share_of(name, self.share[1]) == self.share[0]
+
+    def cluster_wide(self) -> bool:
+        """Whether this probe does the cluster-wide work (brokers, the quorum, log dirs,
+        transactions, the canary): the unshared one, share 1 of n, or the holder of the HA
+        group's cluster shard."""
+        if self.membership is not None:
+            from monitor.shards import CLUSTER_SHARD
+
+            return CLUSTER_SHARD in self.membership.owned()
+        return self.share is None or self.share[0] == 1
+
+    def ownership_changed(self) -> None:
+        """The HA group moved shards: what is watched is decided again."""
+        self._watched_cache = {}
 
     def share_text(self) -> Optional[str]:
         return None if self.share is None else f"{self.share[0]}/{self.share[1]}"
 
     def watched(self, topic: str) -> bool:
-        hit = self._watched_cache.get(topic)
+        cache = self._watched_cache  # one dict: an answer decided before a shard moved goes with the old one
+        hit = cache.get(topic)
         if hit is None:
-            if len(self._watched_cache) > 1_000_000:
-                self._watched_cache.clear()
-            hit = self._watched_cache[topic] = (bool(self._topics_in.search(topic))
-                                                and not self._topics_out.search(topic) and self.owns(topic))
+            if len(cache) > 1_000_000:
+                cache.clear()
+            hit = cache[topic] = (bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
+                                  and self.owns(topic))
         return hit
 
     def watched_groups(self, names: list[str]) -> list[str]:

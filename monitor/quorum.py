@@ -213,6 +213,21 @@ class WatcherThread:
             self._thread.join(timeout)
         self._close_admin()
 
+    def run_while(self, on: bool) -> None:
+        """Run while ``on`` (an HA group's probe: while it holds the cluster shard), from the
+        probe's loop: started when off, told to stop when on (not waited for: its round ends on
+        its own, its answer is dropped).  A thread still ending is started again at a later call."""
+        alive = self._thread is not None and self._thread.is_alive()
+        if on and not alive:
+            self._stop.clear()
+            self.start()
+        elif not on and alive and not self._stop.is_set():
+            self._stop.set()
+            with self._lock:
+                self._latest = None
+        elif not on and not alive and self._admin is not None:
+            self._close_admin()
+
     def _close_admin(self) -> None:
         """Drop the client (a new one is made for the next request) and close it."""
         admin, self._admin = self._admin, None

@@ -149,7 +149,8 @@ class ProbeTopologyMixin:
             self.invalidate(err, "metadata request")
             self._emitter.emit(MetadataRefresh(version=self.metadata.version, reason=reason, cause=cause, ok=False,
                                                duration_ms=(time.monotonic() - t0) * 1000, error=str(err),
-                                               metadata_max_age_ms=self.metadata.metadata_max_age_ms))
+                                               metadata_max_age_ms=self.metadata.metadata_max_age_ms,
+                                               ha_group=self.cfg.ha_group or None))
             self._warn_once("metadata", "metadata refresh failed: %s", err)
             return False
         duration_ms = (time.monotonic() - t0) * 1000
@@ -164,7 +165,8 @@ class ProbeTopologyMixin:
         view = self.metadata.cluster
         if not change.ok or view is None:
             self._emitter.emit(MetadataRefresh(version=change.version, reason=reason, cause=cause, ok=False,
-                                               duration_ms=duration_ms, error=change.error), observed_at=now)
+                                               duration_ms=duration_ms, error=change.error,
+                                               ha_group=self.cfg.ha_group or None), observed_at=now)
             return False
         if self.cfg.cluster is None and view.cluster_id:
             self._emitter.cluster = view.cluster_id
@@ -187,8 +189,8 @@ class ProbeTopologyMixin:
                                      unseen_for_at_most_ms=now - previous_ok if previous_ok else None)
                 for t, (old, new) in sorted(change.partition_count_changes.items()) if self._scope.owns(t)],
             leaderless_partitions=len(change.no_leader),
-            metadata_max_age_ms=self.metadata.metadata_max_age_ms), observed_at=now)
-        if self._scope.share is None or self._scope.share[0] == 1:
+            metadata_max_age_ms=self.metadata.metadata_max_age_ms, ha_group=self.cfg.ha_group or None), observed_at=now)
+        if self._scope.cluster_wide():
             with self._broker_lock:
                 self._emit_broker_states(view, change.version, now)
         topics = [n for n, t in view.topics.items() if self._scope.watched(n) and t.error is None]  # sorted by name
