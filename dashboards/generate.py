@@ -104,6 +104,12 @@ TXN_HANGING = "kafka_monitor_transactions_hanging"
 TXN_OLDEST_AGE = "kafka_monitor_transaction_oldest_age_seconds"
 TXN_HELD = "kafka_monitor_transaction_held_partitions"
 LSO = "kafka_monitor_partition_last_stable_offset"
+#: an HA group of probes (--ha-group; docs/ha.md): per (cluster, source = ha:<group>), and per probe
+HA_PROBES = "kafka_monitor_ha_probes"
+HA_SHARDS = "kafka_monitor_ha_shards"
+HA_UNOBSERVED = "kafka_monitor_ha_shards_unobserved"
+HA_PROBE_SHARDS = "kafka_monitor_ha_probe_shards"
+HA_LAST_HANDOVER = "kafka_monitor_ha_last_handover_timestamp_seconds"
 
 def default_rules() -> dict[str, Any]:
     return {"lag": LagConfig(), "partition": PartitionRulesConfig(), "group": GroupRulesConfig(),
@@ -550,6 +556,55 @@ def transaction_panels() -> list[tuple[dict, int]]:
     ]
 
 
+def per_ha_group(metric: str) -> str:
+    """An HA group's series (source ha:<group>), one per exporter replica merged."""
+    return f"max by (cluster, source) ({metric}{{{CLUSTER}}})"
+
+
+def ha_panels() -> list[tuple[dict, int]]:
+    """The HA groups of probes on the selected clusters (docs/ha.md): how many probes are alive,
+    the shards unobserved, the shards each probe holds, and the last handover."""
+    src = RULES["source"]
+    after = f"{src.shard_unobserved_after_ms / 1000:g} s"
+    legend = "{{source}} ({{cluster}})"
+    return [
+        (timeseries("HA group probes alive", "Probes of each HA group (source ha:<group>: the probes started with "
+                    "the same --ha-group, which share the cluster's shards through the consumer group "
+                    "kafka-monitor-ha-<group> on the events cluster) that reported within their silence limit "
+                    f"({src.silent_factor:g} of their interval and the silence grace of "
+                    f"{src.silence_grace_ms / 1000:g} s) at the group's last report ({HA_PROBES}). A step down is a "
+                    "probe that left or died: its shards move to the others (Shards per probe). Not lowered when "
+                    "the last one stops: the job then raises SourceSilent (critical) for the group, not for each "
+                    "probe. No lines = no probe runs with --ha-group.",
+                    [target(per_ha_group(HA_PROBES), legend=legend)], min_=0, decimals=0), 6),
+        (timeseries("HA group shards unobserved", "Shards of each HA group's cluster without an observation within "
+                    f"their owner's interval plus {after} (shard_unobserved_after_ms) at the group's last report "
+                    f"({HA_UNOBSERVED}), beside the group's shard count ({HA_SHARDS}). ShardUnobserved (warning) "
+                    "while above 0: the topics and consumer groups of those shards get no fresh offsets, lag or "
+                    "alerts meanwhile. A member that dies hands its shards over within the group's session timeout "
+                    "and the new owner observes them at its next cycle, so a handover raises nothing; a line that "
+                    "stays above 0 is a shard with no live owner, or an owner that does not observe it.",
+                    [target(per_ha_group(HA_UNOBSERVED), legend="unobserved " + legend),
+                     target(per_ha_group(HA_SHARDS), legend="shards " + legend, ref="B")],
+                    min_=0, decimals=0,
+                    overrides=[{"matcher": {"id": "byRegexp", "options": "^unobserved"}, "properties": [
+                        {"id": "color", "value": {"mode": "fixed", "fixedColor": "orange"}}]}]), 6),
+        (timeseries("Shards per probe", "Shards each live probe of an HA group holds, by its newest claims the job "
+                    f"saw ({HA_PROBE_SHARDS}): the cooperative-sticky assignor splits them evenly and moves only "
+                    "what must move. A probe that leaves loses its line and its shards go to the others' (a "
+                    "handover); a newcomer takes some. The lines add up to the group's shard count while every "
+                    "shard has a live owner.",
+                    [target(f"max by (cluster, source, probe) ({HA_PROBE_SHARDS}{{{CLUSTER}}})",
+                            legend="{{probe}} " + legend)], min_=0, decimals=0), 6),
+        (stat("Last shard handover", "Time since a shard of each HA group last moved to another probe "
+              f"({HA_LAST_HANDOVER}: a report with a larger epoch from another probe): a probe that left, died or "
+              "joined. Handovers that keep coming are probes that restart or keep losing their group membership "
+              "(session timeouts, the events cluster's group coordinator). No value = no handover seen, or no HA "
+              "group.",
+              [target(f"time() - {per_ha_group(HA_LAST_HANDOVER)}", legend=legend)], unit="s", decimals=0), 6),
+    ]
+
+
 def overview() -> dict:
     g = Grid()
     severity_targets = [
@@ -611,9 +666,11 @@ def overview() -> dict:
     g.row(8, *graphs)
     g.row(8, *log_dir_panels())
     g.row(8, *transaction_panels())
+    g.row(8, *ha_panels())
     return dashboard("kafka-monitor-overview", "kafka-monitor / Overview",
                      "What is wrong now: open alerts, the worst lag, replication, the KRaft controller quorum, the "
-                     "brokers' log dirs, open transactions and the monitor's own health.",
+                     "brokers' log dirs, open transactions and the monitor's own health, HA groups of probes "
+                     "included.",
                      ["cluster", "topic", "group"], g)
 
 

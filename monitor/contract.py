@@ -47,9 +47,10 @@ SUPPORTED_SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
 KAFKA_OFFSET_SENTINELS = frozenset({-1, -1001})
 #: leader id in a MetadataResponse for a partition without a leader.
 NO_LEADER = -1
-#: the events whose absence reads as the source's silence (SourceSilent, MetadataStale): a source
-#: sends each twice, on its key's partition and on another (monitor/emitter.py)
-LIVENESS_TYPES = frozenset({"heartbeat", "metadata_refresh"})
+#: the events whose absence reads as the source's silence (SourceSilent, MetadataStale; an HA
+#: group's, ShardUnobserved): a source sends each twice, on its key's partition and on another
+#: (monitor/emitter.py)
+LIVENESS_TYPES = frozenset({"heartbeat", "metadata_refresh", "ha_member"})
 
 
 class ContractError(ValueError):
@@ -113,6 +114,9 @@ class MetadataRefresh:
     metadata_max_age_ms: Optional[int] = _doc(
         "The client's periodic refresh interval (metadata.max.age.ms): MetadataStale fires after twice this "
         "without a successful refresh.", default=None)
+    ha_group: Optional[str] = _doc(
+        "A probe's HA group (--ha-group): MetadataStale is then raised only while it still tries to refresh (a "
+        "member that stopped is the group's to judge). Null otherwise.", default=None)
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,26 @@ class Heartbeat:
         "probe waits half its interval, at least 2 s, at most its request timeout): the offsets of the partitions "
         "they lead and the groups they coordinate are missing from this cycle. Empty when every broker answered; "
         "null for sources without cycles.", default=None)
+    ha_group: Optional[str] = _doc(
+        "The HA group the probe belongs to (--ha-group): its silence is then the group's to judge (an "
+        "ha_member event of each member says what it holds; SourceSilent names the group when none is left). "
+        "Null: a probe on its own, or not a probe.", default=None)
+
+
+@dataclass(frozen=True)
+class HaMember:
+    """A probe of an HA group after each observation cycle (contract v2): the shards it holds and
+    has claimed, observed in that cycle. The job keeps, per cluster and group, each shard's owner
+    and last observation (docs/ha.md)."""
+
+    ha_group: str = _doc("The HA group (--ha-group).")
+    shards: int = _doc("The group's shard count (the shard topic's partitions).")
+    interval_ms: int = _doc("The probe's observation interval.")
+    held: list[int] = _doc("The shards it holds and has claimed, ascending.")
+    epochs: list[int] = _doc("Its epoch on each of them (the offset of its claim record), in held's order.")
+    watched: list[int] = _doc(
+        "How many topics and groups it watched in each of them this cycle, in held's order.")
+    handovers: int = _doc("Shard assignments this probe gained or lost since it started.")
 
 
 @dataclass(frozen=True)
@@ -582,25 +606,34 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
     "quorum_state": (QuorumState, ()),
     "log_dirs": (BrokerLogDirs, ("broker",)),
     "transactions": (OpenTransactions, ()),
+    "ha_member": (HaMember, ("ha_group",)),
 }
 #: the contract version each type is sent with (the rest: v1)
 SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dirs": SCHEMA_V2,
-                  "transactions": SCHEMA_V2}
+                  "transactions": SCHEMA_V2, "ha_member": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
+#: an HA group's probe (monitor.shards): the field naming the shard of each type it sends ("" for
+#: the cluster-wide types, held by shard 0); the types not here carry no shard (per source)
+SHARD_OF_TYPE = {"partition_metadata": "topic", "partition_offsets": "topic", "partition_gone": "topic",
+                 "group_offsets": "topic", "group_partition_gone": "topic", "group_state": "group",
+                 "rebalance": "group", "group_gone": "group", "broker_state": "", "quorum_state": "",
+                 "log_dirs": "", "transactions": "", "canary": ""}
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
     ClientFetch, Canary, BrokerState, ClientProduce, Heartbeat, PartitionGone, GroupGone, GroupPartitionGone,
-    QuorumState, BrokerLogDirs, OpenTransactions,
+    QuorumState, BrokerLogDirs, OpenTransactions, HaMember,
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs, transactions and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
+    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs, transactions, ha_member and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",
     "source": "Which probe or instrumented client observed it.",
+    "shard": "Only from a probe of an HA group (--ha-group): the shard the observed entity belongs to (SHARD_OF_TYPE: crc32 of its topic or group name modulo the group's shard count; 0 for the cluster-wide types). Absent otherwise.",
+    "epoch": "Only with shard: the probe's claim on that shard, the offset of its claim record in the shard topic. A later owner's epoch is larger; the job drops a shard's events whose epoch is older than the newest it has seen (reason fenced). Absent otherwise.",
     "seq": "Per-source counter from 0: gaps mean loss, repeats mean replays.",
     "observed_at": "Event time: when the observation was made, epoch milliseconds.",
     "data": "The type-specific payload.",
@@ -617,6 +650,9 @@ class Event:
     data: Payload
     event_id: str = ""
     schema: str = ""  # default: SCHEMA_OF_TYPE's
+    #: an HA group's probe: the entity's shard and the probe's epoch on it (both or neither)
+    shard: Optional[int] = None
+    epoch: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.event_id:
@@ -638,11 +674,12 @@ class Event:
         return entity_key(self.type, self.cluster, self.source, _fields(self.data))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema, "type": self.type, "event_id": self.event_id,
-            "cluster": self.cluster, "source": self.source, "seq": self.seq,
-            "observed_at": self.observed_at, "data": _fields(self.data),
-        }
+        out: dict[str, Any] = {"schema": self.schema, "type": self.type, "event_id": self.event_id,
+                               "cluster": self.cluster, "source": self.source}
+        if self.epoch is not None:
+            out["shard"], out["epoch"] = self.shard, self.epoch
+        out.update(seq=self.seq, observed_at=self.observed_at, data=_fields(self.data))
+        return out
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -671,6 +708,12 @@ class Event:
             env[name] = _coerce(typ, obj.get(name), name, required=True)
         if env["seq"] < 0 or env["observed_at"] < 0:
             raise ContractError("out_of_range", "seq and observed_at must be >= 0")
+        for name in ("shard", "epoch"):
+            env[name] = _coerce(Optional[int], obj.get(name), name)
+            if env[name] is not None and env[name] < 0:
+                raise ContractError("out_of_range", f"{name} must be >= 0")
+        if (env["shard"] is None) != (env["epoch"] is None):
+            raise ContractError("missing_envelope", "shard and epoch come together")
         data = _build(PAYLOADS[etype][0], obj.get("data"), "data")
         return cls(type=etype, data=data, schema=schema, **env)
 

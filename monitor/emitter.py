@@ -37,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from monitor import contract as c
 from monitor.contract import Event, Payload
+from monitor.shards import CLUSTER_SHARD, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,44 @@ class EventEmitter:
         self._delivered_at: dict[int, float] = {}  # partition -> its last delivery's poll time
         self._live_partition: Optional[int] = None  # the liveness key's partition, once delivered
         self._turns: dict[str, int] = {}
+        #: an HA group's probe (set_shards): shard count, and shard -> epoch of those it holds
+        self._shards: Optional[tuple[int, Callable[[], dict[int, int]]]] = None
+        #: events not sent because their shard was no longer held (moved away mid-cycle): its new
+        #: owner sends them; not a loss, so not in ``dropped``
+        self.unheld = 0
+
+    def set_shards(self, shards: int, held: Callable[[], dict[int, int]]) -> None:
+        """Stamp each event of a sharded type (``contract.SHARD_OF_TYPE``) with its shard and this
+        probe's epoch on it (``held()``: shard -> epoch); one whose shard it does not hold is
+        not sent."""
+        self._shards = (shards, held)
+
+    def _shard_of(self, etype: str, fields: Any) -> Optional[int]:
+        """The shard of an event of ``etype`` whose payload field is read by ``fields(name)``;
+        None for a type without one."""
+        name = c.SHARD_OF_TYPE.get(etype)
+        if name is None or self._shards is None:
+            return None
+        return shard_of(str(fields(name)), self._shards[0]) if name else CLUSTER_SHARD
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     def emit(self, data: Payload, observed_at: Optional[int] = None, cluster: Optional[str] = None) -> Optional[Event]:
+        etype = c.TYPE_OF_PAYLOAD[type(data)]
+        shard = self._shard_of(etype, lambda name: getattr(data, name))
+        epoch = None
+        if shard is not None:
+            epoch = self._shards[1]().get(shard)  # type: ignore[index]
+            if epoch is None:
+                self.unheld += 1
+                return None
         with self._lock:
             seq = self._seq
             self._seq += 1
-        ev = Event.of(data, cluster=cluster or self.cluster, source=self.source, seq=seq,
-                      observed_at=self.now_ms() if observed_at is None else observed_at)
+        ev = Event(type=etype, cluster=cluster or self.cluster, source=self.source, seq=seq,
+                   observed_at=self.now_ms() if observed_at is None else observed_at, data=data,
+                   shard=shard, epoch=epoch)
         key, value = ev.key(), ev.to_json()
         try:
             if ev.type in c.LIVENESS_TYPES:
@@ -122,6 +151,36 @@ class EventEmitter:
         n = len(rows)
         if n == 0:
             return []
+        if self._shards is not None and c.TYPE_OF_PAYLOAD[cls] in c.SHARD_OF_TYPE:
+            return self._emit_sharded(cls, rows, observed_at, cluster)
+        return self._emit_rows(cls, rows, observed_at, cluster)
+
+    def _emit_sharded(self, cls: type, rows: Sequence[tuple], observed_at: int,
+                      cluster: Optional[str]) -> list[int]:
+        """``emit_rows`` for an HA group's probe: the rows of each held shard with its shard and
+        epoch; those of a shard it no longer holds are returned unsent (and counted, ``unheld``)."""
+        etype = c.TYPE_OF_PAYLOAD[cls]
+        name = c.SHARD_OF_TYPE[etype]
+        at = [f.name for f in dataclasses.fields(cls)].index(name) if name else None
+        shards, held = self._shards  # type: ignore[misc]
+        epochs = held()
+        by_shard: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_shard.setdefault(CLUSTER_SHARD if at is None else shard_of(str(row[at]), shards), []).append(i)
+        failed: list[int] = []
+        for shard, idx in sorted(by_shard.items()):
+            epoch = epochs.get(shard)
+            if epoch is None:
+                self.unheld += len(idx)
+                failed += idx
+                continue
+            part = self._emit_rows(cls, [rows[i] for i in idx], observed_at, cluster, (shard, epoch))
+            failed += [idx[j] for j in part]
+        return sorted(failed)
+
+    def _emit_rows(self, cls: type, rows: Sequence[tuple], observed_at: int, cluster: Optional[str],
+                   sharded: Optional[tuple[int, int]] = None) -> list[int]:
+        n = len(rows)
         with self._lock:
             seq = self._seq
             self._seq += n
@@ -131,11 +190,15 @@ class EventEmitter:
             failed = []
             for i, row in enumerate(rows):
                 ev = Event(type=c.TYPE_OF_PAYLOAD[cls], cluster=cluster, source=self.source, seq=seq + i,
-                           observed_at=observed_at, data=cls(*row))
+                           observed_at=observed_at, data=cls(*row), shard=None if sharded is None else sharded[0],
+                           epoch=None if sharded is None else sharded[1])
                 if not self._produce(ev.key().encode(), ev.to_json(), ev.type):
                     failed.append(i)
             return failed
-        head = f',"cluster":{_json_str(cluster)},"source":{_json_str(self.source)},"seq":'
+        head = f',"cluster":{_json_str(cluster)},"source":{_json_str(self.source)}'
+        if sharded is not None:
+            head += f',"shard":{sharded[0]},"epoch":{sharded[1]}'
+        head += ',"seq":'
         etype = c.TYPE_OF_PAYLOAD[cls]
 
         def refused(e: Exception) -> None:  # anything but a full queue (BufferError)

@@ -51,18 +51,19 @@ from confluent_kafka.admin import AdminClient
 
 from monitor.access import FatalClientError, fatal_reason
 from monitor.canary import Canary, CanaryConfig, WritesHeld
-from monitor.contract import GroupOffsets, Heartbeat, PartitionOffsets
+from monitor.contract import GroupOffsets, HaMember, Heartbeat, PartitionOffsets
 from monitor.coordinator import CoordinatorClient
 from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
 from monitor.gone import GoneTracker
 from monitor.leader_epochs import LeaderEpochs
-from monitor.metadata import MetadataCache, cause_for_error
+from monitor.metadata import Cause, MetadataCache, cause_for_error
 from monitor.offsets import ProbeOffsetsMixin
 from monitor.probe_config import ConfigError, ProbeConfig, ProbeScope
 from monitor.elr import ElrWatcher
 from monitor.logdirs import LogDirWatcher
 from monitor.quorum import QuorumConfigError, QuorumWatcher
+from monitor.shards import ShardMembership, ensure_shard_topic, shard_of
 from monitor.topic_configs import TopicConfigs
 from monitor.topology import ProbeTopologyMixin
 from monitor.transactions import TransactionWatcher, with_offsets
@@ -127,7 +128,25 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         self._init_topology()
         self._started_at = self._now_ms()
         #: what it watches: its patterns and its share of the cluster
-        self._scope = ProbeScope(cfg)
+        #: with an HA group: the shards this probe holds (monitor.shards), and what it watches follows them
+        self.membership: Optional[ShardMembership] = None
+        #: the shards held when this round of the loop began, with their epochs: the round's events
+        #: carry them (a shard lost during the round is observed under its old epoch, which the job
+        #: fences once the new owner's is seen; one gained waits for the next round)
+        self._round_epochs: dict[int, int] = {}
+        #: set by the group's thread when shards moved: the probe's thread then forgets what it lost
+        self._moved = threading.Event()
+        if cfg.ha_group:
+            self.membership = ShardMembership({**cfg.client_conf(), **cfg.events_kafka}, cfg.ha_group, cfg.shards,
+                                              cfg.source, on_change=self._shards_moved)
+            stamp = getattr(self._emitter, "set_shards", None)
+            if stamp is not None:  # each event of a shard carries it and this probe's epoch (fencing)
+                stamp(cfg.shards, lambda: self._round_epochs)
+        self._scope = ProbeScope(cfg, self.membership)
+        #: the groups of the last observation, and (partitions, groups, shard -> topics and groups) of
+        #: the last ha_member event, recounted when either changes
+        self._observed_groups: list[str] = []
+        self._holding_counts: tuple = (None, None, {})
         self._init_offsets()
         #: what was seen, for saying when it is gone
         self._gone = GoneTracker(self._emit_rows, self._now_ms, self._scope.owns, self.metadata.request_update)
@@ -157,7 +176,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         #: the KRaft controller quorum (DescribeQuorum through kafka-python, monitor.quorum), asked on
         #: its own thread by the unshared probe or share 1 of n; its -X settings checked here, at start
         self.quorum: Optional[QuorumWatcher] = None
-        if cfg.quorum_interval_s > 0 and admin is None and (self._scope.share is None or self._scope.share[0] == 1):
+        if cfg.quorum_interval_s > 0 and admin is None and (self._scope.cluster_wide() or cfg.ha_group):
             try:
                 self.quorum = QuorumWatcher(cfg.client_conf(), cfg.quorum_interval_s, cfg.request_timeout_s,
                                             clock=clock)
@@ -174,7 +193,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         #: every broker's log dirs (DescribeLogDirs through kafka-python, monitor.logdirs): the unshared
         #: probe or share 1 of n
         self.log_dirs: Optional[LogDirWatcher] = None
-        if cfg.log_dirs_interval_s > 0 and admin is None and (self._scope.share is None or self._scope.share[0] == 1):
+        if cfg.log_dirs_interval_s > 0 and admin is None and (self._scope.cluster_wide() or cfg.ha_group):
             try:
                 self.log_dirs = LogDirWatcher(cfg.client_conf(), cfg.log_dirs_interval_s, cfg.request_timeout_s,
                                               cluster_name=cfg.cluster or cfg.bootstrap_servers)
@@ -185,8 +204,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         self.transactions: Optional[TransactionWatcher] = None
         #: the last observation's offsets, (topic, partition) -> (log start, HW, LSO): the held partitions' LSO and HW
         self._last_offsets: dict[tuple[str, int], tuple] = {}
-        if cfg.transactions_interval_s > 0 and admin is None and (
-                self._scope.share is None or self._scope.share[0] == 1):
+        if cfg.transactions_interval_s > 0 and admin is None and (self._scope.cluster_wide() or cfg.ha_group):
             try:
                 self.transactions = TransactionWatcher(cfg.client_conf(), cfg.transactions_interval_s,
                                                        cfg.request_timeout_s,
@@ -228,20 +246,25 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         started = time.monotonic()
         scheduled, self._scheduled_at = self._scheduled_at, None
         lag = max(0.0, started - scheduled) if scheduled is not None else None
+        if self.membership is not None:
+            self._run_cluster_watchers()  # the cluster shard may have come or gone
         with gc_paused():
             self._observe()
+        # the cluster-wide answers: sent by the cluster shard's holder (one still running after its
+        # loss is not sent)
+        cluster = self._scope.cluster_wide()
         if self.quorum is not None:
             answer = self.quorum.take()
-            if answer is not None:
+            if answer is not None and cluster:
                 self._emitter.emit(answer[1], observed_at=answer[0])
         if self.log_dirs is not None:
             dirs = self.log_dirs.take()
-            if dirs is not None:
+            if dirs is not None and cluster:
                 for broker in dirs[1]:
                     self._emitter.emit(broker, observed_at=dirs[0])
         if self.transactions is not None:
             txns = self.transactions.take()
-            if txns is not None:
+            if txns is not None and cluster:
                 self._emitter.emit(with_offsets(txns[1], self._last_offsets), observed_at=txns[0])
         # the cycle's work: the refreshes since the previous observation, and this observation
         duration, self._refresh_busy_s = time.monotonic() - started + self._refresh_busy_s, 0.0
@@ -251,7 +274,10 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                                      share=self._scope.share_text(), started_at=self._started_at,
                                      cycle_duration_ms=int(duration * 1000),
                                      observation_lag_ms=int(lag * 1000) if lag is not None else None,
-                                     unanswered_brokers=sorted(self._unanswered)))
+                                     unanswered_brokers=sorted(self._unanswered),
+                                     ha_group=self.cfg.ha_group or None))
+        if self.membership is not None:
+            self._emit_holdings()
         self._emitter.poll(0)
         self.cycles += 1
         self.last_cycle_s, self.last_lag_s = duration, lag
@@ -291,6 +317,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         partitions = self._watched_partitions
         # the listing gets a third of the wait: the groups listed before stand in for a late one
         groups = self._listed_groups(time.monotonic() + self.observe_wait_s() / 3)
+        self._observed_groups = groups
         # committed offsets asked before the watermarks (so HW >= committed, mostly), all waited
         # for at once
         owns = self._scope.owns
@@ -394,14 +421,13 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                  self.cfg.source, self.cfg.bootstrap_servers, self.cfg.interval_s, self.cfg.offsets_via,
                  f"; share {self._scope.share_text()} of its topics and groups" if self._scope.share else "",
                  self.cfg.events_topic)
-        if self.quorum is not None and self.quorum._thread is None:
-            self.quorum.start()
+        if self.membership is not None and self.membership._thread is None:
+            ensure_shard_topic({**self.cfg.client_conf(), **self.cfg.events_kafka}, self.cfg.ha_group,
+                               self.cfg.shards, self.cfg.request_timeout_s)
+            self.membership.start()
         if self.elr is not None and self.elr._thread is None:
             self.elr.start()
-        if self.log_dirs is not None and self.log_dirs._thread is None:
-            self.log_dirs.start()
-        if self.transactions is not None and self.transactions._thread is None:
-            self.transactions.start()
+        self._run_cluster_watchers()
         if self.canary is not None and self._canary_thread is None:
             self._canary_thread = threading.Thread(target=self.canary.run, args=(self._canary_stop,),
                                                    name="canary", daemon=True)
@@ -410,6 +436,11 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         while not stop.is_set() and self.fatal_error is None:
             try:
                 started = time.monotonic()
+                if self.membership is not None:  # this round's events carry the epochs it starts with
+                    self._round_epochs = self.membership.owned()
+                    if self._moved.is_set():
+                        self._moved.clear()
+                        self._gone.forget_unowned()
                 if self._refresh_start_in() <= 0:
                     self.refresh_metadata()
                 now = time.monotonic()
@@ -470,8 +501,54 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self._canary_thread.join(timeout)
             self._canary_thread = None
 
+    def _emit_holdings(self) -> None:
+        """An HA group's probe, after each cycle: the shards it holds, its epochs on them and how
+        many topics and groups it watched in each (the job's coverage of the group, docs/ha.md)."""
+        m = self.membership
+        assert m is not None
+        owned = self._round_epochs
+        if self._holding_counts[0] is not self._watched_partitions or self._holding_counts[1] != self._observed_groups:
+            counts: dict[int, int] = {}
+            for t in {t for t, _ in self._watched_partitions}:
+                s = shard_of(t, m.shards)
+                counts[s] = counts.get(s, 0) + 1
+            for g in self._observed_groups:
+                s = shard_of(g, m.shards)
+                counts[s] = counts.get(s, 0) + 1
+            self._holding_counts = (self._watched_partitions, self._observed_groups, counts)
+        counts = self._holding_counts[2]
+        held = sorted(owned)
+        self._emitter.emit(HaMember(ha_group=self.cfg.ha_group, shards=m.shards, interval_ms=int(self.cfg.interval_s * 1000),
+                                    held=held, epochs=[owned[s] for s in held],
+                                    watched=[counts.get(s, 0) for s in held], handovers=m.changes))
+
+    def _cluster_watchers(self) -> list[Any]:
+        return [w for w in (self.quorum, self.log_dirs, self.transactions) if w is not None]
+
+    def _run_cluster_watchers(self) -> None:
+        """The cluster-wide watchers (quorum, log dirs, transactions) run in the unshared probe,
+        share 1 of n, or, in an HA group, while this probe holds the cluster shard: they are
+        started and stopped with it, so one member of the group asks them."""
+        if self.membership is None:
+            for w in self._cluster_watchers():
+                if w._thread is None:
+                    w.start()
+            return
+        on = self._scope.cluster_wide()
+        for w in self._cluster_watchers():
+            w.run_while(on)
+
+    def _shards_moved(self, owned: dict[int, int]) -> None:
+        """On the HA group's thread: shards came or went.  What is watched is decided again, and
+        the metadata is asked for at once so that a gained shard is probed within an interval."""
+        self._scope.ownership_changed()
+        self._moved.set()  # the probe's thread forgets what it no longer owns (GoneTracker)
+        self.metadata.request_update(Cause.NEW_TOPIC)
+
     def close(self, flush_timeout: float = 10.0) -> None:
         """Final flush of buffered events, then release every client."""
+        if self.membership is not None:
+            self.membership.stop()  # leaves the group: its shards move at once
         self.stop_canary()
         if self.quorum is not None:
             self.quorum.stop()

@@ -367,7 +367,7 @@ ENTITY_OF_TYPE = {
     "group_state": "group", "rebalance": "group", "metadata_refresh": "client", "heartbeat": "source",
     "client_fetch": "client_fetch", "canary": "canary", "broker_state": "broker",
     "client_produce": "client_produce", "quorum_state": "quorum", "log_dirs": "log_dirs",
-    "transactions": "transactions",
+    "transactions": "transactions", "ha_member": "ha",
     # a deleted entity: the state function drops it (and a group's partitions with a group)
     "partition_gone": "partition", "group_gone": "group", "group_partition_gone": "group_partition",
     "partition_count_change": "topic",  # derived: one row per metadata_refresh.partition_count_changes entry

@@ -35,7 +35,8 @@ RAW_SAMPLES_PER_CHUNK = 2000
 #: identifiers longer than this are refused (field_too_long); free text is cut to it
 MAX_STRING_CHARS = 1024
 #: envelope and payload fields that become state keys, metric labels or enum values
-IDENTIFIER_FIELDS = ("event_id", "cluster", "source", "topic", "group", "state", "phase", "member_id", "reason")
+IDENTIFIER_FIELDS = ("event_id", "cluster", "source", "topic", "group", "state", "phase", "member_id", "reason",
+                     "ha_group")
 #: free-text payload fields, cut to MAX_STRING_CHARS
 TEXT_FIELDS = ("cause", "error", "fetch_state", "held_by_transaction")
 #: the reasons parse gives, in priority order (the first that applies wins); the gate's
@@ -80,6 +81,7 @@ REQUIRED_BY_TYPE = {
     "quorum_state": ("ok", "interval_ms"),
     "log_dirs": ("broker", "interval_ms"),
     "transactions": ("ok", "interval_ms"),
+    "ha_member": ("ha_group", "shards", "interval_ms", "held", "epochs"),
 }
 _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 
@@ -314,7 +316,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     reasons = np.full(n, None, dtype=object)
     ahead, behind = _skewed(env["observed_at"], record_ts, limits.max_clock_skew_ms)
     too_long = np.logical_or.reduce([_too_long(env[c] if c in env else d[c]) for c in IDENTIFIER_FIELDS])
-    huge = np.logical_or.reduce([_beyond(env["seq"]), _beyond(env["observed_at"])]
+    huge = np.logical_or.reduce([_beyond(env["seq"]), _beyond(env["observed_at"]), _beyond(env["epoch"]),
+                                 _beyond(env["shard"]), _negative(env["shard"]), _negative(env["epoch"])]
                                 + [_beyond(d[f.name]) for f in _DATA if _int_fields(f.type)])
     # the first matching condition wins: assign in reverse priority order
     conds = [
@@ -324,7 +327,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         ("out_of_range", huge | _negative(d["partition"]) | _negative(d["high_watermark"])
          | _negative(d["committed_offset"])),
         ("missing_field", _null(data) | missing_payload),
-        ("missing_envelope", np.logical_or.reduce([_null(env[c]) for c in _ENVELOPE])),
+        ("missing_envelope", np.logical_or.reduce([_null(env[c]) for c in _ENVELOPE])
+         | (_null(env["shard"]) != _null(env["epoch"]))),  # shard and epoch come together
         ("unknown_type", ~_is(etype, EVENT_TYPES)),
         ("unknown_schema", ~_is(schema, SUPPORTED_SCHEMAS)),
         ("malformed_json", ~valid | (_null(schema) & _null(etype))),
@@ -350,6 +354,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     dirs_type = is_type["log_dirs"]
     dirs_brk = _join(cl, "/broker/", pc.cast(d["broker"], pa.string()))
     txn_type = is_type["transactions"]
+    ha_type = is_type["ha_member"]
+    ha = _join(cl, "/ha:", d["ha_group"])
     fetch_type = is_type["client_fetch"]
     gtp = _join(grp, "/", d["topic"], "/", pc.cast(d["partition"], pa.string()))
     entity = pc.if_else(part_types, _join("partition|", tp),
@@ -363,20 +369,23 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
               pc.if_else(client_type, _join("client|", src),
               pc.if_else(quorum_type, _join("quorum|", cl),
               pc.if_else(dirs_type, _join("log_dirs|", dirs_brk),
-              pc.if_else(txn_type, _join("transactions|", cl), _join("source|", src))))))))))))
+              pc.if_else(txn_type, _join("transactions|", cl),
+              pc.if_else(ha_type, _join("ha|", ha), _join("source|", src)))))))))))))
     bucket_key = pc.if_else(part_types | canary_type | produce_type, tp, pc.if_else(broker_type, brk, pc.if_else(
         gp_type | group_types | fetch_type, grp, pc.if_else(quorum_type | txn_type, cl,
-                                                            pc.if_else(dirs_type, dirs_brk, src)))))
+                                                            pc.if_else(dirs_type, dirs_brk,
+                                                                       pc.if_else(ha_type, ha, src))))))
 
     cols: dict[str, Any] = {
         "reason": pa.array(reasons, type=pa.string()), "raw": raw, "raw_bytes": size, "entity": entity,
         "bucket_key": bucket_key,
         "type": etype, "event_id": env["event_id"], "cluster": cl, "source": src_name, "seq": env["seq"],
+        "shard": env["shard"], "epoch": env["epoch"],
         "observed_at": env["observed_at"], "group_state": d["state"],
         "members": pc.cast(pc.list_value_length(d["members"]), pa.int64()), "refresh_reason": d["reason"],
         "members_sig": _members_sig(d["members"], is_type["group_state"]),
         "report": _report(data, canary_type, produce_type, broker_type, quorum_type,
-                          _elr_rows(d, is_type["partition_metadata"]), dirs_type, txn_type),
+                          _elr_rows(d, is_type["partition_metadata"]), dirs_type, txn_type, ha_type),
         "node_id": pc.if_else(dirs_type, d["broker"], d["node_id"]),
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
@@ -403,7 +412,10 @@ REPORT_FIELDS = {
     "log_dirs": ("interval_ms", "dirs"),
     "transactions": ("ok", "interval_ms", "transactions", "transactions_count", "held_partitions",
                      "held_partitions_count", "unasked_partitions", "unlisted_brokers", "error", "error_kind"),
+    "ha_member": ("shards", "held", "epochs", "watched", "handovers"),
 }
+#: shards kept per ha_member report (a probe's group has at most 1024)
+HA_MAX_SHARDS = 1024
 #: transactions and held partitions kept per transactions report (the probe sends at most 1000 of
 #: each, within 60,000 bytes), partition names per transaction (it sends at most 100)
 TXN_MAX, TXN_MAX_HELD, TXN_MAX_NAMED = 1000, 1000, 100
@@ -431,7 +443,7 @@ ELR_MAX_REPLICAS = 64
 
 def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.ndarray,
             quorum: np.ndarray, elr: Optional[np.ndarray] = None, dirs: Optional[np.ndarray] = None,
-            txns: Optional[np.ndarray] = None) -> pa.Array:
+            txns: Optional[np.ndarray] = None, ha: Optional[np.ndarray] = None) -> pa.Array:
     """For each ``canary``, ``client_produce`` and ``broker_state`` row, its report as JSON (``REPORT_FIELDS``; a
     canary's ``errors`` and a producer's ``delivery_errors`` as {code: count}: at most CANARY_MAX_CODES codes of at most
     CANARY_CODE_CHARS characters, as they become label values).  Few rows (one per canary or
@@ -441,7 +453,8 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
                          (broker, REPORT_FIELDS["broker_state"]), (quorum, REPORT_FIELDS["quorum_state"]),
                          (elr if elr is not None else np.zeros(len(data), bool), REPORT_FIELDS["partition_metadata"]),
                          (dirs if dirs is not None else np.zeros(len(data), bool), REPORT_FIELDS["log_dirs"]),
-                         (txns if txns is not None else np.zeros(len(data), bool), REPORT_FIELDS["transactions"])):
+                         (txns if txns is not None else np.zeros(len(data), bool), REPORT_FIELDS["transactions"]),
+                         (ha if ha is not None else np.zeros(len(data), bool), REPORT_FIELDS["ha_member"])):
         for i in np.flatnonzero(rows):
             d = data[int(i)].as_py() or {}
             rep = {f: d.get(f) for f in fields}
@@ -472,6 +485,9 @@ def _report(data: pa.Array, canary: np.ndarray, produce: np.ndarray, broker: np.
                     and isinstance(x.get("topic"), str) and isinstance(x.get("partition"), int)
                     and isinstance(x.get("producer_id"), int) and isinstance(x.get("first_offset"), int)]
                 rep["unlisted_brokers"] = [b for b in (rep["unlisted_brokers"] or [])[:TXN_MAX] if isinstance(b, int)]
+            if rows is ha:  # held, epochs and watched: parallel lists of ints
+                for f in ("held", "epochs", "watched"):
+                    rep[f] = [x if isinstance(x, int) else None for x in (rep[f] or [])[:HA_MAX_SHARDS]]
             if rows is elr:
                 rep = {f: sorted({r for r in (rep[f] or [])[:ELR_MAX_REPLICAS] if isinstance(r, int)}) for f in fields}
             out[i] = json.dumps(rep, separators=(",", ":"))

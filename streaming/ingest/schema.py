@@ -41,6 +41,8 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("cluster", T.StringType(), True),
     T.StructField("source", T.StringType(), True),
     T.StructField("seq", T.LongType(), True),
+    T.StructField("shard", T.LongType(), True),
+    T.StructField("epoch", T.LongType(), True),
     T.StructField("observed_at", T.LongType(), True),
     T.StructField("data", data_struct(), True),
 ])
@@ -67,4 +69,5 @@ FLAT_COLUMNS: list[tuple[str, str]] = [
     ("version", "bigint"), ("metadata_max_age_ms", "bigint"),
     ("old_count", "bigint"), ("new_count", "bigint"), ("unseen_for_at_most_ms", "bigint"),
     ("raw_bytes", "bigint"),  # a refused row: the size of its whole value (raw is a sample)
+    ("shard", "bigint"), ("epoch", "bigint"), ("ha_group", "string"),  # an HA group's probe: the event's shard and its epoch (fencing)
 ]

@@ -65,6 +65,8 @@ class Alert(str, enum.Enum):
     LOG_DIR_FILLING = "LogDirFilling"                 # a dir above a usage share, or full soon at its growth
     # the cluster's open transactions
     HANGING_TRANSACTION = "HangingTransaction"        # open past a setting or its own timeout, or unknown to its coordinator
+    # an HA group of probes (the monitor's own coverage)
+    SHARD_UNOBSERVED = "ShardUnobserved"              # a shard without an observation past its interval and a setting
 
 
 SEVERITY = {
@@ -97,6 +99,7 @@ SEVERITY = {
     Alert.LOG_DIR_OFFLINE: Severity.CRITICAL,
     Alert.LOG_DIR_FILLING: Severity.WARNING,
     Alert.HANGING_TRANSACTION: Severity.CRITICAL,
+    Alert.SHARD_UNOBSERVED: Severity.WARNING,
 }
 
 

@@ -74,6 +74,7 @@ def new_client(cluster: str, source: str) -> dict:
         "max_age_ms": None,          # metadata.max.age.ms the client's events carried (last known)
         "invalidations": [],         # [t, cause kind] of invalidated refreshes, sorted by t, capped
         "invalidated_total": 0,
+        "ha_group": None,            # an HA group's probe: MetadataStale only while it still tries
     }
 
 
@@ -102,6 +103,8 @@ def _stale(state: dict, now: int, entity: str, cfg: ClientRulesConfig) -> list[T
     age = _age(now, ref)
     if age <= limit:
         return []
+    if state.get("ha_group") and _age(now, state["last_attempt_at"] or ref) > limit:
+        return []  # an HA group's probe that stopped: the group's coverage judges it (rules.ha)
     return _open(state, Alert.METADATA_STALE, entity, client_labels(state), now, {
         "last_success_at": state["last_success_at"], "measured_from": ref, "age_ms": age,
         "max_age_ms": max_age, "max_age_from": origin, "limit_ms": limit, "grace_ms": cfg.silence_grace_ms,
@@ -147,6 +150,7 @@ def on_metadata_refresh(state: dict, obs: dict, now: int, entity: str,
     version = _int(obs.get("version"))
     if version is not None:
         state["version"] = version
+    state["ha_group"] = obs.get("ha_group") or None
 
     if obs.get("reason") == "invalidated":
         cause = obs.get("cause")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-from streaming.rules import (broker, canary, client, fetch, group, lag, logdirs, partition, partition_config, produce,
-                             quorum, source, topic, transactions)
+from streaming.rules import (broker, canary, client, fetch, group, ha, lag, logdirs, partition, partition_config,
+                             produce, quorum, source, topic, transactions)
 from streaming.rules.base import Transition, report_int
 
 #: a new entity of each kind from its identifying fields (an input row, or a stored entity to
@@ -30,6 +30,7 @@ TEMPLATES: dict[str, Callable[[dict], Any]] = {
     "quorum": lambda e: quorum.new_quorum(e["cluster"]),
     "log_dirs": lambda e: logdirs.new_log_dirs(e["cluster"], e.get("node_id") or 0),
     "transactions": lambda e: transactions.new_transactions(e["cluster"]),
+    "ha": lambda e: ha.new_ha(e["cluster"], e.get("ha_group") or ""),
 }
 
 
@@ -125,6 +126,7 @@ EVENTS: dict[str, On] = {
     "quorum_state": On(quorum.on_quorum_state, "quorum"),
     "log_dirs": On(logdirs.on_log_dirs, "log_dirs"),
     "transactions": On(transactions.on_transactions, "transactions"),
+    "ha_member": On(ha.on_ha_member, "source"),
     "partition_count_change": On(_partition_count_change, "partition"),
 }
 
@@ -141,4 +143,5 @@ class Due(NamedTuple):
 #: the kinds whose time-driven checks depend on the entity's own events only: they are ticked
 #: at the moments they fall due, not at a batch's end (``state.fold.catch_up``)
 DUE = {"client": Due(client.client_due_at, client.tick_client, "client"),
-       "source": Due(source.source_due_at, source.tick_source, "source")}
+       "source": Due(source.source_due_at, source.tick_source, "source"),
+       "ha": Due(ha.ha_due_at, ha.tick_ha, "source")}

@@ -30,9 +30,17 @@ class SourceRulesConfig:
     #: leader drops it from the ISR: the events cluster's replica.lag.time.max.ms (Kafka's
     #: default, 30 s) and a fetch later
     silence_grace_ms: int = 30_000
+    #: an HA group's shard (docs/ha.md): events with an epoch older than the newest seen are
+    #: dropped (fenced) until the newest has sent nothing for this long; then a lower epoch is
+    #: taken again (the shard topic made again: its epochs start over)
+    fence_hold_ms: int = 600_000
+    #: an HA group's shard: ShardUnobserved when its last observation is older than its owner's
+    #: interval plus this (a dead member's shards move within the session timeout, 10 s, and are
+    #: observed at the new owner's next cycle)
+    shard_unobserved_after_ms: int = 60_000
 
     def __post_init__(self) -> None:
-        check_settings(self, ("heartbeat_interval_default_ms",))
+        check_settings(self, ("heartbeat_interval_default_ms", "fence_hold_ms", "shard_unobserved_after_ms"))
         check_grace(self)
         check_factor(self, "silent_factor")
 
@@ -60,6 +68,7 @@ def new_source(cluster: str, source: str) -> dict:
         "dropped_total": 0,           # every drop reported, across restarts
         "late_heartbeats": 0,
         "cycle_duration_ms": None, "observation_lag_ms": None,  # the last heartbeat's cycle figures
+        "ha_group": None,             # an HA group's member: its silence is the group's (rules.ha)
     }
 
 
@@ -111,6 +120,7 @@ def on_heartbeat(state: dict, obs: dict, now: int, entity: str,
                  seq=seq)
     if interval is not None:
         state["interval_ms"] = interval
+    state["ha_group"] = obs.get("ha_group") or None
     return _resolve(state, Alert.SOURCE_SILENT, entity, source_labels(state), now, {
         "last_heartbeat_at": now, "previous_heartbeat_at": previous_at,
         "silent_for_ms": None if previous_at is None else _age(now, previous_at), "restarted": restarted})
@@ -120,8 +130,8 @@ def tick_source(state: dict, now: int, entity: str, cfg: SourceRulesConfig = DEF
     """Time-driven source check: SourceSilent opens after ``silent_factor`` x the announced
     interval and ``silence_grace_ms`` without a heartbeat."""
     at = state["last_heartbeat_at"]
-    if at is None or Alert.SOURCE_SILENT.value in state["open"]:
-        return []
+    if at is None or Alert.SOURCE_SILENT.value in state["open"] or state.get("ha_group"):
+        return []  # an HA group's member: the group's silence is judged (rules.ha)
     now = int(now)
     interval = _interval(state, cfg)
     limit = _silent_limit(interval, cfg)
@@ -137,7 +147,7 @@ def tick_source(state: dict, now: int, entity: str, cfg: SourceRulesConfig = DEF
 def source_due_at(state: dict, cfg: SourceRulesConfig = DEFAULT_CONFIG) -> Optional[int]:
     """Earliest time at which :func:`tick_source` can open SourceSilent (None: not pending)."""
     at = state["last_heartbeat_at"]
-    if at is None or Alert.SOURCE_SILENT.value in state["open"]:
+    if at is None or Alert.SOURCE_SILENT.value in state["open"] or state.get("ha_group"):
         return None
     return at + _silent_limit(_interval(state, cfg), cfg) + 1
 

@@ -21,7 +21,7 @@ QUARANTINE_REASONS = ("oversized", "malformed_json", "unknown_schema", "unknown_
                       "missing_field", "out_of_range", "field_too_long", "event_time_ahead", "event_time_behind",
                       *quality.RULES)  # parsing.REASONS, then the gate's rules
 #: why the state drops a valid event (streaming.state.fold.admit)
-DROP_REASONS = ("duplicate", "out_of_order")
+DROP_REASONS = ("duplicate", "out_of_order", "fenced")
 #: the (kind, reason) pairs of entities_removed_total served from the start
 REMOVED_SEEDS = (("partition", "topic_deleted"), ("group", "group_deleted"), ("group_partition", "group_deleted"),
                  ("group_partition", "offset_deleted"), ("partition", "not_observed"),
@@ -42,6 +42,9 @@ CLUSTER = ("cluster",)
 QNODE = ("cluster", "node", "role")
 #: a log dir of a broker
 LOGDIR = ("cluster", "broker", "log_dir")
+#: an HA group of probes: source is "ha:<group>"
+HA = ("cluster", "source")
+HA_PROBE = ("cluster", "source", "probe")
 #: metrics granularity: ``partition`` serves every partition's and group partition's gauges;
 #: ``topic`` only their per-topic aggregates (served at both), for a Prometheus that cannot take
 #: a series per partition (at 100,000 partitions: ~900,000 series against ~few thousand)
@@ -133,12 +136,17 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     P + "transactions_hanging": ("gauge", "Of those, the hanging ones: open longer than the job's hanging_after_ms or past their own timeout, and producers holding a partition's LSO that no coordinator lists.", CLUSTER),
     P + "transaction_oldest_age_seconds": ("gauge", "Age of the oldest open transaction at the probe's last answer; 0 when none is open.", CLUSTER),
     P + "transaction_held_partitions": ("gauge", "Partitions on which an open transaction holds the last stable offset (DescribeProducers), at the probe's last answer.", CLUSTER),
+    P + "ha_probes": ("gauge", "Probes of an HA group (source ha:<group>) that reported within their silence limit at the group's last report.", HA),
+    P + "ha_shards": ("gauge", "Shards of an HA group's cluster (the shard topic's partitions).", HA),
+    P + "ha_shards_unobserved": ("gauge", "Shards of an HA group without an observation within their owner's interval and [job.rules.source] shard_unobserved_after_ms, at the group's last report (ShardUnobserved).", HA),
+    P + "ha_probe_shards": ("gauge", "Shards each live probe of an HA group holds, as the job last saw their claims.", HA_PROBE),
+    P + "ha_last_handover_timestamp_seconds": ("gauge", "When a shard of the HA group last moved to another probe (a report with a larger epoch from another probe), epoch seconds.", HA),
     P + "alert_active": ("gauge", "1 while the alert is open on the entity; the series is removed when it resolves.", ALERT),
     P + "alert_opened_timestamp_seconds": ("gauge", "When the open alert opened: the event time of the observation that opened it (Unix time), kept across a job restart; removed when it resolves.", ALERT),
     P + "alert_notify_after_seconds": ("gauge", "How long an alert the job opens at once is open before its Prometheus rule fires: the job's [job.rules.notify] setting for it.", ("alert",)),
     P + "alert_transitions_total": ("counter", "Alert transitions emitted by the job.", ("alert", "action")),
     P + "events_quarantined_total": ("counter", "Events refused by the quality gate, by reason; they never reach state or alerts.", ("reason",)),
-    P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied) or out_of_order (older than the last observation of its type from its source).", ("reason",)),
+    P + "events_dropped_total": ("counter", "Valid events the state did not apply, by reason: duplicate (an event_id already applied), out_of_order (older than the last observation of its type from its source) or fenced (an HA group's shard sent with an epoch older than the newest seen: a probe that lost the shard).", ("reason",)),
     P + "quarantine_bytes": ("gauge", "Bytes of the quarantine files (one JSON-lines file per batch of refused events) kept now; at most job.quarantine_max_mb MiB, unless the newest file alone is larger.", ()),
     P + "quarantine_files_removed_total": ("counter", "Quarantine files deleted, oldest first, to keep them within job.quarantine_max_mb.", ()),
     P + "archive_rows_written_total": ("counter", "Events written to the event archive (job.archive_dir): every event the state received, once per micro-batch that committed (a batch run again after a restart rewrites its own files).", ()),

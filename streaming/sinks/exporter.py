@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: canary partitions, and instrumented producers' partitions, served at most (a hostile events
 #: topic could name any number)
 MAX_CANARY_PARTITIONS = 10_000
+#: probes served per HA group (ha_probe_shards): the rule keeps at most 64 members
+MAX_HA_PROBES = 64
 
 
 class PartitionGauges:
@@ -226,6 +228,8 @@ class Exporter:
         self._canary: dict[tuple, tuple[Optional[int], dict]] = {}
         #: cluster -> the (cluster, node, role) label tuples its quorum series have now
         self._quorum_nodes: dict[str, set] = {}
+        #: (cluster, ha:<group>) -> the probes its ha_probe_shards series name now
+        self._ha_probes: dict[tuple, set] = {}
         #: (cluster, broker) -> the (cluster, broker, log_dir) label tuples its log dir series have now
         self._log_dirs: dict[tuple, set] = {}
         #: (cluster, source, topic, partition) -> (leader, its latest client_produce report)
@@ -426,6 +430,32 @@ class Exporter:
         if now:
             self._log_dirs[key] = now
 
+    def _apply_ha(self, r: dict, action: str) -> None:
+        """An HA group's coverage as the job last judged it (rules.ha); the probes it no longer
+        counts alive lose their series."""
+        lab = (r["cluster"], r["source"])
+        old = self._ha_probes.pop(lab, set())
+        try:
+            rep = json.loads(r.get("report") or "{}") if action != "remove" else {}
+        except ValueError:
+            rep = {}
+        rep = rep if isinstance(rep, dict) else {}
+        handover = rep.get("last_handover_at")
+        for name, v in (("ha_probes", rep.get("probes")), ("ha_shards", rep.get("shards")),
+                        ("ha_shards_unobserved", rep.get("unobserved")),
+                        ("ha_last_handover_timestamp_seconds", handover / 1000.0 if isinstance(handover, int) else None)):
+            self._set(name, lab, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else self._remove(name, lab)
+        now: set[str] = set()
+        held = rep.get("held")
+        for probe, n in (held.items() if isinstance(held, dict) else ()):
+            if isinstance(n, int) and len(now) < MAX_HA_PROBES:
+                now.add(str(probe))
+                self._set("ha_probe_shards", lab + (str(probe),), n)
+        for probe in old - now:
+            self._remove("ha_probe_shards", lab + (probe,))
+        if now:
+            self._ha_probes[lab] = now
+
     def _apply_transactions(self, r: dict, action: str) -> None:
         """A cluster's open transactions as its last answer shows them (rules.transactions)."""
         lab = (r["cluster"],)
@@ -603,6 +633,8 @@ class Exporter:
                     self._apply_log_dirs(r, action)
                 elif kind == "transactions":
                     self._apply_transactions(r, action)
+                elif kind == "ha":
+                    self._apply_ha(r, action)
                 elif kind == "client":
                     lab = (r["cluster"], r["source"])
                     v = None if r.get("last_ok_at") is None else r["last_ok_at"] / 1000.0

@@ -35,7 +35,9 @@ STATE_SCHEMA = "entities binary"
 #:      labels as codes into per-table lists, event ids (``admit``'s, everywhere) as their
 #:      64-bit keys (``table.from_lists``, ``table.event_keys``)
 #:   6  format 5, its table's int columns each in the narrowest type that holds them, its cold
-#:      parts without the partition's cluster, topic and number (columns already), dictionary-encoded
+#:      parts without the partition's cluster, topic and number (columns already), dictionary-encoded;
+#:      "fences" (optional, absent when empty): an HA group's shards' fences (``fence``), which a
+#:      reader that predates them ignores
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
 _FORMAT = 6
 
@@ -96,7 +98,7 @@ def _from_5(v: dict) -> dict:
 #: format N -> the function that turns it into format N + 1
 _MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
 
-_SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": ""}
+_SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": "", "ha_group": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs
 #: has its entities completed (a field added since keeps its new entity's default)
 FIELDS: tuple = tuple(sorted((kind, tuple(sorted(make(_SAMPLE)))) for kind, make in TEMPLATES.items()))
@@ -119,7 +121,8 @@ def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
         e.setdefault("last_seen", None)
 
 
-def _unpack(value: bytes, run_id: str, cfg: Optional[StateConfig] = None) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
+def _unpack(value: bytes, run_id: str, cfg: Optional[StateConfig] = None
+            ) -> tuple[dict[str, Any], PartitionTable, Optional[str], dict]:
     v = decode_state(value)
     fmt: int = v["format"] if isinstance(v.get("format"), int) else 1
     if fmt > _FORMAT:
@@ -134,7 +137,7 @@ def _unpack(value: bytes, run_id: str, cfg: Optional[StateConfig] = None) -> tup
     table = _table(v["partitions"], run_id, cfg)
     if v.get("fields") != FIELDS:
         _complete(entities, table)
-    return entities, table, v.get("run")
+    return entities, table, v.get("run"), v.get("fences") or {}
 
 
 def _table(stored: Optional[dict], run_id: str, cfg: Optional[StateConfig]) -> PartitionTable:
@@ -143,15 +146,16 @@ def _table(stored: Optional[dict], run_id: str, cfg: Optional[StateConfig]) -> P
     return PartitionTable(stored, run_id=run_id, cfg=cfg.partition, ttl_ms=cfg.entity_ttl_ms)
 
 
-def _load(state: Any, cfg: StateConfig) -> tuple[dict[str, Any], PartitionTable, Optional[str]]:
-    """A bucket's entities, partition table (with ``cfg``'s settings) and the run that last
-    restated its alerts; an empty bucket for a new one."""
+def _load(state: Any, cfg: StateConfig) -> tuple[dict[str, Any], PartitionTable, Optional[str], dict]:
+    """A bucket's entities, partition table (with ``cfg``'s settings), the run that last
+    restated its alerts and its shards' fences (``fence``); an empty bucket for a new one."""
     if state.exists:
         return _unpack(state.get[0], cfg.run_id, cfg)
-    return {}, _table(None, cfg.run_id, cfg), cfg.run_id
+    return {}, _table(None, cfg.run_id, cfg), cfg.run_id, {}
 
 
-def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = True, bucket: int = 0) -> tuple[dict, bool]:
+def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = True, bucket: int = 0,
+           fences: Optional[dict] = None) -> tuple[dict, bool]:
     """Write the bucket back (or remove it when empty); ``compact``: quiet dict partitions go
     into the table.  Returns (the bucket's ``state`` row: its entities by kind, ``report``,
     JSON, and its stored bytes, ``count``; whether anything is stored: the caller then sets
@@ -161,9 +165,9 @@ def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = Tr
     for v in entities.values():
         kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
     size = 0
-    if entities or len(partitions["keys"]):
+    if entities or len(partitions["keys"]) or fences:
         value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": table.run_id,
-                              "fields": FIELDS})
+                              "fields": FIELDS, **({"fences": fences} if fences else {})})
         size = len(value)
         state.update((value,))
         if len(partitions["keys"]):
@@ -177,5 +181,5 @@ def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = Tr
 def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:
     """Every entity of a stored bucket state as a dict, the table's partitions included (for
     tests and debugging)."""
-    entities, table, _ = _unpack(value, run_id)
+    entities, table, _, _ = _unpack(value, run_id)
     return {**entities, **{k: table.peek(k) for k in table.live_keys()}}

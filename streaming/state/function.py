@@ -15,6 +15,7 @@ import pandas as pd
 from monitor.gcpause import gc_paused
 from streaming.state.codec import _load, _store
 from streaming.state.config import StateConfig
+from streaming.state.fence import fence
 from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
@@ -29,8 +30,11 @@ def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: 
     batch's latest event time; the processing time on a timeout): the quiet and new partitions'
     rows in columns, the others through the rules in event order, then the time-driven checks
     and the evictions at ``now``, then the bucket stored."""
-    entities, table, run = _load(state, cfg)
+    entities, table, run, fences = _load(state, cfg)
     dropped: dict[str, int] = {}
+    frames, fenced = fence(frames, fences, now, cfg.source.fence_hold_ms)
+    if fenced:
+        dropped["fenced"] = fenced
     frames, quiet = fold_columns(table, entities, frames, cfg, compact)
     forgotten: list[tuple[str, dict]] = []
     transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
@@ -47,7 +51,7 @@ def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: 
     after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
     if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
         after += active_rows(entities)
-    row, kept = _store(state, entities, table, compact, bucket)
+    row, kept = _store(state, entities, table, compact, bucket, fences)
     if kept:
         state.setTimeoutDuration(cfg.tick_ms)
     after.append(row)

@@ -331,6 +331,9 @@ def _entity_row(s: dict, action: str = "upsert") -> dict:
         return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
                     count=s.get("events_dropped"), interval_ms=s.get("interval_ms"),
                     cycle_duration_ms=s.get("cycle_duration_ms"), observation_lag_ms=s.get("observation_lag_ms"))
+    if kind == "ha":  # an HA group's coverage (rules.ha)
+        return _row(kind=kind, action=action, cluster=s["cluster"], source=s["source"], at=s.get("last_seen"),
+                    report=s.get("report"))
     if kind == "transactions":  # its last answer's counts (rules.transactions)
         return _row(kind=kind, action=action, cluster=s["cluster"], at=s.get("last_seen"), report=s.get("report"))
     if kind == "log_dirs":  # its last answer, each dir with its use and time to full

@@ -78,6 +78,9 @@ _NO_TRANSACTIONS = ("Tansu has no ListTransactions: the probe says so once and s
                     "the transaction series do not exist (the real cluster's: tests/integration/test_transactions.py)")
 _NO_LSO = ("the probe reads the offsets with --offsets-via fetch here (Tansu's ListOffsets is wrong), which gives "
            "no last stable offset, and no transaction holds one back in this run")
+#: the HA group panels
+_NO_HA = ("no probe runs with --ha-group here: the job serves no kafka_monitor_ha_* series (an HA group's: "
+          "tests/e2e/test_ha_group.py)")
 #: (dashboard, panel title) -> why its query may legitimately return no series in this run (it
 #: must still parse)
 MAY_BE_EMPTY = {
@@ -103,6 +106,10 @@ MAY_BE_EMPTY = {
     ("overview.json", "Log dirs online"): _NO_LOG_DIRS,
     ("overview.json", "Log dir use"): _NO_LOG_DIRS,
     ("overview.json", "Log dir time to full"): _NO_LOG_DIRS,
+    ("overview.json", "HA group probes alive"): _NO_HA,
+    ("overview.json", "HA group shards unobserved"): _NO_HA,
+    ("overview.json", "Shards per probe"): _NO_HA,
+    ("overview.json", "Last shard handover"): _NO_HA,
     ("overview.json", "Open and hanging transactions"): _NO_TRANSACTIONS,
     ("overview.json", "Oldest open transaction"): _NO_TRANSACTIONS,
     ("overview.json", "Partitions held by open transactions"): _NO_TRANSACTIONS,

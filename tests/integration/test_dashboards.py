@@ -73,7 +73,9 @@ MUST_READ = {
                       "kafka_monitor_partition_leader", "kafka_monitor_job_up",
                       "kafka_monitor_transactions_open", "kafka_monitor_transactions_hanging",
                       "kafka_monitor_transaction_oldest_age_seconds", "kafka_monitor_transaction_held_partitions",
-                      "kafka_monitor_partition_last_stable_offset"},
+                      "kafka_monitor_partition_last_stable_offset", "kafka_monitor_ha_probes",
+                      "kafka_monitor_ha_shards", "kafka_monitor_ha_shards_unobserved", "kafka_monitor_ha_probe_shards",
+                      "kafka_monitor_ha_last_handover_timestamp_seconds"},
     "partitions.json": {"kafka_monitor_partition_in_sync_replicas", "kafka_monitor_partition_replicas",
                         "kafka_monitor_partition_leader", "kafka_monitor_partition_high_watermark",
                         "kafka_monitor_partition_eligible_leader_replicas", "kafka_monitor_partition_last_known_elr"},
@@ -170,7 +172,7 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
     dirs = JobConfig("b", "c").rule_configs()["log_dirs"]
     txns = JobConfig("b", "c").rule_configs()["transactions"]
     custom = JobConfig("b", "c", rules={"lag": {"lag_high_offsets": 12345, "lag_high_seconds": 77},
-                                          "source": {"silent_factor": 7},
+                                          "source": {"silent_factor": 7, "shard_unobserved_after_ms": 90_000},
                                           "log_dirs": {"usage_percent": 70, "full_within_ms": 3_600_000},
                                           "transactions": {"hanging_after_ms": 600_000, "timeout_grace_ms": 5000}}
                        ).rule_configs()
@@ -192,6 +194,8 @@ def test_panel_thresholds_are_the_jobs_rule_settings():
     assert "opens below 1 h" in panel(built["overview.json"], "Log dir time to full")["description"]
     assert "opens at 10 minutes" in panel(built["overview.json"], "Oldest open transaction")["description"]
     assert "timeout.ms by 5 s" in panel(built["overview.json"], "Open and hanging transactions")["description"]
+    assert "interval plus 90 s" in panel(built["overview.json"], "HA group shards unobserved")["description"]
+    assert "7 of their interval" in panel(built["overview.json"], "HA group probes alive")["description"]
     assert gen.build() == gen.build(gen.default_rules()) and gen.RULES["lag"].lag_high_offsets == lag.lag_high_offsets
 
 
@@ -845,6 +849,38 @@ def test_a_hanging_transaction_silences_no_lag_alert_and_nothing_silences_it(ale
     want = {("HangingTransaction", "", ""): "active", ("ConsumerLagHigh", "billing", ""): "active",
             ("ConsumerLagStatus", "billing", "STALL"): "active", ("ConsumerLagStatus", "audit", "STOP"): "active",
             ("QuorumUnavailable", "", ""): "active", ("BrokerDown", "", ""): "active"}
+    got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
+                   what=f"Alertmanager's states to be {want} (last: {states()})")
+    assert got == want
+
+
+def test_a_silent_ha_group_silences_its_shard_unobserved_and_no_others(alertmanager):
+    """SourceSilent for HA group ha:prod (cluster c11) means no member reports and every shard is
+    unobserved: that group's ShardUnobserved is suppressed.  Another group's (ha:dr) and another
+    cluster's (c12) still notify, a probe's own SourceSilent (probe-1) holds back no group's, and
+    ShardUnobserved holds back no PartitionUnobserved of its cluster."""
+    def alert(name: str, cluster: str, **labels: str) -> dict:
+        return {"labels": {"alertname": name, "severity": rule_alerts()[name]["labels"]["severity"],
+                           "cluster": cluster, **labels}, "annotations": {"summary": "test"}}
+
+    sent = [alert("SourceSilent", "c11", source="ha:prod"), alert("ShardUnobserved", "c11", source="ha:prod"),
+            alert("ShardUnobserved", "c11", source="ha:dr"), alert("SourceSilent", "c11", source="probe-1"),
+            alert("ShardUnobserved", "c12", source="ha:prod"),
+            alert("PartitionUnobserved", "c11", topic="orders", partition="0")]
+    req = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(sent).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+
+    def states():
+        got = json.load(urllib.request.urlopen(alertmanager + "/api/v2/alerts?filter=cluster%3D~%22c11%7Cc12%22",
+                                               timeout=5))
+        out = {(a["labels"]["alertname"], a["labels"]["cluster"], a["labels"].get("source", "")):
+               a["status"]["state"] for a in got}
+        return out if len(out) == len(sent) and "unprocessed" not in out.values() else None
+
+    want = {("SourceSilent", "c11", "ha:prod"): "active", ("ShardUnobserved", "c11", "ha:prod"): "suppressed",
+            ("ShardUnobserved", "c11", "ha:dr"): "active", ("SourceSilent", "c11", "probe-1"): "active",
+            ("ShardUnobserved", "c12", "ha:prod"): "active", ("PartitionUnobserved", "c11", ""): "active"}
     got = wait_for(lambda: (g := states()) == want and g, timeout=20, interval=0.2,
                    what=f"Alertmanager's states to be {want} (last: {states()})")
     assert got == want

@@ -51,8 +51,8 @@ EXPECTED_GROUPS = {
     "kafka-monitor.quorum": ["QuorumUnavailable", "QuorumVoterLagging", "QuorumLeaderFlapping",
                              "BrokerMetadataLagging"],
     "kafka-monitor.transactions": ["HangingTransaction"],
-    "kafka-monitor.self": ["SourceSilent", "KafkaMonitorProbeFallingBehind", "KafkaMonitorJobDown",
-                           "KafkaMonitorJobFallingBehind", "KafkaMonitorJobSourceUnreadable",
+    "kafka-monitor.self": ["SourceSilent", "ShardUnobserved", "KafkaMonitorProbeFallingBehind",
+                           "KafkaMonitorJobDown", "KafkaMonitorJobFallingBehind", "KafkaMonitorJobSourceUnreadable",
                            "KafkaMonitorEventsQuarantined", "KafkaMonitorQuorumUnobserved"],
 }
 SEVERITIES = {"info", "warning", "critical"}

@@ -110,3 +110,41 @@ def test_nested_payloads_go_one_at_a_time_with_the_same_bytes(cls):
     ev = c.Event.from_json(value)
     assert value == c.Event(type=ev.type, cluster="k", source="p", seq=0, observed_at=7, data=data,
                             event_id=ev.event_id).to_json()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_batches, st.sets(st.integers(0, 3)))
+def test_an_ha_probes_records_carry_their_shard_and_epoch_and_unheld_shards_are_not_sent(batch, held):
+    """With shards (an HA group's probe), each record of a sharded type carries the shard of its topic
+    or group (0 for the cluster-wide types) and the epoch held on it, bytes for bytes as emit() makes
+    them; a row whose shard is not held is returned unsent and counted apart from the drops."""
+    from monitor.shards import CLUSTER_SHARD, shard_of
+
+    etype, payloads, cluster, source, at = batch
+    cls = c.PAYLOADS[etype][0]
+    epochs = {s: 100 + s for s in held}
+    rec, one = Recorder(), Recorder()
+    em = EventEmitter({}, "events", cluster=cluster or "k", source=source, producer=rec)
+    em.set_shards(4, lambda: dict(epochs))
+    single = EventEmitter({}, "events", cluster=cluster or "k", source=source, producer=one)
+    single.set_shards(4, lambda: dict(epochs))
+    field = c.SHARD_OF_TYPE.get(etype)
+
+    def shard(p):
+        return None if field is None else CLUSTER_SHARD if not field else shard_of(str(getattr(p, field)), 4)
+    unsent = em.emit_rows(cls, [row(p) for p in payloads], observed_at=at)
+    expect_unsent = [i for i, p in enumerate(payloads) if shard(p) is not None and shard(p) not in held]
+    assert unsent == expect_unsent and em.unheld == len(expect_unsent) and em.dropped == 0
+    assert [single.emit(p, observed_at=at) is None for p in payloads] == [i in expect_unsent for i in range(len(payloads))]
+    sent = [p for i, p in enumerate(payloads) if i not in expect_unsent]
+    by_value = {c.Event.from_json(v).event_id: v for _, _, v in rec.records}
+    assert len(rec.records) == len(sent) == len(one.records)
+    for (_, key, value), (_, key1, value1) in zip(sorted(rec.records, key=lambda r: r[1]),
+                                                  sorted(one.records, key=lambda r: r[1])):
+        ev, ev1 = c.Event.from_json(value), c.Event.from_json(value1)
+        s = shard(ev.data)
+        assert (ev.shard, ev.epoch) == ((None, None) if s is None else (s, 100 + s))
+        assert (ev1.shard, ev1.epoch) == (ev.shard, ev.epoch) and ev1.data == ev.data and key1 == key
+        same = c.Event(type=etype, cluster=cluster or "k", source=source, seq=ev.seq, observed_at=at, data=ev.data,
+                       event_id=ev.event_id, shard=ev.shard, epoch=ev.epoch)
+        assert by_value[ev.event_id] == same.to_json() and key == same.key().encode()

@@ -692,7 +692,7 @@ def test_state_fields_the_state_function_reads():
     assert {"source", "last_success_at", "invalidated_total"} <= set(c)
     assert {"source", "interval_ms", "events_dropped", "restarts", "dropped_since_last"} <= set(s)
     # client and source share the key cluster/source: their own fields do not collide
-    shared = {"cluster", "source", "last_seen", "open"}
+    shared = {"cluster", "source", "last_seen", "open", "ha_group"}
     assert (set(c) & set(s)) == shared
 
 

@@ -70,7 +70,7 @@ def test_the_tables_columns_come_back_exactly_from_their_encoding():
 def test_the_oldest_format_a_dict_of_entities_is_read():
     entities = codec.stored_entities(FORMAT2)
     old = pickle.dumps(entities)  # format 1: no envelope, no partition table
-    got, table, run = codec._unpack(old, "r")
+    got, table, run, _ = codec._unpack(old, "r")
     assert sorted(got) == FORMAT2_META["entities"] and len(table) == 0 and run is None
     assert got["partition|k/t/0"]["open"].keys() == {"IsrShrink", "UnderReplicated"}
 
@@ -89,7 +89,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
 
     monkeypatch.setitem(dispatch.TEMPLATES, "partition", lambda e: new_partition(e["cluster"], e["topic"], e["partition"]))
     monkeypatch.setattr(codec, "FIELDS", codec.FIELDS + (("partition", ("added_later",)),))
-    entities, table, _ = codec._unpack(s.value[0], "r")
+    entities, table, _, _ = codec._unpack(s.value[0], "r")
     parts = {k: e for k, e in entities.items() if e["kind"] == "partition"}
     assert len(parts) == 3 and len(table) == 0
     assert all(e["added_later"] == 7 for e in parts.values())
@@ -109,7 +109,7 @@ def test_a_state_in_todays_format_is_not_reworked():
     fn = st.make_state_function(st.StateConfig(entity_ttl_ms=3_600_000, run_id="r"))
     for t in (1_000, 11_000):
         call(fn, 0, rows(*(x for p in range(3) for x in (pmd(t + p, t, [1, 2, 3], part=p), poff(t + 50 + p, t, 9, part=p)))), s)
-    _, table, _ = codec._unpack(s.value[0], "r")
+    _, table, _, _ = codec._unpack(s.value[0], "r")
     assert len(table) > 0, "the table is kept as it is when the signature matches"
 
 
@@ -132,7 +132,7 @@ def test_format6_stores_a_cold_part_once_for_partitions_alike_and_narrow_columns
     back = pt.decode(stored)
     assert back["arrays"]["cold"].equals(table["arrays"]["cold"])
     assert all(back["ints"][c].dtype == np.int64 and np.array_equal(back["ints"][c], table["ints"][c]) for c in table["ints"])
-    _, t, _ = codec._unpack(s.value[0], "r")
+    _, t, _, _ = codec._unpack(s.value[0], "r")
     got = {(d["cluster"], d["topic"], d["partition"]) for d in map(t.peek, t.live_keys())}
     assert got == {("k", "t", p) for p in range(20)}
 
