@@ -72,6 +72,21 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 </Configuration>
 """
 
+# Kafka's request logger: a line per completed request (request_log=True)
+_REQUESTS2_FILE = """    <File name="requests" fileName="${sys:kafka.logs.dir}/kafka-request.log">
+      <PatternLayout pattern="%m%n"/>
+    </File>
+"""
+_REQUESTS2 = """    <Logger name="kafka.request.logger" level="DEBUG" additivity="false"><AppenderRef ref="requests"/></Logger>
+"""
+_REQUESTS1 = """log4j.logger.kafka.request.logger=DEBUG, requests
+log4j.additivity.kafka.request.logger=false
+log4j.appender.requests=org.apache.log4j.FileAppender
+log4j.appender.requests.File=${kafka.logs.dir}/kafka-request.log
+log4j.appender.requests.layout=org.apache.log4j.PatternLayout
+log4j.appender.requests.layout.ConversionPattern=%m%n
+"""
+
 # the same for the reload4j (Log4j 1.x) of Kafka 3.x
 _LOG4J1 = """log4j.rootLogger=WARN, file
 log4j.appender.file=org.apache.log4j.FileAppender
@@ -148,7 +163,8 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
                  broker_heap: str = "384M", controller_heap: str = "256M",
                  jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
                  work_dir: Optional[str] = None, keep_work_dir: bool = False,
-                 security: Optional[str] = None, users: Optional[dict] = None, combined: bool = False):
+                 security: Optional[str] = None, users: Optional[dict] = None, combined: bool = False,
+                 request_log: bool = False):
         """``security``: None (PLAINTEXT) or ``"sasl_ssl"`` (see the module docstring); ``users``:
         ``{name: password}`` of the SCRAM-SHA-512 users to create besides ``admin`` (sasl_ssl only;
         they get no ACLs: ``add_acls``).  ``combined``: one node, broker and controller in one JVM
@@ -156,7 +172,10 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         brokers lower the internal topics' replication factors to their number.  ``version``: a
         key of ``KAFKA_RELEASES`` (default ``kafka_install.default_version()``); ``controllers``:
         dedicated controllers, ids ``controller_id``, ``controller_id + 1``, ... (the static quorum
-        ``controller.quorum.voters``); ``log_dirs``: log directories per broker (``log_dirs_of``)."""
+        ``controller.quorum.voters``); ``log_dirs``: log directories per broker (``log_dirs_of``).
+        ``request_log``: each node logs every request it completes to ``kafka-request.log`` in its
+        directory (``request_log_files``; Kafka's request logger: for benchmarks that count requests
+        on the brokers, not for long runs)."""
         if combined and (len(broker_ids) != 1 or security or controllers != 1):
             raise ValueError("combined=True runs one node: one broker id, one controller and no security")
         if controllers < 1 or log_dirs < 1:
@@ -164,6 +183,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         if not combined and set(broker_ids) & set(range(controller_id, controller_id + controllers)):
             raise ValueError(f"broker ids {list(broker_ids)} overlap the controller ids "
                              f"{list(range(controller_id, controller_id + controllers))}")
+        self.request_log = request_log
         self.release: KafkaRelease = release(version)
         self.version = self.release.version
         self.log_dirs = log_dirs
@@ -315,9 +335,15 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
 
     def _write_log_config(self) -> None:
         if self.release.reload4j:
-            (self.work_dir / "log4j.properties").write_text(_LOG4J1)
+            (self.work_dir / "log4j.properties").write_text(_LOG4J1 + (_REQUESTS1 if self.request_log else ""))
         else:
-            (self.work_dir / "log4j2.xml").write_text(_LOG4J2)
+            (self.work_dir / "log4j2.xml").write_text(
+                _LOG4J2.replace("  </Loggers>", _REQUESTS2 + "  </Loggers>").replace(
+                    "  </Appenders>", _REQUESTS2_FILE + "  </Appenders>") if self.request_log else _LOG4J2)
+
+    def request_log_files(self) -> list[Path]:
+        """The brokers' request logs (``request_log=True``)."""
+        return [n.dir / "kafka-request.log" for n in self.brokers.values()]
 
     def start(self, timeout: float = 180.0) -> "KafkaCluster":
         """Format storage, launch every node in parallel, wait until all brokers are registered."""

@@ -147,16 +147,18 @@ class Tail(threading.Thread):
 
 
 class Committer(threading.Thread):
-    """A consumer of ``REP`` in group ``GROUP`` that keeps up and commits every second."""
+    """A consumer of ``topic`` (``REP``) in group ``group`` (``GROUP``) that keeps up and commits
+    every second."""
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, topic: str = REP, group: str = GROUP):
         super().__init__(name="kraft-app", daemon=True)
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "auto.commit.interval.ms": 1000,
+        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.commit.interval.ms": 1000,
                             "auto.offset.reset": "earliest", "log_level": 0})
+        self._topic = topic
         self._halt = threading.Event()
 
     def run(self) -> None:
-        self._c.subscribe([REP])
+        self._c.subscribe([self._topic])
         while not self._halt.is_set():
             self._c.poll(0.5)
         self._c.close()
