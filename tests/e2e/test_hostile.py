@@ -126,7 +126,7 @@ def test_hostile_records_are_quarantined_and_valid_events_processed_as_if_alone(
         assert not [k for k in got if k[0] == "kafka_monitor_alert_active"]
         assert not {k: v for k, v in got.items() if k[0] == "kafka_monitor_alert_transitions_total" and v}
         assert {dict(k[1])["reason"]: v for k, v in got.items() if k[0] == "kafka_monitor_events_dropped_total"} == {
-            "duplicate": 0, "out_of_order": 0}
+            "duplicate": 0, "out_of_order": 0, "fenced": 0}
         # the quarantine files: every refused record once, with its reason and size; bounded samples
         lines = [json.loads(x) for f in sorted(glob.glob(os.path.join(cfg.checkpoint_dir, "quarantine", "*.jsonl")))
                  for x in open(f, encoding="utf-8")]
