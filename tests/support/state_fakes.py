@@ -78,3 +78,67 @@ def canary(seq, t, pending, sent=10, part=0, oldest=None):
     return {"type": "canary", "entity": f"canary|k/t/{part}", "cluster": "k", "source": "p", "seq": seq,
             "observed_at": t, "topic": "t", "partition": part, "leader": 1, "started_at": 1,
             "report": json.dumps(report)}
+
+
+class RecordingProducer:
+    """The slice of confluent_kafka.Producer that EventEmitter calls, keeping each record's value."""
+
+    def __init__(self):
+        self.values: list[bytes] = []
+
+    def produce(self, topic, key=None, value=None, on_delivery=None):
+        self.values.append(value)
+
+    def poll(self, timeout=0):
+        return 0
+
+    def flush(self, timeout=0):
+        return 0
+
+
+class EventsJob:
+    """One bucket of the state function (``cfg``) and an exporter, fed serialized events as the
+    job parses them, batch by batch; ``timeout(now)`` wakes the bucket as Spark's timeout does.
+    The alert transitions seen so far: ``opened`` and ``resolved``, as (alert, source, evidence)."""
+
+    def __init__(self, cfg):
+        from streaming.sinks.exporter import Exporter
+        from streaming.state import function as st
+
+        self.fn = st.make_state_function(cfg)
+        self.state, self.exporter, self.batches = FakeState(), Exporter(), 0
+        self.opened: list[tuple] = []
+        self.resolved: list[tuple] = []
+
+    def batch(self, *values: bytes) -> pd.DataFrame:
+        import pyarrow as pa
+
+        from streaming.ingest import parsing
+
+        table = parsing.parse_values(pa.array(list(values), pa.binary()), gate=False)
+        good = [r for r in table.to_pylist() if r["reason"] is None]
+        assert len(good) == len(values), [r["reason"] for r in table.to_pylist()]
+        df = pd.DataFrame([{c: r.get(c) for c in COLS} for r in good], columns=COLS)
+        df["bucket"] = 0
+        return self._sink(call(self.fn, 0, df, self.state))
+
+    def timeout(self, now: int) -> pd.DataFrame:
+        self.state.hasTimedOut, self.state.processing_time_ms = True, now
+        try:
+            return self._sink(call(self.fn, 0, pd.DataFrame(columns=COLS), self.state))
+        finally:
+            self.state.hasTimedOut = False
+
+    def _sink(self, out: pd.DataFrame) -> pd.DataFrame:
+        import pyarrow as pa
+
+        from streaming.sinks.batch import sink_rows
+
+        self.exporter.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=self.batches)
+        self.batches += 1
+        for r in out[out.kind == "alert"].to_dict("records"):
+            (self.opened if r["action"] == "open" else self.resolved).append((r["alert"], r["source"], r["evidence"]))
+        return out
+
+    def value(self, name: str, **labels):
+        return self.exporter.registry.get_sample_value(f"kafka_monitor_{name}", labels)

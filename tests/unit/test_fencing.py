@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pandas as pd
+
 import pyarrow as pa
 
 from monitor.contract import Event, PartitionMetadata
@@ -15,27 +16,11 @@ from monitor.emitter import EventEmitter
 from monitor.shards import shard_of
 from streaming.ingest import parsing
 from streaming.rules.source import SourceRulesConfig
-from streaming.sinks.batch import sink_rows
-from streaming.sinks.exporter import Exporter
 from streaming.state import function as st
-from tests.support.state_fakes import COLS, FakeState, call
+from tests.support.state_fakes import EventsJob, RecordingProducer
 
 SHARDS = 8
 TOPIC = "orders"
-
-
-class Recorder:
-    def __init__(self):
-        self.values: list[bytes] = []
-
-    def produce(self, topic, key=None, value=None, on_delivery=None):
-        self.values.append(value)
-
-    def poll(self, timeout=0):
-        return 0
-
-    def flush(self, timeout=0):
-        return 0
 
 
 def md_row(topic: str, isr: list[int]) -> tuple:
@@ -48,7 +33,7 @@ class HaProbe:
     """A probe's emitter holding some shards with their epochs."""
 
     def __init__(self, source: str, epochs: dict[int, int]):
-        self.rec, self.epochs = Recorder(), epochs
+        self.rec, self.epochs = RecordingProducer(), epochs
         self.em = EventEmitter({}, "events", cluster="k", source=source, producer=self.rec)
         self.em.set_shards(SHARDS, lambda: dict(self.epochs))
 
@@ -58,21 +43,9 @@ class HaProbe:
         return self.rec.values
 
 
-class Job:
+class Job(EventsJob):
     def __init__(self, hold_ms: int = 600_000):
-        self.fn = st.make_state_function(st.StateConfig(run_id="r", source=SourceRulesConfig(fence_hold_ms=hold_ms)))
-        self.state, self.exporter, self.batches = FakeState(), Exporter(), 0
-
-    def batch(self, *values: bytes) -> pd.DataFrame:
-        table = parsing.parse_values(pa.array(list(values), pa.binary()), gate=False)
-        good = [r for r in table.to_pylist() if r["reason"] is None]
-        assert len(good) == len(values), [r["reason"] for r in table.to_pylist()]
-        df = pd.DataFrame([{c: r.get(c) for c in COLS} for r in good], columns=COLS)
-        df["bucket"] = 0
-        out = call(self.fn, 0, df, self.state)
-        self.exporter.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=self.batches)
-        self.batches += 1
-        return out
+        super().__init__(st.StateConfig(run_id="r", source=SourceRulesConfig(fence_hold_ms=hold_ms)))
 
     def fenced(self) -> float:
         return self.exporter.registry.get_sample_value("kafka_monitor_events_dropped_total", {"reason": "fenced"}) or 0
@@ -113,7 +86,7 @@ def test_events_without_a_shard_and_other_shards_are_not_fenced():
     other = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", SHARDS) != s)
     job = Job()
     job.batch(*HaProbe("probe-b", {s: 9}).view(1000, [1, 2, 3]))
-    plain = EventEmitter({}, "events", cluster="k", source="probe-x", producer=(rec := Recorder()))
+    plain = EventEmitter({}, "events", cluster="k", source="probe-x", producer=(rec := RecordingProducer()))
     plain.emit_rows(PartitionMetadata, [md_row(TOPIC, [1, 2])], observed_at=2000)
     assert b'"shard"' not in rec.values[0]
     job.batch(*rec.values, *HaProbe("probe-a", {shard_of(other, SHARDS): 1}).view(2000, [1, 2, 3], topic=other))

@@ -6,40 +6,21 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
-import pyarrow as pa
 
 from monitor.contract import HaMember, Heartbeat, MetadataRefresh
 from monitor.emitter import EventEmitter
-from streaming.ingest import parsing
 from streaming.rules.source import SourceRulesConfig
-from streaming.sinks.batch import sink_rows
-from streaming.sinks.exporter import Exporter
 from streaming.state import function as st
-from tests.support.state_fakes import COLS, FakeState, call
+from tests.support.state_fakes import EventsJob, RecordingProducer
 
 SHARDS, GROUP, INTERVAL = 8, "prod", 1000
 HA = {"cluster": "k", "source": f"ha:{GROUP}"}
 CFG = SourceRulesConfig(shard_unobserved_after_ms=5000, silence_grace_ms=2000)
 
 
-class Recorder:
-    def __init__(self):
-        self.values: list[bytes] = []
-
-    def produce(self, topic, key=None, value=None, on_delivery=None):
-        self.values.append(value)
-
-    def poll(self, timeout=0):
-        return 0
-
-    def flush(self, timeout=0):
-        return 0
-
-
 class Member:
     def __init__(self, name: str):
-        self.name, self.rec = name, Recorder()
+        self.name, self.rec = name, RecordingProducer()
         self.em = EventEmitter({}, "events", cluster="k", source=name, producer=self.rec)
         self.handovers = 0
 
@@ -55,36 +36,8 @@ class Member:
         return [v for v in self.rec.values]
 
 
-class Job:
-    def __init__(self):
-        self.fn = st.make_state_function(st.StateConfig(run_id="r", source=CFG, tick_ms=1000))
-        self.state, self.exporter, self.batches = FakeState(), Exporter(), 0
-        self.opened: list[tuple] = []
-        self.resolved: list[tuple] = []
-
-    def batch(self, *values: bytes) -> None:
-        table = parsing.parse_values(pa.array(list(values), pa.binary()), gate=False)
-        good = [r for r in table.to_pylist() if r["reason"] is None]
-        assert len(good) == len(values), [r["reason"] for r in table.to_pylist()]
-        df = pd.DataFrame([{c: r.get(c) for c in COLS} for r in good], columns=COLS)
-        df["bucket"] = 0
-        self._sink(call(self.fn, 0, df, self.state))
-
-    def timeout(self, now: int) -> None:
-        self.state.hasTimedOut, self.state.processing_time_ms = True, now
-        try:
-            self._sink(call(self.fn, 0, pd.DataFrame(columns=COLS), self.state))
-        finally:
-            self.state.hasTimedOut = False
-
-    def _sink(self, out: pd.DataFrame) -> None:
-        self.exporter.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=self.batches)
-        self.batches += 1
-        for r in out[out.kind == "alert"].to_dict("records"):
-            (self.opened if r["action"] == "open" else self.resolved).append((r["alert"], r["source"], r["evidence"]))
-
-    def value(self, name: str, **labels):
-        return self.exporter.registry.get_sample_value(f"kafka_monitor_{name}", labels)
+def Job() -> EventsJob:
+    return EventsJob(st.StateConfig(run_id="r", source=CFG, tick_ms=1000))
 
 
 def split(members: list[str], epoch: int) -> dict[str, dict[int, int]]:
