@@ -288,10 +288,23 @@ def read_published(kafka: dict[str, str], topic: str, since_ms: Optional[int] = 
     (the records' timestamps, their publish time; None: from the start) to the end of each
     partition as it is now.  A record that is not a transition is skipped.  Raises
     ``AlertsSinkError`` when the topic is missing or a partition is not read to its end within
-    ``timeout_s`` (replay's comparison; the tests' reader)."""
+    ``timeout_s``, retriable errors (a leader moving) asked again until then (replay's
+    comparison; the tests' reader)."""
     c = Consumer({**kafka, "group.id": f"{READER_GROUP_PREFIX}{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                   "enable.partition.eof": True})
     out: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+
+    def asking(what: str, call):
+        # a leader moving (NOT_LEADER, a broker down) answers at once: ask again until the deadline
+        while True:
+            try:
+                return call()
+            except KafkaException as e:
+                if permanent_error(e) or time.monotonic() > deadline:
+                    raise AlertsSinkError(f"reading the alerts topic {topic!r}: {what}: {e}" + missing_acl(
+                        e, topic=("READ", topic))) from e
+                time.sleep(0.5)
     try:
         t = c.list_topics(topic, timeout=30).topics.get(topic)
         if t is None or (t.error is not None and not t.partitions):  # a leader moving: its partitions are listed
@@ -299,10 +312,11 @@ def read_published(kafka: dict[str, str], topic: str, since_ms: Optional[int] = 
                                   f"{missing_acl(t.error, topic=('READ', topic)) if t else ''}")
         parts = [TopicPartition(topic, p, since_ms if since_ms is not None else 0) for p in t.partitions]
         if since_ms is not None:
-            parts = c.offsets_for_times(parts, timeout=30)
+            parts = asking("offsets for times", lambda: c.offsets_for_times(parts, timeout=30))
         start = []
         for tp in parts:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=30)
+            lo, hi = asking(f"watermarks of partition {tp.partition}",
+                            lambda p=tp.partition: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30))
             # no record at or after since_ms: offsets_for_times answers the end (-1)
             offset = hi if tp.offset < 0 else max(tp.offset, lo) if since_ms is not None else lo
             if offset < hi:
@@ -311,7 +325,6 @@ def read_published(kafka: dict[str, str], topic: str, since_ms: Optional[int] = 
             return out
         c.assign(start)
         eof: set[int] = set()
-        deadline = time.monotonic() + timeout_s
         while len(eof) < len(start):
             if time.monotonic() > deadline:
                 raise AlertsSinkError(f"reading the alerts topic {topic!r}: partitions "

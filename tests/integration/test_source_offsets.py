@@ -366,3 +366,24 @@ def test_out_of_range_from_a_broker_behind_is_waited_out_but_deleted_records_sti
     delete_records(mock, topic, 0, 5)
     with pytest.raises(SourceError, match=re.escape(f"{topic}/0: offsets from 3 {LOSS_HINT}")):
         list(messages_in_range(part, idle_timeout_s=30))
+
+
+def test_the_alerts_reader_asks_again_while_a_leader_moves(mock):
+    """read_published (replay's reader, and the compose test's) through NOT_LEADER answers to its
+    ListOffsets, as a broker stopping or coming back gives them: it asks again until its
+    deadline, and reads every record; an error that lasts past the deadline is an
+    AlertsSinkError that names the partition."""
+    from streaming.sinks.alerts import AlertsSinkError, read_published
+
+    mock.create_topic("alerts", 2, 1)
+    records = {p: [json.dumps({"alert_id": f"a{p}{i}", "at": i}) for i in range(3)] for p in (0, 1)}
+    produce_to(mock.bootstrap, "alerts", records)
+    nl = mock_cluster.Err.NOT_LEADER_OR_FOLLOWER
+    mock.push_request_errors(mock_cluster.ApiKey.LIST_OFFSETS, [nl] * 4)
+    got = read_published({"bootstrap.servers": mock.bootstrap}, "alerts", timeout_s=30)
+    assert sorted(r["alert_id"] for r in got) == sorted(f"a{p}{i}" for p in (0, 1) for i in range(3))
+
+    mock.push_request_errors(mock_cluster.ApiKey.LIST_OFFSETS, [nl] * 200)
+    with pytest.raises(AlertsSinkError, match="watermarks of partition 0"):
+        read_published({"bootstrap.servers": mock.bootstrap}, "alerts", timeout_s=2)
+    mock.clear_request_errors(mock_cluster.ApiKey.LIST_OFFSETS)
