@@ -171,9 +171,12 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
     # and go: the probe refreshes at its own pace (c27665d), every 2 s here, and the outage's
     # failed attempts and the recovery's unknown_leader ones can pass 10 a minute (seen: 11 from
     # +69 s to +91 s); like every episode here it must end (the open alerts are checked below)
+    # BrokerMetadataLagging too: the brokers restarted together after the outage replay the
+    # metadata log on 2 cores shared with the job, and one took longer than observer_lag_ms (30 s)
+    # to be caught up (x19, a loaded machine); it is behind then, and the episode must end
     allowed = {"IsrShrink", "UnderReplicated", "AtMinIsr", "UnderMinIsr", "LeaderChanged",
                "PreferredLeaderImbalance", "MetadataStale", "SourceSilent", "OfflinePartition",
-               "MetadataRefreshStorm", "BrokerDown", "BrokerUnderReplicating"}
+               "MetadataRefreshStorm", "BrokerDown", "BrokerUnderReplicating", "BrokerMetadataLagging"}
     assert {t["alert"] for t in job.transitions} <= allowed, seen
     offline = [t for t in job.transitions if t["alert"] == "OfflinePartition" and t["action"] == "open"]
     assert all(t["at"] / 1000 >= marks["outage"] for t in offline), "offline before every broker was stopped"

@@ -82,9 +82,12 @@ def consume_and_commit(make: Callable[[dict], Consumer], bootstrap: str, topic: 
             run.messages.append((m.partition(), m.offset(), m.value()))
         assert len(run.messages) == expected, f"consumed {len(run.messages)} of {expected}"
         consumer.commit(asynchronous=False)
-        seen = len(run.stats)
-        while len(run.stats) < seen + 2 and time.monotonic() < deadline:
+        # a deadline of its own: the statistics after the commit carry its offsets (x19: the
+        # consuming, slow on a loaded machine, had used the whole minute, and none came)
+        seen, stats_deadline = len(run.stats), time.monotonic() + 30
+        while len(run.stats) < seen + 2 and time.monotonic() < stats_deadline:
             consumer.poll(0.1)
+        assert len(run.stats) >= seen + 2, "no statistics after the commit within 30 s"
         run.committed = {tp.partition: tp.offset for tp in consumer.committed(consumer.assignment(), timeout=10)}
     finally:
         consumer.close()
