@@ -37,6 +37,7 @@ import confluent_kafka.admin as _ck_admin
 from monitor.access import missing_acl
 from monitor.contract import kafka_offset
 from monitor.coordinator import timed_out
+from monitor.shards import HA_DISCOVERY_S
 
 if TYPE_CHECKING:
     from monitor.emitter import EventEmitter
@@ -66,6 +67,7 @@ class ProbeOffsetsMixin:
         _emitter: EventEmitter
         _scope: ProbeScope
         _gone: GoneTracker
+        membership: Any
         _watched_leaders: list[int]
 
         def _now_ms(self) -> int: ...
@@ -96,6 +98,58 @@ class ProbeOffsetsMixin:
         #: group -> its coordinator as last described; the brokers this observation found silent
         self._group_coordinators: dict[str, int] = {}
         self._unanswered: set[int] = set()
+        #: with an HA group: group -> the partitions of its last answer that asked them all (which
+        #: of them are this probe's?), the groups asked for some partitions only this time, the
+        #: requests built for a group (until the shards move), and when the last discovery began
+        self._group_parts: dict[str, frozenset[tuple[str, int]]] = {}
+        self._partial: set[str] = set()
+        self._asks: dict[str, Optional[list[tuple[str, int]]]] = {}
+        self._asks_for = -1
+        self._discovered_at = float("-inf")
+        self._discovering = True
+        self._groups_listed = False
+
+    def _discovery_round(self) -> bool:
+        """Whether this observation lists the groups and asks every group's committed offsets:
+        always without an HA group; with one, every ``HA_DISCOVERY_S`` (and while the last
+        listing has not come back complete), the groups listed every time by the cluster shard's
+        holder."""
+        if self.membership is None:
+            return True
+        now = time.monotonic()
+        if now - self._discovered_at >= HA_DISCOVERY_S:
+            self._discovered_at = now
+            return True
+        return not self._groups_listed
+
+    def _groups_to_ask(self, groups: list[str], discovering: bool) -> dict[str, Optional[list[tuple[str, int]]]]:
+        """The committed offsets this observation asks: every partition of every group (None) in a
+        discovery round and without an HA group; else, per group, its partitions on the topics this
+        probe watches as its last whole answer named them, all of a group not asked yet, and
+        nothing of a group with none here."""
+        self._partial = set()
+        if discovering:
+            if self.membership is not None:
+                listed = set(groups)
+                self._group_parts = {g: t for g, t in self._group_parts.items() if g in listed}
+                self._asks = {}
+            return dict.fromkeys(groups)
+        if self._asks_for != self._scope.version:
+            self._asks, self._asks_for = {}, self._scope.version
+        known, asks, watched = self._group_parts, self._asks, self._scope.watched
+        out: dict[str, Optional[list[tuple[str, int]]]] = {}
+        for g in groups:
+            parts = known.get(g)
+            if parts is None:
+                out[g] = None
+                continue
+            mine = asks.get(g)
+            if mine is None:
+                mine = asks[g] = sorted(tp for tp in parts if watched(tp[0]))
+            if mine:
+                out[g] = mine
+                self._partial.add(g)
+        return out
 
     def _listed_groups(self, deadline: float) -> list[str]:
         """The consumer groups to observe: the watched ones the last group listing named.
@@ -106,6 +160,8 @@ class ProbeOffsetsMixin:
         while one is out; a listing that is late or incomplete (an error from some broker) keeps
         the groups listed before (for ``GROUPS_KEPT_S``), and a complete one replaces them."""
         fut = self._listing
+        if fut is None and not self._discovering and not self._scope.cluster_wide():
+            return sorted(self._groups_seen)  # an HA group's probe: the last discovery's listing
         if fut is None:
             try:
                 fut = self._listing = self._ops.list_consumer_groups(request_timeout=self.cfg.request_timeout_s)
@@ -138,6 +194,7 @@ class ProbeOffsetsMixin:
                                 "the groups a user lacks DESCRIBE on) -- permission missing?: DESCRIBE on "
                                 "Group:<name>", self.cfg.groups_include, self.cfg.groups_exclude)
             if not errors:
+                self._groups_listed = True
                 self._groups_seen = dict.fromkeys(wanted, now)
                 for g in self._gone.note_groups(wanted):  # deleted
                     self._group_coordinators.pop(g, None)
@@ -159,7 +216,13 @@ class ProbeOffsetsMixin:
             tps: dict[tuple[str, int], Optional[int]] = {}
             errored: list[tuple[str, int]] = []
             watched = self._scope.watched
+            partial = gid in self._partial
+            if self.membership is not None and not partial:
+                self._group_parts[gid] = frozenset((t, p) for t, p, _, _ in res)
+                self._asks.pop(gid, None)
             for topic, partition, off, error in res:
+                if partial and error is None and (off is None or off < 0):
+                    continue  # named, never committed (or no longer): as absent from a whole answer
                 if error is not None:
                     errored.append((topic, partition))
                     if self.invalidate(error, f"committed offsets of {gid}") is None:

@@ -315,13 +315,15 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             return
         deadline = time.monotonic() + self.observe_wait_s()
         partitions = self._watched_partitions
+        self._discovering = self._discovery_round()
         # the listing gets a third of the wait: the groups listed before stand in for a late one
         groups = self._listed_groups(time.monotonic() + self.observe_wait_s() / 3)
         self._observed_groups = groups
         # committed offsets asked before the watermarks (so HW >= committed, mostly), all waited
         # for at once
         owns = self._scope.owns
-        self._coordinator.send({"committed": dict.fromkeys(groups), "described": [g for g in groups if owns(g)]},
+        self._coordinator.send({"committed": self._groups_to_ask(groups, self._discovering),
+                                "described": [g for g in groups if owns(g)]},
                                max(0.5, deadline - time.monotonic()))
         sent = self._send_list_offsets(partitions) if self.cfg.offsets_via == "list_offsets" else None
         answers = self._coordinator.collect()

@@ -199,6 +199,8 @@ class ProbeScope:
         self._groups_in = re.compile(cfg.groups_include)
         self._groups_out = re.compile(cfg.groups_exclude)
         self._watched_cache: dict[str, bool] = {}
+        #: bumped at each move of shards (what was decided from the old ones is decided again)
+        self.version = 0
         #: (i, n) when n probes share the cluster (None: the whole cluster)
         self.share = parse_share(cfg.share)
         #: the HA group's membership (monitor.shards.ShardMembership) when ha_group is set
@@ -224,6 +226,7 @@ class ProbeScope:
     def ownership_changed(self) -> None:
         """The HA group moved shards: what is watched is decided again."""
         self._watched_cache = {}
+        self.version += 1
 
     def share_text(self) -> Optional[str]:
         return None if self.share is None else f"{self.share[0]}/{self.share[1]}"

@@ -38,6 +38,10 @@ DEFAULT_SHARDS = 64
 #: the shard that holds the cluster-wide work (metadata views, brokers, controller, canary,
 #: quorum, ELR, log dirs, transactions)
 CLUSTER_SHARD = 0
+#: how often a probe that does not hold the cluster shard lists the groups and asks every group's
+#: committed offsets (which groups commit on its shards' topics), s; in between it asks only the
+#: groups that do (docs/ha.md)
+HA_DISCOVERY_S = 60.0
 
 
 def shard_of(name: str, shards: int) -> int:
