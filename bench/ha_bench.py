@@ -95,6 +95,9 @@ class RequestLog:
                         out["items"][api] = out["items"].get(api, 0) + n
                     elif api == "METADATA" and b'"topics":null' in body:
                         out["metadata_all_topics"]["METADATA"] = out["metadata_all_topics"].get("METADATA", 0) + 1
+                    elif api == "METADATA":  # topics by name (an HA probe's own, a leader looked up)
+                        out["items"]["METADATA_NAMED_TOPICS"] = (out["items"].get("METADATA_NAMED_TOPICS", 0)
+                                                                 + body.count(b'"name":'))
         return out
 
 
@@ -215,6 +218,13 @@ def main() -> int:
                      for api, v in one["items_per_s"].items() if v and one["cycles_per_s"] and three["cycles_per_s"]}
         figures["requests"]["items_per_group_round_three_over_one"] = per_round
         print("3 probes / 1 probe, what the requests ask per round of the group:", per_round, flush=True)
+        rounds = {api: round((three["requests_per_s"]["probing"].get(api, 0) / three["cycles_per_s"] * 3)
+                             / (v / one["cycles_per_s"]), 2)
+                  for api, v in one["requests_per_s"]["probing"].items() if v and three["cycles_per_s"]}
+        rounds["METADATA_ALL_TOPICS"] = round((three["metadata_all_topics_per_s"] / three["cycles_per_s"] * 3)
+                                              / (one["metadata_all_topics_per_s"] / one["cycles_per_s"]), 2)
+        figures["requests"]["requests_per_group_round_three_over_one"] = rounds
+        print("3 probes / 1 probe, requests per round of the group:", rounds, flush=True)
 
         handovers: list[float] = []
         for k in range(args.kills):

@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: another copy of the code to measure (a directory holding monitor/), for A/B runs in one sitting
@@ -196,9 +196,12 @@ class PhaseTimer:
 class MockClusterProcess:
     """bench/mock_cluster_server.py in a child process; stopped by its PID."""
 
-    def __init__(self, topics: int, partitions: int) -> None:
+    def __init__(self, topics: int, partitions: int, extra_topics: Sequence[str] = ()) -> None:
+        """``extra_topics``: more topics, each ``name:partitions:replication``."""
         cmd = [sys.executable, str(ROOT / "bench" / "mock_cluster_server.py"), "--brokers", "3",
                "--topics", "bench-", str(topics), str(partitions), "3", "--topic", f"{EVENTS_TOPIC}:6:3"]
+        for t in extra_topics:
+            cmd += ["--topic", t]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("BOOTSTRAP "):
