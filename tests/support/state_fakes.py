@@ -99,7 +99,8 @@ class RecordingProducer:
 class EventsJob:
     """One bucket of the state function (``cfg``) and an exporter, fed serialized events as the
     job parses them, batch by batch; ``timeout(now)`` wakes the bucket as Spark's timeout does.
-    The alert transitions seen so far: ``opened`` and ``resolved``, as (alert, source, evidence)."""
+    The alert transitions seen so far: ``opened`` and ``resolved``, as (alert, source, evidence),
+    and ``transitions``, the rows whole."""
 
     def __init__(self, cfg):
         from streaming.sinks.exporter import Exporter
@@ -109,6 +110,7 @@ class EventsJob:
         self.state, self.exporter, self.batches = FakeState(), Exporter(), 0
         self.opened: list[tuple] = []
         self.resolved: list[tuple] = []
+        self.transitions: list[dict] = []  # every alert row, whole
 
     def batch(self, *values: bytes) -> pd.DataFrame:
         import pyarrow as pa
@@ -136,7 +138,9 @@ class EventsJob:
 
         self.exporter.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=self.batches)
         self.batches += 1
-        for r in out[out.kind == "alert"].to_dict("records"):
+        rows = out[out.kind == "alert"].to_dict("records")
+        self.transitions += rows
+        for r in rows:
             (self.opened if r["action"] == "open" else self.resolved).append((r["alert"], r["source"], r["evidence"]))
         return out
 

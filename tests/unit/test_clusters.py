@@ -5,56 +5,25 @@ entity is put in one bucket, the worst case for keeping them apart."""
 
 from __future__ import annotations
 
-import pandas as pd
-import pyarrow as pa
 
 from monitor.contract import BrokerState, Event, Heartbeat, PartitionGone, PartitionMetadata, PartitionOffsets
-from streaming.ingest import parsing
 from streaming.rules.source import SourceRulesConfig
-from streaming.sinks.batch import sink_rows
-from streaming.sinks.exporter import Exporter
 from streaming.state import function as st
-from tests.support.state_fakes import COLS, FakeState, call
+from tests.support.state_fakes import EventsJob
 
 SOURCE = "probe-host"  # the default source name is per host: two probes on one host share it
 
 
-class Job:
+class Job(EventsJob):
     """One bucket of the state function and an exporter, fed contract events batch by batch."""
 
     def __init__(self, cfg: st.StateConfig | None = None):
-        self.fn = st.make_state_function(cfg or st.StateConfig(run_id="r"))
-        self.state, self.exporter = FakeState(), Exporter()
-        self.batches, self.transitions = 0, []
+        super().__init__(cfg or st.StateConfig(run_id="r"))
         self.seq: dict[str, int] = {}
 
     def event(self, data, cluster: str, t: int) -> bytes:
         seq = self.seq[cluster] = self.seq.get(cluster, 0) + 1
         return Event.of(data, cluster=cluster, source=SOURCE, seq=seq, observed_at=t).to_json()
-
-    def batch(self, *events: bytes) -> pd.DataFrame:
-        table = parsing.parse_values(pa.array(list(events), pa.binary()), gate=False)
-        good = [r for r in table.to_pylist() if r["reason"] is None]
-        assert len(good) == len(events), [r["reason"] for r in table.to_pylist()]
-        df = pd.DataFrame([{c: r.get(c) for c in COLS} for r in good], columns=COLS)
-        df["bucket"] = 0
-        return self._sink(call(self.fn, 0, df, self.state))
-
-    def timeout(self, now: int) -> pd.DataFrame:
-        self.state.hasTimedOut, self.state.processing_time_ms = True, now
-        try:
-            return self._sink(call(self.fn, 0, pd.DataFrame(columns=COLS), self.state))
-        finally:
-            self.state.hasTimedOut = False
-
-    def _sink(self, out: pd.DataFrame) -> pd.DataFrame:
-        self.exporter.apply(sink_rows(pa.Table.from_pandas(out, preserve_index=False)), batch_id=self.batches)
-        self.batches += 1
-        self.transitions += out[out.kind == "alert"].to_dict("records")
-        return out
-
-    def value(self, name: str, **labels: str):
-        return self.exporter.registry.get_sample_value(f"kafka_monitor_{name}", labels)
 
     def open_alerts(self) -> set[tuple[str, str]]:
         """(alert, cluster) of every kafka_monitor_alert_active series."""
