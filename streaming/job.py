@@ -480,8 +480,49 @@ def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     return spark_kafka.records(raw)
 
 
+#: Spark gives a new Python worker 10 s to connect back to the JVM (a constant in Spark 4.x's
+#: PythonWorkerFactory.createSimpleWorker, no setting).  Our source's runner is such a worker,
+#: started when a query sets up its sources; on a host too busy to start a Python process in 10 s
+#: the query fails there, before its first batch, with nothing read or committed.  ``start`` then
+#: starts it again, at most this many times in all.
+SOURCE_START_ATTEMPTS = 3
+#: how long ``start`` waits for the query's sources to be set up (a source that takes longer is
+#: left to the caller: the query runs on, and the stall watchdog watches it)
+SOURCE_START_WAIT_S = 120.0
+_CONNECT_BACK = "Python worker failed to connect back"
+
+
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:
+    """Start the query and return it once its sources are set up (see SOURCE_START_ATTEMPTS)."""
     cfg.validate()
+    attempt = 1
+    while True:
+        q = _start(spark, cfg, exporter, query_name)
+        failed = _source_start_failure(q, SOURCE_START_WAIT_S)
+        if failed is None or attempt >= SOURCE_START_ATTEMPTS:
+            return q
+        log.warning("the query's source did not start (attempt %d of %d): %s. Spark gives a new Python "
+                    "worker 10 s to connect back: this host is very busy. Starting the query again from "
+                    "its checkpoint.", attempt, SOURCE_START_ATTEMPTS, failed.splitlines()[0])
+        stop_query(q, 0.0)
+        attempt += 1
+
+
+def _source_start_failure(q: StreamingQuery, timeout_s: float) -> Optional[str]:
+    """Spark's connect-back failure if the query failed with it while setting up its sources;
+    None once they are set up, or if it failed otherwise (the caller sees that as before)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not q.isActive:
+            e = q.exception()
+            return str(e) if e is not None and _CONNECT_BACK in str(e) else None
+        if q.status.get("message") not in ("Initializing StreamExecution", "Initializing sources"):
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def _start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str) -> StreamingQuery:
     out = stateful(parse(read_events(spark, cfg), cfg), cfg)
     alerts = None
     if cfg.alerts_topic:
