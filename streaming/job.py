@@ -21,7 +21,7 @@ import typing
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -429,12 +429,18 @@ def state_config(cfg: JobConfig, run_id: str, archive: bool = False) -> st.State
                           **{f: c for f, c in cfg.rule_configs().items() if f in STATE_FAMILIES})
 
 
-def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
+def bucketed(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
+    """The parsed rows the state takes (quarantined ones and those of a stateful type), each with
+    its ``bucket``: the state's grouping key."""
     keep = parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
     keys = F.array(*[F.lit(k) for k in bucket_keys(cfg.buckets)])
     bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
         F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
-    return keep.withColumn("bucket", bucket).groupBy("bucket").applyInPandasWithState(
+    return keep.withColumn("bucket", bucket)
+
+
+def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
+    return bucketed(parsed, cfg).groupBy("bucket").applyInPandasWithState(
         st.make_state_function(state_config(cfg, run_id=uuid.uuid4().hex, archive=bool(cfg.archive_dir))),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
@@ -482,9 +488,10 @@ def _read_spark_kafka(spark: SparkSession, cfg: JobConfig) -> DataFrame:
 
 #: Spark gives a new Python worker 10 s to connect back to the JVM (a constant in Spark 4.x's
 #: PythonWorkerFactory.createSimpleWorker, no setting).  Our source's runner is such a worker,
-#: started when a query sets up its sources; on a host too busy to start a Python process in 10 s
-#: the query fails there, before its first batch, with nothing read or committed.  ``start`` then
-#: starts it again, at most this many times in all.
+#: started when a query sets up its sources; it imports PySpark from pyspark.zip, compiled from
+#: source every time (~1 CPU-s).  On a busy host that can take over 10 s, and the query fails
+#: there, before its first batch, with nothing read or committed.  ``start_query`` then starts it
+#: again, at most this many times in all.
 SOURCE_START_ATTEMPTS = 3
 #: how long ``start`` waits for the query's sources to be set up (a source that takes longer is
 #: left to the caller: the query runs on, and the stall watchdog watches it)
@@ -493,18 +500,26 @@ _CONNECT_BACK = "Python worker failed to connect back"
 
 
 def start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str = "kafka-monitor") -> StreamingQuery:
-    """Start the query and return it once its sources are set up (see SOURCE_START_ATTEMPTS)."""
+    """Start the query and return it once its sources are set up (``start_query``)."""
     cfg.validate()
+    return start_query(lambda: _start(spark, cfg, exporter, query_name), lambda q: stop_query(q, 0.0))
+
+
+def start_query(begin: Callable[[], StreamingQuery],
+                cleanup: Callable[[StreamingQuery], Any] = lambda q: q.stop()) -> StreamingQuery:
+    """``begin()`` starts a query; return it once its sources are set up.  When it fails there
+    with Spark's connect-back failure, ``cleanup`` gets it and it is started again from its
+    checkpoint, SOURCE_START_ATTEMPTS in all; any other outcome is returned as it is."""
     attempt = 1
     while True:
-        q = _start(spark, cfg, exporter, query_name)
+        q = begin()
         failed = _source_start_failure(q, SOURCE_START_WAIT_S)
         if failed is None or attempt >= SOURCE_START_ATTEMPTS:
             return q
         log.warning("the query's source did not start (attempt %d of %d): %s. Spark gives a new Python "
                     "worker 10 s to connect back: this host is very busy. Starting the query again from "
                     "its checkpoint.", attempt, SOURCE_START_ATTEMPTS, failed.splitlines()[0])
-        stop_query(q, 0.0)
+        cleanup(q)
         attempt += 1
 
 

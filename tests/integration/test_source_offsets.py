@@ -42,6 +42,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from streaming.job import start_query
 from streaming.read.source import FORMAT, KafkaEventSource
 from tests.conftest import unique
 from tests.support import mock_cluster
@@ -166,8 +167,8 @@ def running(spark, bootstrap: str, topic: str, checkpoint: str, **options: str) 
               .option("kafka.bootstrap.servers", bootstrap))
     for k, v in options.items():
         reader = reader.option(k, v)
-    q = (reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
-         .trigger(processingTime="200 milliseconds").start())
+    q = start_query(lambda: reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                    .trigger(processingTime="200 milliseconds").start())
     try:
         yield Run(q, batches)
     finally:

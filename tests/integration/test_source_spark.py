@@ -40,10 +40,10 @@ def run_query(spark, bootstrap, topic, checkpoint, cap):
         seen.append((batch_id, [(r.partition, r.offset, r.value, r.key, r.topic) for r in rows]))
 
     spark.dataSource.register(KafkaEventSource)
-    q = (spark.readStream.format(FORMAT).option("subscribe", topic)
-         .option("kafka.bootstrap.servers", bootstrap).option("maxOffsetsPerTrigger", str(cap)).load()
-         .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
-         .trigger(processingTime="200 milliseconds").start())
+    q = job.start_query(lambda: spark.readStream.format(FORMAT).option("subscribe", topic)
+                        .option("kafka.bootstrap.servers", bootstrap).option("maxOffsetsPerTrigger", str(cap)).load()
+                        .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                        .trigger(processingTime="200 milliseconds").start())
     try:
         q.processAllAvailable()
     finally:
