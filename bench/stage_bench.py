@@ -4,8 +4,8 @@ gate, the shuffle into buckets, the state function (no-op, then the rules) and t
 Per size (partitions; group partitions = a tenth of them, as the issue's 300k + 30k) a Tansu
 events topic holds ``--cycles`` observation cycles as the probe sends them
 (``job_bench.cycle_events``). Each stage is a query of its own that drains the whole topic from
-a new checkpoint, at most one cycle's events per micro-batch (``maxOffsetsPerTrigger``, batches
-back to back), each
+a new checkpoint, at most the largest cycle's events per micro-batch (the first cycle, with
+every partition's metadata; ``maxOffsetsPerTrigger``, batches back to back), each
 stage being the one before it plus one step:
 
     read         the job's source; the rows written to Spark's ``noop`` sink (every column, no pruning)
