@@ -111,9 +111,9 @@ class ProbeOffsetsMixin:
 
     def _discovery_round(self) -> bool:
         """Whether this observation lists the groups and asks every group's committed offsets:
-        always without an HA group; with one, every ``HA_DISCOVERY_S`` (and while the last
-        listing has not come back complete), the groups listed every time by the cluster shard's
-        holder."""
+        always without an HA group; with one, every ``HA_DISCOVERY_S`` and at every observation
+        until a listing first comes back complete (the cluster shard's holder lists the groups
+        every time, ``_listed_groups``)."""
         if self.membership is None:
             return True
         now = time.monotonic()

@@ -529,8 +529,8 @@ def _source_start_failure(q: StreamingQuery, timeout_s: float) -> Optional[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not q.isActive:
-            e = q.exception()
-            return str(e) if e is not None and _CONNECT_BACK in str(e) else None
+            failed = str(q.exception() or "")
+            return failed if _CONNECT_BACK in failed else None
         if q.status.get("message") not in ("Initializing StreamExecution", "Initializing sources"):
             return None
         time.sleep(0.05)
