@@ -109,7 +109,23 @@ def kafka_python_admin(kp_conf: dict[str, Any], timeout_s: float, client_id: str
     from kafka import KafkaAdminClient
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    return KafkaAdminClient(**admin_kwargs(kp_conf, timeout_s, client_id))
+    made: list[Any] = []
+
+    def client(**kw: Any) -> Any:
+        made.append(KafkaAdminClient.DEFAULT_CONFIG["kafka_client"](**kw))
+        return made[-1]
+    try:
+        return KafkaAdminClient(**admin_kwargs(kp_conf, timeout_s, client_id), kafka_client=client)
+    except BaseException:
+        # kafka-python 3.0 leaves a client that failed to bootstrap running: its IO thread, still
+        # connecting, one more for every watcher's retry (seen: a thread per failed attempt)
+        for c in made:
+            close_quietly(c)
+            try:
+                c._manager._net.stop()
+            except Exception:  # noqa: BLE001, S110 - stopping what is already broken
+                pass
+        raise
 
 
 def close_quietly(admin: Any) -> None:

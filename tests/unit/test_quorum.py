@@ -214,3 +214,22 @@ def test_a_cluster_without_describe_quorum_is_said_once_and_sends_nothing(caplog
         w._latest = w.ask()
         assert w.take() is None
     assert sum("does not answer DescribeQuorum" in r.message for r in caplog.records) == 1
+
+
+def test_a_client_that_cannot_bootstrap_leaves_no_thread_behind():
+    """kafka-python 3.0 leaves a KafkaAdminClient that failed to bootstrap running (its IO thread,
+    still connecting); the watchers and the named metadata make a new client after each failure,
+    so kafka_python_admin stops it: no thread per failed attempt."""
+    import socket
+
+    from monitor.quorum import kafka_python_admin
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(3):
+        with pytest.raises(Exception, match="bootstrap"):
+            kafka_python_admin({"bootstrap_servers": f"127.0.0.1:{port}"}, 0.5, "leak-test")
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []
