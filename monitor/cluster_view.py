@@ -214,6 +214,61 @@ class ClusterView:
         return cls(cluster_id=md.cluster_id, controller_id=None, brokers=brokers,
                    topics={t.name: t for t in topics})
 
+    @classmethod
+    def from_metadata_response(cls, resp: Any, named: Iterable[str], previous: Optional["ClusterView"]
+                               ) -> "ClusterView":
+        """Build a view from kafka-python's decoded ``MetadataResponse`` to a request naming the
+        topics ``named`` (``monitor.named_metadata``), over ``previous``.
+
+        The answer replaces the named topics; every other topic of ``previous`` is carried over as
+        it was (an HA probe names only its own shards' topics, and reports nothing of the others).
+        A named topic answered UNKNOWN_TOPIC_OR_PARTITION or UNKNOWN_TOPIC_ID is gone, as it would
+        be from a whole listing.  Leader epochs come with the answer (Metadata v7 and later).  As
+        in ``from_confluent``, a partition or topic that says what it said in ``previous`` is
+        that same object, and ``controller_id`` is ``None``."""
+        from kafka import errors as kerrors
+
+        def err(code: int) -> Optional[str]:
+            return None if not code else str(getattr(kerrors.for_code(code), "message", code))
+
+        brokers = tuple(BrokerView(int(b.node_id), str(b.host), int(b.port), b.rack) for b in resp.brokers)
+        live = {b.node_id for b in brokers}
+        prev_topics = previous.topics if previous is not None else {}
+        topics: dict[str, TopicView] = {n: t for n, t in prev_topics.items()}
+        for name in named:
+            topics.pop(name, None)
+        for t in resp.topics:
+            name = t.name
+            if t.error_code in (3, 100) or not name:  # gone
+                topics.pop(name, None)
+                continue
+            old_topic = prev_topics.get(name)
+            old_parts = {p.partition: p for p in old_topic.partitions} if old_topic is not None else {}
+            parts, same = [], 0
+            for p in t.partitions:
+                epoch = p.leader_epoch if p.leader_epoch is not None and p.leader_epoch >= 0 else None
+                reps, isr = tuple(p.replica_nodes), tuple(p.isr_nodes)
+                # as from_confluent: the replicas on brokers the answer does not list (the answer's own
+                # offline_replicas also names those on an offline log dir: the ELR look adds them)
+                offline = tuple(r for r in reps if r not in live)
+                o = old_parts.get(p.partition_index)
+                if (o is not None and not p.error_code and o.error is None and o.leader == p.leader_id
+                        and o.leader_epoch == epoch and o.replicas == reps and o.isr == isr
+                        and o.offline_replicas == offline):
+                    parts.append(o)
+                    same += 1
+                    continue
+                parts.append(PartitionView(topic=name, partition=int(p.partition_index), leader=int(p.leader_id),
+                                           leader_epoch=epoch, replicas=reps, isr=isr, offline_replicas=offline,
+                                           error=err(p.error_code)))
+            error, internal = err(t.error_code), bool(t.is_internal)
+            if (old_topic is not None and same == len(parts) == len(old_topic.partitions)
+                    and old_topic.error == error and old_topic.is_internal == internal):
+                topics[name] = old_topic
+            else:
+                topics[name] = TopicView(name=name, partitions=tuple(parts), error=error, is_internal=internal)
+        return cls(cluster_id=resp.cluster_id, controller_id=None, brokers=brokers, topics=topics)
+
     @property
     def broker_ids(self) -> frozenset[int]:
         return frozenset(b.node_id for b in self.brokers)

@@ -58,6 +58,7 @@ from monitor.gcpause import gc_paused
 from monitor.gone import GoneTracker
 from monitor.leader_epochs import LeaderEpochs
 from monitor.metadata import Cause, MetadataCache, cause_for_error
+from monitor.named_metadata import named_metadata
 from monitor.offsets import ProbeOffsetsMixin
 from monitor.probe_config import ConfigError, ProbeConfig, ProbeScope
 from monitor.elr import ElrWatcher
@@ -142,6 +143,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             stamp = getattr(self._emitter, "set_shards", None)
             if stamp is not None:  # each event of a shard carries it and this probe's epoch (fencing)
                 stamp(cfg.shards, lambda: self._round_epochs)
+            if admin is None:  # its refreshes name its shards' topics (monitor.named_metadata)
+                self._named = named_metadata(cfg.client_conf(), cfg.request_timeout_s)
         self._scope = ProbeScope(cfg, self.membership)
         #: the groups of the last observation, and (partitions, groups, shard -> topics and groups) of
         #: the last ha_member event, recounted when either changes
@@ -545,6 +548,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         the metadata is asked for at once so that a gained shard is probed within an interval."""
         self._scope.ownership_changed()
         self._moved.set()  # the probe's thread forgets what it no longer owns (GoneTracker)
+        self._listed_whole_at = float("-inf")  # a gained shard's topics created since the last listing
         self.metadata.request_update(Cause.NEW_TOPIC)
 
     def close(self, flush_timeout: float = 10.0) -> None:
@@ -560,6 +564,8 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
             self.log_dirs.stop()
         if self.transactions is not None:
             self.transactions.stop()
+        if self._named is not None:
+            self._named.close()
         left = self._emitter.close(flush_timeout)
         if left:
             log.warning("%d events were still undelivered at shutdown and are lost", left)

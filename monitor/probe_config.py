@@ -231,14 +231,17 @@ class ProbeScope:
     def share_text(self) -> Optional[str]:
         return None if self.share is None else f"{self.share[0]}/{self.share[1]}"
 
+    def matches(self, topic: str) -> bool:
+        """Whether the topic patterns match ``topic``, whoever's share or shard it is in."""
+        return bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
+
     def watched(self, topic: str) -> bool:
         cache = self._watched_cache  # one dict: an answer decided before a shard moved goes with the old one
         hit = cache.get(topic)
         if hit is None:
             if len(cache) > 1_000_000:
                 cache.clear()
-            hit = cache[topic] = (bool(self._topics_in.search(topic)) and not self._topics_out.search(topic)
-                                  and self.owns(topic))
+            hit = cache[topic] = self.matches(topic) and self.owns(topic)
         return hit
 
     def watched_groups(self, names: list[str]) -> list[str]:

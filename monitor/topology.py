@@ -38,6 +38,8 @@ from monitor.cluster_view import ClusterView
 from monitor.contract import Broker, BrokerState, MetadataRefresh, PartitionCountChange, PartitionMetadata
 from monitor.gcpause import gc_paused
 from monitor.metadata import Reason
+from monitor.named_metadata import NamedMetadataError
+from monitor.shards import HA_DISCOVERY_S
 
 if TYPE_CHECKING:
     from monitor.elr import ElrWatcher
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from monitor.gone import GoneTracker
     from monitor.leader_epochs import LeaderEpochs
     from monitor.metadata import MetadataCache
+    from monitor.named_metadata import NamedMetadata
     from monitor.probe_config import ProbeConfig, ProbeScope
     from monitor.topic_configs import TopicConfigs
 
@@ -72,6 +75,7 @@ class ProbeTopologyMixin:
         _next_observation: Optional[float]
         _refresh_busy_s: float
         elr: Optional[ElrWatcher]
+        membership: Any
 
         def _now_ms(self) -> int: ...
 
@@ -98,6 +102,14 @@ class ProbeTopologyMixin:
         #: the partitions (topic, partition, leader, ISR) a refresh last waited for the ELR look at
         self._elr_waited: frozenset = frozenset()
         self.refresh_retries = 0  # metadata requests sent again through a new client
+        #: an HA probe's named Metadata requests (monitor.named_metadata; None: every refresh lists
+        #: the whole metadata), when it last listed the whole metadata (monotonic s), and until when
+        #: a failed named request makes it list the whole metadata again
+        self._named: Optional[NamedMetadata] = None
+        self._listed_whole_at = float("-inf")
+        self._named_off_until = float("-inf")
+        self.named_refreshes = 0
+        self.named_failures = 0
         self.refresh_failures = 0  # metadata requests that failed, retried or not
 
     def refresh_metadata(self) -> bool:
@@ -137,9 +149,45 @@ class ProbeTopologyMixin:
         finally:
             del client  # nothing of it is in flight once list_topics returned
 
+    def _named_topics(self) -> Optional[list[str]]:
+        """The topics an HA probe names in this refresh's Metadata request, or None for the whole
+        listing: that one is sent by the cluster shard's holder every time (its broker counts need
+        every partition), by the others at the first refresh, every ``HA_DISCOVERY_S`` (it is what
+        finds new topics), after their shards moved and after a named request failed."""
+        named, view = self._named, self.metadata.cluster
+        if named is None or view is None or self._scope.cluster_wide() or not named.available():
+            return None
+        now = time.monotonic()
+        if now - self._listed_whole_at >= HA_DISCOVERY_S or now < self._named_off_until:
+            return None
+        return [n for n in view.topics if self._scope.watched(n)]
+
+    def _fetch_named(self, topics: list[str]) -> Optional[tuple[ClusterView, Optional[int]]]:
+        """The view with ``topics`` answered by name (the rest as last listed), and the broker that
+        answered; None when the request failed (said once, then at most every 5 minutes)."""
+        assert self._named is not None
+        try:
+            resp, node = self._named.fetch(topics, self.refresh_wait_s())
+        except NamedMetadataError as e:
+            self.named_failures += 1
+            self._named_off_until = time.monotonic() + HA_DISCOVERY_S
+            self._warn_once("named_metadata", "a Metadata request naming this probe's %d topics failed (%s): the "
+                            "whole metadata is listed instead, for %.0f s", len(topics), e, HA_DISCOVERY_S)
+            return None
+        self.named_refreshes += 1
+        return ClusterView.from_metadata_response(resp, topics, self.metadata.cluster), node
+
     def _refresh_metadata(self) -> bool:
         reason, cause = self.metadata.next_reason()
         t0, sent_at = time.monotonic(), self._now_ms()
+        named = self._named_topics()
+        got = self._fetch_named(named) if named is not None else None
+        if got is None:  # (a failed named request's time is not the listing's)
+            return self._refresh_from_listing(reason, cause, time.monotonic(), sent_at)
+        return self._refreshed(got[0], got[1], reason, cause, (time.monotonic() - t0) * 1000, sent_at)
+
+    def _refresh_from_listing(self, reason: str, cause: Optional[str], t0: float, sent_at: int) -> bool:
+        """A refresh through the whole listing (librdkafka's), leader epochs from its statistics."""
         try:
             md = self._list_topics()
         except KafkaException as e:  # transport failure, timeout
@@ -158,9 +206,20 @@ class ProbeTopologyMixin:
         watched_now = [n for n, t in md.topics.items() if self._scope.watched(n) and t.error is None]
         epochs = self._epochs.leader_epochs(self._admin, watched_now, {(n, p.id): p.leader for n in watched_now
                                                                         for p in md.topics[n].partitions.values()})
+        if self._named is not None:
+            self._listed_whole_at = t0
+        view = ClusterView.from_confluent(md, leader_epochs=epochs, previous=self.metadata.cluster)
+        ok = self._refreshed(view, md.orig_broker_id if md.orig_broker_id >= 0 else None, reason, cause, duration_ms,
+                             sent_at)
+        if ok:
+            self._epochs.refresh_done()
+        return ok
+
+    def _refreshed(self, fetched: ClusterView, node_id: Optional[int], reason: str, cause: Optional[str],
+                   duration_ms: float, sent_at: Optional[int] = None) -> bool:
+        """A metadata answer's view into the cache, and its events."""
         previous_ok = self.metadata.last_successful_refresh_ms
-        change = self.metadata.update(ClusterView.from_confluent(md, leader_epochs=epochs,
-                                                                 previous=self.metadata.cluster), sent_at=sent_at)
+        change = self.metadata.update(fetched, sent_at=sent_at)
         now = change.at_ms
         view = self.metadata.cluster
         if not change.ok or view is None:
@@ -180,7 +239,7 @@ class ProbeTopologyMixin:
         n_parts = sum(t.partition_count for t in view.topics.values())
         self._emitter.emit(MetadataRefresh(
             version=change.version, reason=reason, cause=cause, ok=True, duration_ms=duration_ms,
-            node_id=md.orig_broker_id if md.orig_broker_id >= 0 else None,
+            node_id=node_id,
             controller_id=self._controller_id(now),
             brokers=[Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in view.brokers],
             topic_count=len(view.topics), partition_count=n_parts,
@@ -194,7 +253,7 @@ class ProbeTopologyMixin:
             with self._broker_lock:
                 self._emit_broker_states(view, change.version, now)
         topics = [n for n, t in view.topics.items() if self._scope.watched(n) and t.error is None]  # sorted by name
-        if not topics:
+        if not topics and not any(map(self._scope.matches, view.topics)):  # (not: none in this probe's share)
             self._warn_once("no_topics", "no topic matching topics_include %r / topics_exclude %r in the metadata: "
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
@@ -225,7 +284,6 @@ class ProbeTopologyMixin:
         if leaders != self._watched_leaders:
             self._watched_leaders = leaders
         self._watched_at = now
-        self._epochs.refresh_done()
         return True
 
     def _partition_rows(self, view: ClusterView, topics: list[str], min_isr: dict, version: int, now: int

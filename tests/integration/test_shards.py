@@ -113,6 +113,16 @@ def test_two_probes_of_one_ha_group_watch_each_topic_once_and_one_left_watches_a
         for p, mine in zip(probes, (a, b)):
             owned = p.membership.owned()
             assert {t for t in topics if shard_of(t, 8) in owned} == mine
+        # the probe without shard 0 names its topics in its Metadata requests (kafka-python), between
+        # whole listings a minute apart: its views carry the leader epochs of the named answers
+        other = next(i for i, p in enumerate(probes) if not p._scope.cluster_wide())
+        named = probes[other].named_refreshes
+        assert named >= 2 and probes[other].named_failures == 0, (named, probes[other].named_failures)
+        assert probes[1 - other].named_refreshes == 0
+        view = probes[other].metadata.cluster
+        assert set(topics) <= set(view.topics)  # the others' topics as last listed
+        seen = [pv for t in (b if other else a) for pv in view.topics[t].partitions]
+        assert seen and all(pv.leader_epoch is not None and pv.leader >= 0 for pv in seen), seen
 
         stops[0].set()
         threads[0].join(20)

@@ -3,6 +3,7 @@ when they move; the cluster-wide work with the cluster shard; the settings' chec
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -192,3 +193,154 @@ def test_between_discoveries_a_probe_asks_only_the_groups_that_commit_on_its_top
     probe.cycle()
     assert admin.listings == 4 and sorted(admin.asked) == ["g-both", "g-both", "g-mine", "g-mine"]
 
+
+
+class NamedFake:
+    """NamedMetadata's narrow interface over a FakeAdmin's topics: kafka-python's own
+    MetadataResponse, encoded and decoded as on the wire, naming the asked topics (an unknown one
+    answered UNKNOWN_TOPIC_OR_PARTITION, as a broker does); ``leaders`` moves a partition's leader."""
+
+    def __init__(self, admin):
+        self.admin, self.asked, self.fail, self.leaders = admin, [], None, {}
+
+    def available(self):
+        return True
+
+    def fetch(self, topics, timeout_s):
+        from kafka.protocol.metadata import MetadataResponse as R
+
+        from monitor.named_metadata import NamedMetadataError
+
+        if self.fail:
+            raise NamedMetadataError(self.fail)
+        self.asked.append(list(topics))
+        part = R.MetadataResponseTopic.MetadataResponsePartition
+
+        def leader(t, p):
+            return self.leaders.get((t, p), 1)
+        answer = R(throttle_time_ms=0, cluster_id="fake", controller_id=1,
+                   brokers=[R.MetadataResponseBroker(node_id=i, host=f"b{i}", port=9092, rack=None) for i in (1, 2)],
+                   topics=[R.MetadataResponseTopic(
+                       error_code=0 if t in self.admin.topics else 3, name=t, is_internal=False,
+                       partitions=[part(error_code=0, partition_index=p, leader_id=leader(t, p), leader_epoch=7,
+                                        replica_nodes=[1], isr_nodes=[1], offline_replicas=[])
+                                   for p in range(self.admin.topics.get(t, 0))]) for t in topics])
+        return R.decode(answer.encode(version=12), version=12), 2
+
+    def close(self):
+        pass
+
+
+def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_requests():
+    """Issue 49: an HA probe that does not hold the cluster shard lists the whole metadata at its
+    first refresh, every HA_DISCOVERY_S, after its shards move and after a named request failed;
+    in between it names its shards' watched topics.  The other topics stay as last listed (never
+    said gone); a named topic that is gone is gone; partition_metadata follows the named answers
+    (leader, epoch); the cluster shard's holder always lists the whole metadata."""
+    from monitor.emitter import EventEmitter
+    from monitor.probe import Probe
+    from monitor.shards import HA_DISCOVERY_S
+    from tests.support.capture import CapturingProducer
+    from tests.support.probe_fakes import FakeAdmin
+
+    n = 8
+    names = [f"t{i}" for i in range(60)]
+    mine = [t for t in names if shard_of(t, n) == 3][:2]
+    others = [t for t in names if shard_of(t, n) not in (3, CLUSTER_SHARD)][:3]
+    admin = FakeAdmin({**{t: 2 for t in mine}, **{t: 1 for t in others}}, {}, {})
+    one_topic = admin.list_topics
+
+    def list_topics(topic=None, timeout=None):  # metadata_calls: the whole listings only
+        admin.metadata_calls -= topic is not None
+        return one_topic(topic, timeout)
+    admin.list_topics = list_topics
+    cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, refresh_backoff_s=0,
+                      stats_interval_s=0.05, ha_group="g", shards=n, topics_include="^t")
+    producer = CapturingProducer()
+    probe = Probe(cfg, emitter=EventEmitter({}, cfg.events_topic, cluster="c", source="p", producer=producer),
+                  admin=admin)
+    held = Held(n, {3})
+    probe.membership = probe._scope.membership = held
+    probe._named = named = NamedFake(admin)
+
+    def refresh():
+        producer.events.clear()
+        probe._round_epochs = held.owned()  # as run() does: the events carry the epochs held
+        assert probe.refresh_metadata()
+        return (next(e.data for e in producer.events if e.type == "metadata_refresh"),
+                {(e.data.topic, e.data.partition): e.data for e in producer.events if e.type == "partition_metadata"})
+
+    r, pm = refresh()  # bootstrap: the whole listing
+    assert admin.metadata_calls == 1 and named.asked == [] and r.topic_count == 5
+    assert set(pm) == {(t, p) for t in mine for p in (0, 1)}
+    r, pm = refresh()
+    assert admin.metadata_calls == 1 and named.asked == [sorted(mine)]
+    assert r.topic_count == 5 and r.node_id == 2 and set(probe.metadata.cluster.topics) == set(admin.topics)
+    # the leader epoch comes with the named answer (from the listing's statistics: none here)
+    assert {e.leader_epoch for e in pm.values()} == {7} and len(pm) == 4
+    named.leaders[(mine[0], 1)] = 2
+    r, pm = refresh()
+    assert list(pm) == [(mine[0], 1)] and pm[(mine[0], 1)].leader == 2
+
+    del admin.topics[mine[1]], admin.topics[others[0]]  # both deleted: only the named one is seen
+    r, pm = refresh()
+    assert admin.metadata_calls == 1 and set(probe.metadata.cluster.topics) == {mine[0], *others}
+    refresh()  # GONE_AFTER answers in a row without it: its partitions are gone
+    gone = {(e.data.topic, e.data.partition) for e in producer.events if e.type == "partition_gone"}
+    assert admin.metadata_calls == 1 and gone == {(mine[1], 0), (mine[1], 1)}
+
+    probe._listed_whole_at -= HA_DISCOVERY_S  # a minute on: the whole listing finds what changed
+    admin.topics["t-new"] = 1
+    refresh()
+    assert admin.metadata_calls == 2 and set(probe.metadata.cluster.topics) == {mine[0], *others[1:], "t-new"}
+    refresh()
+    assert admin.metadata_calls == 2 and named.asked[-1] == [mine[0]] + (["t-new"] if shard_of("t-new", n) == 3 else [])
+
+    held.held = {3, shard_of(others[1], n)}  # a shard comes: its topics are listed at once
+    probe._shards_moved(held.owned())
+    refresh()
+    assert admin.metadata_calls == 3
+    refresh()
+    assert admin.metadata_calls == 3 and others[1] in named.asked[-1]
+
+    named.fail = "KafkaTimeoutError: Timed out after 2000 ms"  # the whole listing stands in, for a minute
+    refresh()
+    assert admin.metadata_calls == 4 and probe.named_failures == 1
+    named.fail = None
+    refresh()
+    assert admin.metadata_calls == 5 and probe.named_failures == 1
+    probe._named_off_until = probe._listed_whole_at = time.monotonic()  # the minute is over
+    refresh()
+    assert admin.metadata_calls == 5
+
+    held.held = {3, CLUSTER_SHARD}  # the cluster shard's holder: the whole listing, every time
+    probe._shards_moved(held.owned())
+    for _ in range(2):
+        refresh()
+    assert admin.metadata_calls == 7
+    probe.membership = None  # no group to leave
+    probe.close(0)
+
+
+def test_no_topic_warning_means_the_patterns_match_nothing_not_an_empty_share(caplog):
+    """A probe of an HA group that holds no shard yet (it just joined) watches nothing: that is not
+    'no topic matching'; patterns that match no topic of the cluster still are."""
+    from monitor.emitter import EventEmitter
+    from monitor.probe import Probe
+    from tests.support.capture import CapturingProducer
+    from tests.support.probe_fakes import FakeAdmin
+
+    def warned(include: str, held: set[int]) -> bool:
+        cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, stats_interval_s=0.05,
+                          ha_group="g", shards=8, topics_include=include)
+        probe = Probe(cfg, emitter=EventEmitter({}, cfg.events_topic, cluster="c", source="p",
+                                                producer=CapturingProducer()), admin=FakeAdmin({"t1": 1, "t2": 1}, {}, {}))
+        probe.membership = probe._scope.membership = Held(8, held)
+        caplog.clear()
+        assert probe.refresh_metadata()
+        probe.membership = None
+        probe.close(0)
+        return "no topic matching" in caplog.text
+
+    assert not warned("^t", set())
+    assert warned("^x", set(range(8)))
