@@ -68,8 +68,10 @@ class RequestLog:
 
     def count(self, names: list[str]) -> dict[str, dict[str, int]]:
         """Requests since the mark, by API: {"probing": ..., "membership": ...} for the clients
-        of the probes ``names``; "items": what the probing requests asked for (``_ITEMS``), and
-        "metadata_all_topics": the Metadata requests for every topic."""
+        of the probes ``names``; "items": what the probing requests asked for (``_ITEMS``), the
+        topics named in Metadata requests and the partitions in the Metadata answers (whole and
+        named: what the brokers described), and "metadata_all_topics": the Metadata requests for
+        every topic."""
         out: dict[str, dict[str, int]] = {"probing": {}, "membership": {}, "items": {}, "metadata_all_topics": {}}
         for f in self.files:
             if not f.exists():
@@ -88,7 +90,10 @@ class RequestLog:
                     out[kind][api] = out[kind].get(api, 0) + 1
                     if kind != "probing":
                         continue
-                    body = raw.split(b',"response":', 1)[0]
+                    body, _, answer = raw.partition(b',"response":')
+                    if api == "METADATA":  # what the brokers answered: partitions, whole listings and named
+                        out["items"]["METADATA_PARTITIONS_ANSWERED"] = (out["items"].get("METADATA_PARTITIONS_ANSWERED", 0)
+                                                                        + answer.count(b'"partitionIndex"'))
                     if api in _ITEMS:
                         found = _ITEMS[api].findall(body)
                         n = (sum(x.count(b'"') // 2 for x in found) if api == "DESCRIBE_GROUPS" else len(found))

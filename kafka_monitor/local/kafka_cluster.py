@@ -72,14 +72,15 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 </Configuration>
 """
 
-# Kafka's request logger: a line per completed request (request_log=True)
+# Kafka's request logger: a line per completed request at DEBUG (request_log=True), its own file;
+# at WARN (the default) it writes nothing until set_request_log(True) turns it on at run time
 _REQUESTS2_FILE = """    <File name="requests" fileName="${sys:kafka.logs.dir}/kafka-request.log">
       <PatternLayout pattern="%m%n"/>
     </File>
 """
-_REQUESTS2 = """    <Logger name="kafka.request.logger" level="DEBUG" additivity="false"><AppenderRef ref="requests"/></Logger>
+_REQUESTS2 = """    <Logger name="kafka.request.logger" level="LEVEL" additivity="false"><AppenderRef ref="requests"/></Logger>
 """
-_REQUESTS1 = """log4j.logger.kafka.request.logger=DEBUG, requests
+_REQUESTS1 = """log4j.logger.kafka.request.logger=LEVEL, requests
 log4j.additivity.kafka.request.logger=false
 log4j.appender.requests=org.apache.log4j.FileAppender
 log4j.appender.requests.File=${kafka.logs.dir}/kafka-request.log
@@ -334,16 +335,43 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         return self._libs
 
     def _write_log_config(self) -> None:
+        level = "DEBUG" if self.request_log else "WARN"
         if self.release.reload4j:
-            (self.work_dir / "log4j.properties").write_text(_LOG4J1 + (_REQUESTS1 if self.request_log else ""))
+            (self.work_dir / "log4j.properties").write_text(_LOG4J1 + _REQUESTS1.replace("LEVEL", level))
         else:
             (self.work_dir / "log4j2.xml").write_text(
-                _LOG4J2.replace("  </Loggers>", _REQUESTS2 + "  </Loggers>").replace(
-                    "  </Appenders>", _REQUESTS2_FILE + "  </Appenders>") if self.request_log else _LOG4J2)
+                _LOG4J2.replace("  </Loggers>", _REQUESTS2.replace("LEVEL", level) + "  </Loggers>").replace(
+                    "  </Appenders>", _REQUESTS2_FILE + "  </Appenders>"))
 
     def request_log_files(self) -> list[Path]:
-        """The brokers' request logs (``request_log=True``)."""
+        """The brokers' request logs (``request_log=True``, or while ``set_request_log(True)``)."""
         return [n.dir / "kafka-request.log" for n in self.brokers.values()]
+
+    def set_request_log(self, on: bool, timeout: float = 30.0) -> None:
+        """Turn every broker's request logger on (DEBUG: a line per completed request, with its
+        client id, the request and the answer, in ``request_log_files()``) or off (WARN), at run
+        time: Kafka's dynamic broker loggers (IncrementalAlterConfigs of BROKER_LOGGER, as
+        ``kafka-configs --entity-type broker-loggers`` does).  For a test's window of requests on
+        the shared cluster; PLAINTEXT clusters only."""
+        self._require_managed("set_request_log")
+        if self.security:
+            raise ValueError("set_request_log: PLAINTEXT clusters only")
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        from monitor.quorum import close_quietly, kafka_python_admin
+
+        admin = kafka_python_admin({"bootstrap_servers": self.bootstrap_servers}, timeout, "kafka-monitor-harness")
+        try:
+            level = "DEBUG" if on else "WARN"
+            out = admin.alter_configs([ConfigResource(ConfigResourceType.BROKER_LOGGER, str(b),
+                                                      configs={"kafka.request.logger": level})
+                                       for b in self.brokers], raise_on_unknown=False)
+            failed = {k: v for kind in out.values() for k, v in (kind.items() if isinstance(kind, dict) else ())
+                      if getattr(v, "errno", 0) or (isinstance(v, Exception))}
+            if failed:
+                raise RuntimeError(f"set_request_log({on}): {failed}")
+        finally:
+            close_quietly(admin)
 
     def start(self, timeout: float = 180.0) -> "KafkaCluster":
         """Format storage, launch every node in parallel, wait until all brokers are registered."""

@@ -40,6 +40,7 @@ from tests.support.ha_probes import ProbeProcess
 from tests.support.kafka_cluster import in_sync
 from tests.support.kraft_stack import Committer, Tail, metric_samples
 from tests.support.real_cluster import MultiTopicWriter
+from tests.support.request_log import RequestWindow
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
@@ -107,7 +108,8 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
             p = probes[name] = ProbeProcess(name, kc.bootstrap_servers, events, group, SHARDS, f"^{prefix}\\.",
                                             f"^{prefix}-", label, tmp_path,
                                             ("--quorum-interval", "2", "--log-dirs-interval", "0",
-                                             "--transactions-interval", "0", "--elr-interval", "0", *extra))
+                                             "--transactions-interval", "0", "--elr-interval", "0",
+                                             "-X", f"client.id={name}", *extra))  # (the brokers' request log names it)
             s.callback(p.stop)
             return p
 
@@ -156,8 +158,11 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
         ha = {"cluster": label, "source": f"ha:{group}"}
         wait_for(lambda: value("ha_probes", **ha) == 3 and sum(held().values()) == SHARDS and len(held()) == 3,
                  timeout=120, what="the job counting 3 probes holding the 16 shards between them")
+        requests = RequestWindow(kc).open() if kc.managed else None
         t0 = int(time.time() * 1000)
         time.sleep(8)  # the window's events all read (the paused-to-be probe sends its 2 s late)
+        if requests is not None:
+            requests.close()
         window = observers(t0 + 500, t0 + 5500)
         assert set(window) == parts, parts - set(window)
         # each partition by one probe, once in each of its cycles (a cycle ends with its heartbeat;
@@ -170,6 +175,24 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
         mine = {n: {tp for tp, who in window.items() if who[0] == n} for n in probes}
         for n, tps in mine.items():
             assert {shard_of(t, SHARDS) for t, _ in tps} <= shards_of(n), n
+        if requests is not None:  # what each asked of the brokers in those 8 s: its own, nothing twice
+            asked = requests.asked(list(probes))
+            holder = next(n for n in probes if 0 in shards_of(n))
+            print("requests per probe:", {n: dict(a.requests) for n, a in asked.items()})
+            for n, a in asked.items():  # (the events and alerts topics match the probes' pattern too)
+                own = {t for t in (*topics, events, alerts) if shard_of(t, SHARDS) in shards_of(n)}
+                assert a.list_offsets and {t for t, _ in a.list_offsets} <= own, (n, a.list_offsets, own)
+                assert a.metadata_named <= own, (n, a.metadata_named, own)
+                if n == holder:  # the whole metadata at every refresh (its broker states count every partition)
+                    assert a.metadata_whole >= 3 and not a.metadata_named, (n, a.metadata_whole)
+                else:  # its own topics by name; the whole listing once a minute at most
+                    assert a.metadata_named and a.metadata_whole <= 1, (n, a.metadata_whole, a.metadata_named)
+                    assert not a.requests["DESCRIBE_QUORUM"] and a.requests["LIST_GROUPS"] <= 1, (n, a.requests)
+            for x, y in ((x, y) for x in asked for y in asked if x < y):
+                assert not asked[x].list_offsets & asked[y].list_offsets, (x, y)
+                assert not asked[x].metadata_named & asked[y].metadata_named, (x, y)
+                assert not asked[x].groups_described & asked[y].groups_described, (x, y)
+            assert set().union(*(a.list_offsets for a in asked.values())) >= parts
 
         # -- SIGKILL one --------------------------------------------------------------------------
         victim = max(("p0", "p2"), key=lambda n: len(mine[n]))
