@@ -184,7 +184,7 @@ class ProbeTopologyMixin:
         got = self._fetch_named(named) if named is not None else None
         if got is None:  # (a failed named request's time is not the listing's)
             return self._refresh_from_listing(reason, cause, time.monotonic(), sent_at)
-        return self._refreshed(got[0], got[1], reason, cause, (time.monotonic() - t0) * 1000, sent_at)
+        return self._refreshed(got[0], got[1], reason, cause, (time.monotonic() - t0) * 1000, sent_at, whole=False)
 
     def _refresh_from_listing(self, reason: str, cause: Optional[str], t0: float, sent_at: int) -> bool:
         """A refresh through the whole listing (librdkafka's), leader epochs from its statistics."""
@@ -216,8 +216,10 @@ class ProbeTopologyMixin:
         return ok
 
     def _refreshed(self, fetched: ClusterView, node_id: Optional[int], reason: str, cause: Optional[str],
-                   duration_ms: float, sent_at: Optional[int] = None) -> bool:
-        """A metadata answer's view into the cache, and its events."""
+                   duration_ms: float, sent_at: Optional[int] = None, whole: bool = True) -> bool:
+        """A metadata answer's view into the cache, and its events.  ``whole``: the answer of a
+        whole listing (a named one's refresh leaves the brokers' min.insync.replicas default as
+        last read: an HA probe without shard 0 reads it with its whole listings, once a minute)."""
         previous_ok = self.metadata.last_successful_refresh_ms
         change = self.metadata.update(fetched, sent_at=sent_at)
         now = change.at_ms
@@ -258,7 +260,7 @@ class ProbeTopologyMixin:
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
                             self.cfg.topics_include, self.cfg.topics_exclude)
-        min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers else None)
+        min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers and whole else None)
         watched, leaders, rows, pending, sent, unknown = self._partition_rows(view, topics, min_isr, change.version, now)
         if unknown:
             look = {t for t, _, _, _ in unknown}

@@ -188,6 +188,7 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
                 else:  # its own topics by name; the whole listing once a minute at most
                     assert a.metadata_named and a.metadata_whole <= 1, (n, a.metadata_whole, a.metadata_named)
                     assert not a.requests["DESCRIBE_QUORUM"] and a.requests["LIST_GROUPS"] <= 1, (n, a.requests)
+                    assert a.broker_configs <= 1, (n, a.broker_configs)  # the brokers' min ISR default: the same
             for x, y in ((x, y) for x in asked for y in asked if x < y):
                 assert not asked[x].list_offsets & asked[y].list_offsets, (x, y)
                 assert not asked[x].metadata_named & asked[y].metadata_named, (x, y)

@@ -26,6 +26,7 @@ class Asked:
     metadata_named: set = field(default_factory=set)  # topics
     metadata_whole: int = 0  # Metadata requests for every topic
     groups_described: set = field(default_factory=set)  # DescribeGroups and ConsumerGroupDescribe
+    broker_configs: int = 0  # DescribeConfigs of a broker's configuration (resource type 4)
 
 
 class RequestWindow:
@@ -83,4 +84,6 @@ class RequestWindow:
                 who.groups_described |= set(body.get("groups") or [])
             elif api == "CONSUMER_GROUP_DESCRIBE":
                 who.groups_described |= set(body.get("groupIds") or [])
+            elif api == "DESCRIBE_CONFIGS":
+                who.broker_configs += sum(1 for r in body.get("resources") or [] if r.get("resourceType") == 4)
         return out

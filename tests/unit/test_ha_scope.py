@@ -254,6 +254,12 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
         admin.metadata_calls -= topic is not None
         return one_topic(topic, timeout)
     admin.list_topics = list_topics
+    broker_reads = []  # refreshes that asked the brokers' min.insync.replicas default
+
+    def describe_configs(resources, request_timeout=None):
+        broker_reads.extend(r.name for r in resources if r.restype_int == 4)  # BROKER
+        return FakeAdmin.describe_configs(admin, resources, request_timeout)
+    admin.describe_configs = describe_configs
     cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, refresh_backoff_s=0,
                       stats_interval_s=0.05, ha_group="g", shards=n, topics_include="^t")
     producer = CapturingProducer()
@@ -271,7 +277,7 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
                 {(e.data.topic, e.data.partition): e.data for e in producer.events if e.type == "partition_metadata"})
 
     r, pm = refresh()  # bootstrap: the whole listing
-    assert admin.metadata_calls == 1 and named.asked == [] and r.topic_count == 5
+    assert admin.metadata_calls == 1 and named.asked == [] and r.topic_count == 5 and len(broker_reads) == 1
     assert set(pm) == {(t, p) for t in mine for p in (0, 1)}
     r, pm = refresh()
     assert admin.metadata_calls == 1 and named.asked == [sorted(mine)]
@@ -281,6 +287,7 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
     named.leaders[(mine[0], 1)] = 2
     r, pm = refresh()
     assert list(pm) == [(mine[0], 1)] and pm[(mine[0], 1)].leader == 2
+    assert len(broker_reads) == 1  # the brokers' default: read with the whole listings only
 
     del admin.topics[mine[1]], admin.topics[others[0]]  # both deleted: only the named one is seen
     r, pm = refresh()
@@ -293,6 +300,7 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
     admin.topics["t-new"] = 1
     refresh()
     assert admin.metadata_calls == 2 and set(probe.metadata.cluster.topics) == {mine[0], *others[1:], "t-new"}
+    assert len(broker_reads) == 2
     refresh()
     assert admin.metadata_calls == 2 and named.asked[-1] == [mine[0]] + (["t-new"] if shard_of("t-new", n) == 3 else [])
 
