@@ -75,7 +75,6 @@ class ProbeTopologyMixin:
         _next_observation: Optional[float]
         _refresh_busy_s: float
         elr: Optional[ElrWatcher]
-        membership: Any
 
         def _now_ms(self) -> int: ...
 
@@ -164,7 +163,7 @@ class ProbeTopologyMixin:
 
     def _fetch_named(self, topics: list[str]) -> Optional[tuple[ClusterView, Optional[int]]]:
         """The view with ``topics`` answered by name (the rest as last listed), and the broker that
-        answered; None when the request failed (said once, then at most every 5 minutes)."""
+        answered; None when the request failed (said once at WARNING, then counted)."""
         assert self._named is not None
         try:
             resp, node = self._named.fetch(topics, self.refresh_wait_s())
