@@ -234,7 +234,7 @@ class ClusterView:
         brokers = tuple(BrokerView(int(b.node_id), str(b.host), int(b.port), b.rack) for b in resp.brokers)
         live = {b.node_id for b in brokers}
         prev_topics = previous.topics if previous is not None else {}
-        topics: dict[str, TopicView] = {n: t for n, t in prev_topics.items()}
+        topics: dict[str, TopicView] = dict(prev_topics)
         for name in named:
             topics.pop(name, None)
         for t in resp.topics:

@@ -77,8 +77,7 @@ class NamedMetadata:
         try:
             return manager.run(ask), node[0]
         except Exception as e:  # noqa: BLE001 - timeout, disconnect, closed client: the whole listing stands in
-            if type(e).__name__ in ("KafkaConnectionError", "NoBrokersAvailable") or "closed" in str(e):
-                self.close()  # a broken client is made again at the next request
+            self.close()  # made again at the next request (a minute on): no connection kept to a stuck broker
             raise NamedMetadataError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
 
     def close(self) -> None:
