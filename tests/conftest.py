@@ -15,7 +15,7 @@ import pytest
 # the shared helpers' asserts explain their failures as the tests' own do
 pytest.register_assert_rewrite("tests.support")
 
-from tests.support.kafka_cluster import kafka_cluster, second_kafka_cluster  # noqa: E402,F401
+from tests.support.kafka_cluster import kafka_cluster, kafka_cluster_whole, second_kafka_cluster  # noqa: E402,F401
 
 
 #: the session fixtures that start a real Kafka cluster: every test that uses one runs in one
@@ -110,6 +110,25 @@ def wait_for(cond: Callable[[], object], timeout: float = 60.0, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+def wait_for_count(count: Callable[[], float], target: float, stall: float, cap: float, interval: float = 1.0,
+                   what: str = "count") -> float:
+    """Poll ``count`` until it reaches ``target``; fail when it has not grown for ``stall`` seconds,
+    or after ``cap``.  For work whose pace is the machine's (a job under a loaded CI machine): it
+    fails as soon as the work stops, not when a guess at its speed runs out."""
+    t0 = last_growth = time.monotonic()
+    best = last = count()
+    while last < target:
+        now = time.monotonic()
+        if now - last_growth > stall or now - t0 > cap:
+            why = f"no growth for {stall:.0f}s" if now - last_growth > stall else f"{cap:.0f}s passed"
+            raise AssertionError(f"{what}: {last} of {target} after {now - t0:.0f}s ({why})")
+        time.sleep(interval)
+        last = count()
+        if last > best:
+            best, last_growth = last, time.monotonic()
+    return last
 
 
 def watermarks(consumer, tp, timeout: float = 30.0) -> tuple[int, int]:

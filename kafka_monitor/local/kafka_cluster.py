@@ -59,6 +59,8 @@ class UnmanagedClusterError(RuntimeError):
     """A process-level operation was asked of a cluster this module did not start."""
 
 
+# WARN, and at INFO what fences and unfences brokers: the controller's "Fencing broker N because
+# its session has timed out" and a broker's lifecycle (``fencings``)
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="error">
   <Appenders>
@@ -68,6 +70,9 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
   </Appenders>
   <Loggers>
     <Root level="WARN"><AppenderRef ref="file"/></Root>
+    <Logger name="org.apache.kafka.controller.ReplicationControlManager" level="INFO"/>
+    <Logger name="org.apache.kafka.controller.ClusterControlManager" level="INFO"/>
+    <Logger name="kafka.server.BrokerLifecycleManager" level="INFO"/>
   </Loggers>
 </Configuration>
 """
@@ -94,6 +99,9 @@ log4j.appender.file=org.apache.log4j.FileAppender
 log4j.appender.file.File=${kafka.logs.dir}/server.log
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.org.apache.kafka.controller.ReplicationControlManager=INFO
+log4j.logger.org.apache.kafka.controller.ClusterControlManager=INFO
+log4j.logger.kafka.server.BrokerLifecycleManager=INFO
 """
 
 
@@ -535,9 +543,15 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         self._wait(lambda: self._all_led(topic, total), timeout, f"{total} led partitions of {topic}")
 
     def quorum_status(self) -> dict:
-        """``kafka-metadata-quorum describe --status`` as ``{key: value}`` (LeaderId, LeaderEpoch, ...)."""
-        target = (["--bootstrap-controller", self.controller_bootstrap, *self._command_config(controller=True)]
-                  if self.managed else ["--bootstrap-server", self.bootstrap_servers])
+        """``kafka-metadata-quorum describe --status`` as ``{key: value}`` (LeaderId, LeaderEpoch, ...),
+        asked of the controllers that run and are not paused: a paused one accepts the tool's
+        connection and never answers, and the tool waits out its request timeout on it."""
+        if self.managed:
+            up = [n for n in self.controllers.values() if n.running() and not n.paused] or list(self.controllers.values())
+            target = ["--bootstrap-controller", ",".join(f"127.0.0.1:{n.controller_port or n.port}" for n in up),
+                      *self._command_config(controller=True)]
+        else:
+            target = ["--bootstrap-server", self.bootstrap_servers]
         out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
         return {m.group(1): m.group(2) for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M)}
 
@@ -606,11 +620,12 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         return d
 
     def _java(self, logs_dir: Path, heap: str, main_class: str, *args: str, out: Optional[Path],
-              capture: bool = False) -> subprocess.Popen:
+              capture: bool = False, gc_log: Optional[Path] = None) -> subprocess.Popen:
         # Popen from the calling thread: the parent-death signal fires when *that thread* exits
         log_conf = (f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}" if self.release.reload4j
                     else f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.xml'}")
-        cmd = [java_bin(), f"-Xmx{heap}", *self.jvm_opts, log_conf, f"-Dkafka.logs.dir={logs_dir}",
+        gc = [f"-Xlog:gc:file={gc_log}:time,uptime:filecount=2,filesize=2m"] if gc_log else []
+        cmd = [java_bin(), f"-Xmx{heap}", *self.jvm_opts, *gc, log_conf, f"-Dkafka.logs.dir={logs_dir}",
                "-cp", str(self.libs / "*"), main_class, *args]
         if capture:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -623,13 +638,28 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
 
     def _launch(self, n: _Node) -> None:
         heap = self.controller_heap if n.role == "controller" else self.broker_heap
-        n.proc = self._java(n.dir, heap, "kafka.Kafka", str(n.dir / "server.properties"), out=n.dir / "stdout.log")
+        n.proc = self._java(n.dir, heap, "kafka.Kafka", str(n.dir / "server.properties"), out=n.dir / "stdout.log",
+                            gc_log=n.dir / "gc.log")
         n.paused = False
 
     def _signal(self, n: _Node, sig: int) -> None:
         if not n.running():
             raise RuntimeError(f"{n.name} is not running")
         os.kill(n.process.pid, sig)
+
+    def fencings(self, last: int = 5, pause_ms: float = 1000.0) -> list[str]:
+        """For a failure's message: the controller's last fencings and unfencings of brokers, and
+        every node's last garbage-collection pauses over ``pause_ms`` (a node frozen that long
+        misses its heartbeats: a loaded machine can fence a broker no test stopped)."""
+        out = []
+        for n in self.controllers.values():
+            out += [ln for ln in self._tail(n.dir / "server.log", 2000).splitlines()
+                    if "Fencing broker" in ln or "nfenc" in ln][-last:]
+        for n in self._nodes():
+            slow = [ln for ln in self._tail(n.dir / "gc.log", 2000).splitlines()
+                    if (m := re.search(r"([0-9.]+)ms$", ln)) and float(m.group(1)) > pause_ms][-last:]
+            out += [f"{n.name} gc: {ln}" for ln in slow]
+        return out
 
     def _check_alive(self) -> None:
         for n in self._nodes():

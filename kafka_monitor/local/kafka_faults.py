@@ -51,6 +51,15 @@ class ClusterFaultsMixin:
 
         def _signal(self, n: _Node, sig: int) -> None: ...
 
+        def _nodes(self) -> list[_Node]: ...
+
+        def live_brokers(self, request_timeout: float = 2.0) -> set: ...
+
+        def fencings(self, last: int = 5, pause_ms: float = 1000.0) -> list[str]: ...
+
+        @staticmethod
+        def _tail(path: Path, lines: int = 20) -> str: ...
+
         @staticmethod
         def _wait(cond, timeout: float, what: str): ...
 
@@ -98,6 +107,33 @@ class ClusterFaultsMixin:
         if self._broker(broker_id).running():
             self.stop_broker(broker_id)
         self.start_broker(broker_id, timeout)
+
+    def restore(self, timeout: float = 120.0) -> list[str]:
+        """Undo whatever process faults are left: resume paused nodes, start stopped or dead
+        ones, wait until every broker is registered.  Returns what it found (empty when the
+        cluster was whole), a line per node: for a shared cluster, a test's leftovers are named
+        rather than failing the next test."""
+        self._require_managed("restore")
+        found = []
+        for n in self._nodes():
+            if n.paused and n.running():
+                found.append(f"{n.name} was paused")
+                self._pause(n, False)
+            if n.proc is not None and not n.running():
+                code = n.proc.returncode
+                found.append(f"{n.name} was not running (exit {code})"
+                             + ("" if code in (0, -9, -15, 143) else f": {self._tail(n.dir / 'server.log', 5)}"))
+                self._launch(n)
+                self._admin = self._observer_admin = None
+        try:
+            registered = self.live_brokers(request_timeout=5.0)
+        except Exception as e:  # noqa: BLE001 - said, then waited for below
+            registered, found = set(), found + [f"DescribeCluster failed: {e}"]
+        missing = set(self.broker_ids) - registered
+        if missing:
+            found.append(f"brokers {sorted(missing)} were not registered; {self.fencings()}")
+            self.wait_ready(timeout, brokers=self.broker_ids)
+        return found
 
     # -- per-controller faults (by PID)
 

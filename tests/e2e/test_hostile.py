@@ -30,10 +30,10 @@ from streaming.ingest import parsing
 from streaming.sinks.catalogue import QUARANTINE_REASONS
 from streaming.sinks.exporter import Exporter
 from streaming.job import JobConfig, start, stop_query
-from tests.conftest import unique, wait_for
+from tests.conftest import unique, wait_for, wait_for_count
 from tests.support import hostile
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # over 20 s (docs/tests.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(720)]  # over 20 s (docs/tests.md)
 
 PARTITIONS = 3
 PAD = b"pad"  # a single-record batch per partition at the end: Tansu's ListOffsets then sees the tail
@@ -90,12 +90,13 @@ def test_hostile_records_are_quarantined_and_valid_events_processed_as_if_alone(
         assert producer.flush(60) == 0
         t_written = time.monotonic()
 
-        def all_refused():
+        def refused() -> float:
             assert q.exception() is None, q.exception()
-            got = quarantined(scrape(port))
-            return got if sum(got.values()) >= sum(expected.values()) - PARTITIONS else None
+            return sum(quarantined(scrape(port)).values())
 
-        wait_for(all_refused, timeout=240, interval=1, what="16,000 hostile records quarantined")
+        # the job's pace is the machine's: it is waited for while it quarantines (CI once took over 4 min)
+        wait_for_count(refused, sum(expected.values()) - PARTITIONS, stall=120, cap=400,
+                       what="16,000 hostile records quarantined")
         stop.set()
         feeder.join(10)
         assert producer.flush(30) == 0

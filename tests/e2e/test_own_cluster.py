@@ -167,12 +167,14 @@ def situation(own) -> str:
             out.append(f"{topic}: {c.partitions(topic)}")
         except Exception as e:  # noqa: BLE001 - part of the picture
             out.append(f"{topic}: {e!r}")
+    if c.managed:  # a broker fenced by a loaded machine (its heartbeats late past the session timeout)
+        out.append(f"fencings and long GC pauses: {c.fencings()}")
     em = own["probe"].emitter
     out.append(f"probe: sent {em.sent} dropped {em.dropped} last error {em.last_error} renewals {em.renewals}")
     try:
         out.append(f"broker alerts on /metrics: {sorted(broker_alerts(own['url']))}")
         out.append(f"query exception: {own['query'].exception()}; last progress: "
-                   f"{json.dumps(own['query'].lastProgress)[:1500]}")
+                   f"{json.dumps(own['query'].lastProgress, default=str)[:1500]}")
     except Exception as e:  # noqa: BLE001
         out.append(repr(e))
     return "\n".join(out)

@@ -11,6 +11,7 @@ instead; process faults (pause/stop/kill/restart) then skip the test.  Set
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -52,6 +53,22 @@ def kafka_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def kafka_cluster_whole(request):
+    """Before each test on the run's cluster: every node running, resumed and every broker
+    registered.  A test that failed midway can leave a broker stopped, and a loaded machine can
+    see one fenced (its heartbeats late past the session timeout); the next tests would fail for
+    it.  What was found is a warning in the run's summary."""
+    if "kafka_cluster" in request.fixturenames:
+        kc = request.getfixturevalue("kafka_cluster")
+        if kc.managed:
+            found = kc.restore(timeout=180)
+            if found:
+                warnings.warn(f"the run's Kafka cluster was not whole before {request.node.nodeid}: "
+                              + "; ".join(found), stacklevel=1)
+    yield
 
 
 @pytest.fixture(scope="session")
