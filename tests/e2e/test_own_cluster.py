@@ -343,6 +343,7 @@ def test_a_job_starting_while_the_alerts_leader_is_paused_reads_the_topic_back(o
     finally:
         c.resume_broker(victim)
         sink.close()
+        c.wait_ready(120, brokers=[victim])  # fenced while paused: registered again before the next test
     last = sink.last_published()
     assert last is not None and last[1], "nothing read back"
     print(f"\nread the alerts topic back in {took:.1f}s with its leader {victim} paused "

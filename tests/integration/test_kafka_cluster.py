@@ -177,11 +177,17 @@ def test_restore_names_and_undoes_the_faults_a_test_left(cluster):
     """What runs before every test on the run's cluster (tests/support/kafka_cluster.py): a paused
     broker fenced past its session, a killed one; both named, both back."""
     needs_processes(cluster)
+    log = cluster.controllers[cluster.controller_id].dir / "server.log"
+    before = log.stat().st_size  # earlier tests' fencings are in it too
+
+    def new_lines() -> str:
+        with open(log, "rb") as f:
+            f.seek(before)
+            return f.read().decode(errors="replace")
     cluster.pause_broker(2)
     try:
-        log = cluster.controllers[cluster.controller_id].dir / "server.log"
         # the controller says why (DescribeCluster is no test here: the client may be asking the paused broker)
-        wait_for(lambda: re.search(r"Fencing broker 2 .*because its session has timed out", log.read_text(errors="replace")),
+        wait_for(lambda: re.search(r"Fencing broker 2 .*because its session has timed out", new_lines()),
                  30, interval=0.5, what="the controller fencing paused broker 2")
         assert any("Fencing broker 2" in ln for ln in cluster.fencings())
         cluster.kill_broker(3)

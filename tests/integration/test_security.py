@@ -287,7 +287,10 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure):
 
         def view() -> bool:
             nonlocal missing
-            missing = probe_view_missing(events_of(secure), "probe-sec")
+            try:
+                missing = probe_view_missing(events_of(secure), "probe-sec")
+            except AssertionError as e:  # one read of the whole topic past its 30 s (a loaded machine): read again
+                missing = [str(e)]
             return not missing or proc.poll() is not None  # an exited probe: said below, with its output
         failed: Optional[AssertionError] = None
         try:

@@ -40,7 +40,7 @@ def launched(monkeypatch, tmp_path):
     """Every Java process the launcher starts (format and node), as stand-ins."""
     procs: list[FakeProc] = []
 
-    def java(self, logs_dir, heap, main_class, *args, out, capture=False):
+    def java(self, logs_dir, heap, main_class, *args, out, capture=False, gc_log=None):
         p = FakeProc(main_class)
         if main_class == "kafka.Kafka":
             p.returncode = None  # a node runs until stopped
