@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from kafka_monitor.local.broker import _LIBC, die_with_parent, free_port, stop_process
-from kafka_monitor.local.kafka_faults import ClusterFaultsMixin
+from kafka_monitor.local.kafka_faults import CLEAN_EXITS, ClusterFaultsMixin
 from kafka_monitor.local.kafka_install import KafkaRelease, ensure_kafka, java_bin, release
 from kafka_monitor.local.kafka_security import (ADMIN_USER, SCRAM_MECHANISM, SECURITY_MODES, ClusterSecurityMixin,
                                                 TlsFiles, _check_secret, _props)
@@ -301,7 +301,11 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
     @property
     def controller_bootstrap(self) -> str:
         self._require_managed("controller_bootstrap")
-        return ",".join(f"127.0.0.1:{n.controller_port or n.port}" for n in self.controllers.values())
+        return self._controller_addresses(self.controllers.values())
+
+    @staticmethod
+    def _controller_addresses(nodes: Iterable[_Node]) -> str:
+        return ",".join(f"127.0.0.1:{n.controller_port or n.port}" for n in nodes)
 
     @property
     def controller_ids(self) -> list[int]:
@@ -548,7 +552,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         connection and never answers, and the tool waits out its request timeout on it."""
         if self.managed:
             up = [n for n in self.controllers.values() if n.running() and not n.paused] or list(self.controllers.values())
-            target = ["--bootstrap-controller", ",".join(f"127.0.0.1:{n.controller_port or n.port}" for n in up),
+            target = ["--bootstrap-controller", self._controller_addresses(up),
                       *self._command_config(controller=True)]
         else:
             target = ["--bootstrap-server", self.bootstrap_servers]
@@ -663,7 +667,7 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
 
     def _check_alive(self) -> None:
         for n in self._nodes():
-            if n.proc is not None and n.proc.poll() is not None and n.proc.returncode not in (0, -9, -15, 143):
+            if n.proc is not None and n.proc.poll() is not None and n.proc.returncode not in CLEAN_EXITS:
                 raise RuntimeError(f"{n.name} exited with {n.proc.returncode}: {self._tail(n.dir / 'stdout.log')}"
                                    f"\n{self._tail(n.dir / 'server.log')}")
 

@@ -18,6 +18,9 @@ from kafka_monitor.local.broker import stop_process
 if TYPE_CHECKING:
     from kafka_monitor.local.kafka_cluster import _Node
 
+#: a node's exit codes that are no crash: a clean exit, SIGKILL, SIGTERM (as a signal or 128+15)
+CLEAN_EXITS = (0, -9, -15, 143)
+
 
 class ClusterFaultsMixin:
     """``KafkaCluster``'s faults (mixed into it; not used on its own)."""
@@ -122,7 +125,7 @@ class ClusterFaultsMixin:
             if n.proc is not None and not n.running():
                 code = n.proc.returncode
                 found.append(f"{n.name} was not running (exit {code})"
-                             + ("" if code in (0, -9, -15, 143) else f": {self._tail(n.dir / 'server.log', 5)}"))
+                             + ("" if code in CLEAN_EXITS else f": {self._tail(n.dir / 'server.log', 5)}"))
                 self._launch(n)
                 self._admin = self._observer_admin = None
         try:

@@ -145,10 +145,7 @@ class Stream:
     def __init__(self, c, cleanup: ExitStack, name: str, jobs: tuple[str, ...] = ("a", "b")):
         if not c.managed:
             pytest.skip("stopping a broker needs the cluster the tests start (KAFKA_MONITOR_TEST_KAFKA is set)")
-        for broker in c.broker_ids:  # whole, whatever an earlier test left (brokers die with their thread)
-            if not c.brokers[broker].running():
-                c.start_broker(broker)
-        c.wait_ready(timeout=120)
+        c.restore(timeout=120)  # whole, whatever an earlier test left (brokers die with their thread)
         prefix = unique(name)
         watched, group, self.cluster = f"{prefix}.w", f"{prefix}-app", unique(f"{name}-cluster")
         c.create_topic(watched, replica_assignment=[[1, 3, 2], [2, 3, 1]], config={"min.insync.replicas": 2})
