@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 
@@ -113,12 +113,15 @@ def wait_for(cond: Callable[[], object], timeout: float = 60.0, interval: float 
 
 
 def wait_for_count(count: Callable[[], float], target: float, stall: float, cap: float, interval: float = 1.0,
-                   what: str = "count") -> float:
+                   what: str = "count", progress: Optional[Callable[[], object]] = None) -> float:
     """Poll ``count`` until it reaches ``target``; fail when it has not grown for ``stall`` seconds,
     or after ``cap``.  For work whose pace is the machine's (a job under a loaded CI machine): it
-    fails as soon as the work stops, not when a guess at its speed runs out."""
+    fails as soon as the work stops, not when a guess at its speed runs out.  ``progress`` returns
+    a token that changes when the work moved on without the count growing yet (a streaming
+    query's last batch id: one long batch may hold all of it)."""
     t0 = last_growth = time.monotonic()
     best = last = count()
+    token = progress() if progress else None
     while last < target:
         now = time.monotonic()
         if now - last_growth > stall or now - t0 > cap:
@@ -128,6 +131,8 @@ def wait_for_count(count: Callable[[], float], target: float, stall: float, cap:
         last = count()
         if last > best:
             best, last_growth = last, time.monotonic()
+        if progress and (t := progress()) != token:
+            token, last_growth = t, time.monotonic()
     return last
 
 

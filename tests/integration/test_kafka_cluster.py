@@ -194,7 +194,9 @@ def test_restore_names_and_undoes_the_faults_a_test_left(cluster):
     finally:
         found = cluster.restore(timeout=120)
     assert "broker-2 was paused" in found and "broker-3 was not running (exit -9)" in found, found
-    assert cluster.live_brokers() == {1, 2, 3}
+    # restore() saw all three registered; one more DescribeCluster under a loaded CI machine once
+    # outlasted the default 2 s ("Timed out waiting for controller")
+    assert cluster.live_brokers(request_timeout=10) == {1, 2, 3}
     assert cluster.restore() == []
 
 
