@@ -1,6 +1,12 @@
 """Each watched topic's min.insync.replicas, read by DescribeConfigs at the metadata refreshes
 (``TopicConfigs.min_isr``): a new topic at once, every topic again every ``config_refresh_s``
 without waiting, and the brokers' default from one broker at every refresh.
+
+Every request names the broker it goes to, one the refresh's metadata lists (librdkafka would
+send a topic's DescribeConfigs to the controller of its own cached metadata).  A request that
+waits for a broker that is down makes librdkafka reconnect to it without backoff, thousands of
+times a second, until the request times out (docs/limits.md); so a broker a request timed out
+on is not asked again for ``SUSPECT_S``, or until it has left the metadata and come back.
 """
 
 from __future__ import annotations
@@ -8,8 +14,9 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
 from monitor.access import authorization_resource, missing_acl
@@ -20,6 +27,8 @@ log = logging.getLogger("monitor.probe")  # the probe's log, whichever of its pa
 #: topics read again at one refresh, in one DescribeConfigs request (each answered with every
 #: entry of its config, 33 on Kafka 4.1): bounds a refresh's cost (see TopicConfigs.min_isr)
 CONFIG_REREAD_MAX = 1000
+#: how long a broker a DescribeConfigs timed out on is not asked (unless no other is listed)
+SUSPECT_S = 60.0
 #: ConfigEntry.source of a topic's own value
 _TOPIC_CONFIG = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
 
@@ -51,20 +60,26 @@ class TopicConfigs:
         self._default: Optional[int] = None
         self._default_changed_at = -1.0
         self._default_denied = False  # no DESCRIBE_CONFIGS on the Cluster resource: not asked again
+        #: the broker the reads in flight went to; brokers a read timed out on -> until when avoided
+        self._out_broker: Optional[int] = None
+        self._default_broker: Optional[int] = None
+        self._suspect: dict[int, float] = {}
         #: topic configurations read (first reads and re-reads), and changes of a known value seen
         self.config_reads = 0
         self.min_isr_changes = 0
 
-    def min_isr(self, topics: list[str], broker: Optional[int] = None) -> dict[str, Optional[int]]:
+    def min_isr(self, topics: list[str], brokers: Sequence[int] = (), read_default: bool = True
+                ) -> dict[str, Optional[int]]:
         """Each topic's min.insync.replicas (DescribeConfigs); None where the broker does not
-        report it (Tansu reports none).
+        report it (Tansu reports none).  ``brokers``: the ones the refresh's metadata lists (each
+        request goes to one of them); ``read_default``: whether to read the brokers' default.
 
         A topic seen for the first time is read at once, so that its first partition_metadata
         carries the value.  Later reads do not wait: a request goes out at one refresh and its
         answer is used at the first refresh after it arrived.
 
         - The brokers' default (what a topic without a value of its own reports) is read at
-          every refresh from one broker, ``broker`` (one resource: cheap); when it changes,
+          every refresh from one broker (one resource: cheap); when it changes,
           every topic without its own value takes the new one at once.  So a change of the
           default shows within two intervals on any cluster.
         - Each topic is read again every ``config_refresh_s`` (10 s: every refresh at the
@@ -80,40 +95,61 @@ class TopicConfigs:
             self._own.discard(t)
         if self._default_out and all(f.done() for f in self._default_out.values()):
             out, self._default_out = self._default_out, {}
-            self._read_default(out)
+            self._read_default(out, self._default_broker)
         if self._out and all(f.done() for f in self._out.values()):
             out, self._out = self._out, {}
-            self._read_topics(out, follows_default=self._out_at > self._default_changed_at)
+            self._read_topics(out, self._out_broker, follows_default=self._out_at > self._default_changed_at)
+        target = self._target(brokers, now)  # after the answers: one that timed out is not asked again
         new = [t for t in topics if t not in self._read_at]
         if new:
             for t in new:  # read or not, not asked again before config_refresh_s
                 self._read_at[t] = now
                 self._values.setdefault(t, None)
-            self._read_topics(self._describe(ResourceType.TOPIC, new), follows_default=True)
+            self._read_topics(self._describe(ResourceType.TOPIC, new, target), target, follows_default=True)
         if not self._out:
             due = heapq.nsmallest(CONFIG_REREAD_MAX, (t for t in topics if t not in new and now - self._read_at[t]
                                                       >= self._cfg.config_refresh_s), key=self._read_at.__getitem__)
             for t in due:
                 self._read_at[t] = now
-            self._out, self._out_at = self._describe(ResourceType.TOPIC, due), now
-        if not self._default_out and broker is not None and topics and not self._default_denied:
-            self._default_out = self._describe(ResourceType.BROKER, [str(broker)])
+            self._out, self._out_at, self._out_broker = self._describe(ResourceType.TOPIC, due, target), now, target
+        if (not self._default_out and read_default and target is not None and topics
+                and not self._default_denied):
+            self._default_out = self._describe(ResourceType.BROKER, [str(target)], target)
+            self._default_broker = target
         return {t: self._values.get(t) for t in topics}
 
-    def _describe(self, kind: Any, names: list[str]) -> dict[Any, Any]:
-        """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request:
-        ConfigResource -> future."""
+    def _target(self, brokers: Sequence[int], now: float) -> Optional[int]:
+        """The broker this refresh's requests go to: the lowest id listed that no read timed
+        out on lately (a broker gone from the metadata is forgiven); None when none is listed
+        (then librdkafka picks: the controller of its metadata)."""
+        for b in set(self._suspect) - set(brokers):
+            del self._suspect[b]
+        ok = sorted(b for b in brokers if self._suspect.get(b, 0.0) <= now)
+        return ok[0] if ok else min(brokers, key=self._suspect.__getitem__) if brokers else None
+
+    def _timed_out(self, broker: Optional[int], e: Exception) -> None:
+        err = e.args[0] if isinstance(e, KafkaException) and e.args else None
+        if broker is not None and isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
+            if broker not in self._suspect or self._suspect[broker] <= time.monotonic():
+                log.info("DescribeConfigs to broker %s timed out (%s): other brokers are asked for %.0f s",
+                         broker, err.str(), SUSPECT_S)
+            self._suspect[broker] = time.monotonic() + SUSPECT_S
+
+    def _describe(self, kind: Any, names: list[str], broker: Optional[int]) -> dict[Any, Any]:
+        """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request, to
+        ``broker`` (None: librdkafka's choice): ConfigResource -> future."""
         futs: dict[Any, Any] = {}
+        to = {} if broker is None else {"broker": broker}
         for i in range(0, len(names), CONFIG_REREAD_MAX):
             try:
                 futs.update(self._client.describe_configs(
                     [ConfigResource(kind, n) for n in names[i:i + CONFIG_REREAD_MAX]],
-                    request_timeout=self._cfg.request_timeout_s))
+                    request_timeout=self._cfg.request_timeout_s, **to))
             except Exception as e:
                 self._warn_once("describe_configs", "describe_configs failed: %s", e)
         return futs
 
-    def _read_topics(self, futs: dict[Any, Any], follows_default: bool) -> None:
+    def _read_topics(self, futs: dict[Any, Any], broker: Optional[int], follows_default: bool) -> None:
         """Take the topics' answers of :meth:`_describe` (waiting for them); a topic whose read
         failed keeps the value it had.  ``follows_default`` False: the brokers' default changed
         after these were sent, so a topic without its own value keeps the newer default."""
@@ -121,6 +157,7 @@ class TopicConfigs:
             try:
                 entry = fut.result().get("min.insync.replicas")
             except Exception as e:
+                self._timed_out(broker, e)
                 self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
                                 "unavailable, reported as unknown: %s%s", e,
                                 missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
@@ -138,13 +175,14 @@ class TopicConfigs:
                     continue
             self._set(t, _config_int(entry))
 
-    def _read_default(self, futs: dict[Any, Any]) -> None:
+    def _read_default(self, futs: dict[Any, Any], broker: Optional[int]) -> None:
         """The brokers' min.insync.replicas from one broker's configuration: on a change, every
         topic without its own value takes it."""
         for _res, fut in futs.items():
             try:
                 entry = fut.result().get("min.insync.replicas")
             except Exception as e:
+                self._timed_out(broker, e)
                 if authorization_resource(e) is not None:  # optional: the topics' re-reads see it too
                     self._default_denied = True
                     log.info("the brokers' configuration is not readable (%s): a change of their default "

@@ -259,7 +259,7 @@ class ProbeTopologyMixin:
                             "none exists, or the probe's user may not see them (Kafka leaves out the topics a user "
                             "lacks DESCRIBE on) -- permission missing?: DESCRIBE on Topic:<name>",
                             self.cfg.topics_include, self.cfg.topics_exclude)
-        min_isr = self.topic_configs.min_isr(topics, min(brokers) if brokers and whole else None)
+        min_isr = self.topic_configs.min_isr(topics, sorted(brokers), read_default=whole)
         watched, leaders, rows, pending, sent, unknown = self._partition_rows(view, topics, min_isr, change.version, now)
         if unknown:
             look = {t for t, _, _, _ in unknown}

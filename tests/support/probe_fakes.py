@@ -50,7 +50,7 @@ class FakeAdmin:
     def describe_consumer_groups(self, groups, request_timeout=None):
         return {g: done(exc=KafkaException(KafkaError(KafkaError._UNSUPPORTED_FEATURE))) for g in groups}
 
-    def describe_configs(self, resources, request_timeout=None):
+    def describe_configs(self, resources, request_timeout=None, broker=None):
         raise KafkaException(KafkaError(KafkaError._UNSUPPORTED_FEATURE))
 
     def list_offsets(self, req, request_timeout=None, isolation_level=None):

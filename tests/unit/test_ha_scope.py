@@ -256,7 +256,7 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
     admin.list_topics = list_topics
     broker_reads = []  # refreshes that asked the brokers' min.insync.replicas default
 
-    def describe_configs(resources, request_timeout=None):
+    def describe_configs(resources, request_timeout=None, broker=None):
         broker_reads.extend(r.name for r in resources if r.restype_int == 4)  # BROKER
         return FakeAdmin.describe_configs(admin, resources, request_timeout)
     admin.describe_configs = describe_configs
