@@ -512,8 +512,21 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         return self._observer().list_topics(topic=topic, timeout=timeout)
 
     def live_brokers(self, request_timeout: float = 2.0) -> set:
-        """Ids of registered, unfenced brokers (DescribeCluster); raises when no broker answers."""
-        desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
+        """Ids of registered, unfenced brokers (DescribeCluster); raises when no broker answers.
+
+        librdkafka sends DescribeCluster to the controller of its cached metadata (on KRaft, a
+        broker the last answer named at random).  After brokers were paused or restarted, that one
+        may not come up within the timeout ("Timed out waiting for controller", seen in CI right
+        after every broker had registered): then it is asked once more through a new client,
+        whose first metadata names a live one."""
+        from confluent_kafka import KafkaError, KafkaException
+        try:
+            desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
+        except KafkaException as e:
+            if not e.args or not isinstance(e.args[0], KafkaError) or e.args[0].code() != KafkaError._TIMED_OUT:
+                raise
+            self._observer_admin = None
+            desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
         return {n.id for n in desc.nodes}
 
     def partitions(self, topic: str, timeout: float = 2.0) -> dict:
