@@ -42,6 +42,13 @@ def kafka_error(e: Any) -> Optional[KafkaError]:
     return None
 
 
+def timed_out(e: Any) -> bool:
+    """Whether ``e`` is a request that timed out (librdkafka's _TIMED_OUT: no answer, or the
+    broker it waits for never came up)."""
+    err = kafka_error(e)
+    return err is not None and err.code() == KafkaError._TIMED_OUT
+
+
 def authorization_resource(e: Any) -> Optional[str]:
     """``topic``, ``group``, ``cluster`` or ``transactional_id`` for an authorization error, else None."""
     err = kafka_error(e)

@@ -24,6 +24,7 @@ from typing import IO, Any, Callable, Optional, Union
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 
+from monitor.access import timed_out
 from monitor.contract import GroupMember, GroupState
 
 log = logging.getLogger(__name__)
@@ -367,12 +368,6 @@ class CoordinatorClient:
 
     def close(self) -> None:
         self._reap(self._timeout_s + 5)
-
-
-def timed_out(answer: Any) -> bool:
-    """Whether an answer is a request that timed out (its coordinator did not answer)."""
-    err = answer.args[0] if isinstance(answer, KafkaException) and answer.args else None
-    return isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT
 
 
 def _failed(asks: dict[str, Any], code: int, why: str) -> dict[str, dict[str, Any]]:

@@ -34,9 +34,8 @@ from confluent_kafka import (OFFSET_END, Consumer, IsolationLevel, KafkaError, K
 from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
 import confluent_kafka.admin as _ck_admin
-from monitor.access import missing_acl
+from monitor.access import missing_acl, timed_out
 from monitor.contract import kafka_offset
-from monitor.coordinator import timed_out
 from monitor.shards import HA_DISCOVERY_S
 
 if TYPE_CHECKING:

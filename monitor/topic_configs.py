@@ -16,10 +16,9 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
-from monitor.access import authorization_resource, missing_acl
+from monitor.access import authorization_resource, missing_acl, timed_out
 from monitor.probe_config import ProbeConfig
 
 log = logging.getLogger("monitor.probe")  # the probe's log, whichever of its parts writes
@@ -124,16 +123,19 @@ class TopicConfigs:
         (then librdkafka picks: the controller of its metadata)."""
         for b in set(self._suspect) - set(brokers):
             del self._suspect[b]
-        ok = sorted(b for b in brokers if self._suspect.get(b, 0.0) <= now)
-        return ok[0] if ok else min(brokers, key=self._suspect.__getitem__) if brokers else None
+        if not brokers:
+            return None
+        ok = [b for b in brokers if self._suspect.get(b, 0.0) <= now]
+        return min(ok) if ok else min(brokers, key=self._suspect.__getitem__)
 
-    def _timed_out(self, broker: Optional[int], e: Exception) -> None:
-        err = e.args[0] if isinstance(e, KafkaException) and e.args else None
-        if broker is not None and isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
-            if broker not in self._suspect or self._suspect[broker] <= time.monotonic():
-                log.info("DescribeConfigs to broker %s timed out (%s): other brokers are asked for %.0f s",
-                         broker, err.str(), SUSPECT_S)
-            self._suspect[broker] = time.monotonic() + SUSPECT_S
+    def _suspect_on_timeout(self, broker: Optional[int], e: Exception) -> None:
+        if broker is None or not timed_out(e):
+            return
+        now = time.monotonic()
+        if self._suspect.get(broker, 0.0) <= now:
+            log.info("DescribeConfigs to broker %s timed out (%s): other brokers are asked for %.0f s",
+                     broker, e, SUSPECT_S)
+        self._suspect[broker] = now + SUSPECT_S
 
     def _describe(self, kind: Any, names: list[str], broker: Optional[int]) -> dict[Any, Any]:
         """DescribeConfigs of ``names`` (one kind), ``CONFIG_REREAD_MAX`` to a request, to
@@ -157,7 +159,7 @@ class TopicConfigs:
             try:
                 entry = fut.result().get("min.insync.replicas")
             except Exception as e:
-                self._timed_out(broker, e)
+                self._suspect_on_timeout(broker, e)
                 self._warn_once("describe_configs", "topic configurations (min.insync.replicas) "
                                 "unavailable, reported as unknown: %s%s", e,
                                 missing_acl(e, topic=("DESCRIBE_CONFIGS", res.name)))
@@ -182,7 +184,7 @@ class TopicConfigs:
             try:
                 entry = fut.result().get("min.insync.replicas")
             except Exception as e:
-                self._timed_out(broker, e)
+                self._suspect_on_timeout(broker, e)
                 if authorization_resource(e) is not None:  # optional: the topics' re-reads see it too
                     self._default_denied = True
                     log.info("the brokers' configuration is not readable (%s): a change of their default "

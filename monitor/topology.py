@@ -31,9 +31,10 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from monitor.access import timed_out
 from monitor.cluster_view import ClusterView
 from monitor.contract import Broker, BrokerState, MetadataRefresh, PartitionCountChange, PartitionMetadata
 from monitor.gcpause import gc_paused
@@ -138,8 +139,7 @@ class ProbeTopologyMixin:
         try:
             return self._admin.list_topics(timeout=first)
         except KafkaException as e:
-            err = e.args[0] if e.args else None
-            if self._retry_conf is None or not isinstance(err, KafkaError) or err.code() != KafkaError._TIMED_OUT:
+            if self._retry_conf is None or not timed_out(e):
                 raise
         self.refresh_retries += 1
         client = AdminClient(self._retry_conf)

@@ -139,14 +139,14 @@ def wait_for_count(count: Callable[[], float], target: float, stall: float, cap:
 
 #: a librdkafka log line of refused connections to one broker, with how many more it suppressed
 #: (it logs one such line per broker and client every 30 s)
-_REFUSED = re.compile(r"\|FAIL\|([^|]+)\|.*Connect to (\S+) failed: Connection refused.*?(\d+) identical error")
+_REFUSED = re.compile(r"\|FAIL\|.*Connect to \S+ failed: Connection refused.*?(\d+) identical error")
 
 
 def reconnect_storms(stderr: str, most: int = 1000) -> list[str]:
     """The lines of librdkafka's stderr log where one client tried to connect to a broker that
     refuses more than ``most`` times in 30 s: with its reconnect backoff (100 ms doubling to
     10 s) it tries a few dozen times at most (docs/limits.md has the storm this looks for)."""
-    return [ln for ln in stderr.splitlines() if (m := _REFUSED.search(ln)) and int(m.group(3)) > most]
+    return [ln for ln in stderr.splitlines() if (m := _REFUSED.search(ln)) and int(m.group(1)) > most]
 
 
 def watermarks(consumer, tp, timeout: float = 30.0) -> tuple[int, int]:

@@ -519,11 +519,11 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
         may not come up within the timeout ("Timed out waiting for controller", seen in CI right
         after every broker had registered): then it is asked once more through a new client,
         whose first metadata names a live one."""
-        from confluent_kafka import KafkaError, KafkaException
+        from monitor.access import timed_out
         try:
             desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
-        except KafkaException as e:
-            if not e.args or not isinstance(e.args[0], KafkaError) or e.args[0].code() != KafkaError._TIMED_OUT:
+        except Exception as e:
+            if not timed_out(e):
                 raise
             self._observer_admin = None
             desc = self._observer().describe_cluster(request_timeout=request_timeout).result(request_timeout + 1)
