@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from typing import Callable, Optional
@@ -47,14 +48,43 @@ BACKGROUND_NICE = 10
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, the tests on real Kafka clusters run at normal priority and every other
     test at BACKGROUND_NICE (the thread running tests, and the processes and threads it starts
-    from then on: a worker's Spark session is started by its first test that needs it).  Those
-    tests wait on the cluster's own timing (sessions, ISR expiry, elections) and, measured, were
-    the ones a busy second core disturbed; the rest only take longer.  Lowering the niceness again
-    needs root (CI); elsewhere a worker stays at BACKGROUND_NICE once it got there."""
+    from then on).  Those tests wait on the cluster's own timing (sessions, ISR expiry, elections)
+    and, measured, were the ones a busy second core disturbed; the rest only take longer.  The
+    worker's Spark session (its JVM and Python workers) serves both kinds, and follows each test's
+    priority: started by a background test, it kept nice 10 under a real-cluster test's job (CI:
+    a KRaft test's first batch not done in 240 s).  Lowering the niceness again needs root (CI);
+    elsewhere a worker stays at BACKGROUND_NICE once it got there."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         want = 0 if item.get_closest_marker("kafka") else BACKGROUND_NICE
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, want)
+        _renice_spark(want)
+
+
+def _renice_spark(want: int) -> None:
+    """Every thread of this worker's Spark JVM and of the processes under it at niceness ``want``
+    (Linux: a niceness is a thread's; new threads and forks take their parent's)."""
+    sc = sys.modules.get("pyspark") and sys.modules["pyspark"].SparkContext._active_spark_context
+    proc = getattr(getattr(sc, "_gateway", None), "proc", None) if sc else None
+    if proc is None or proc.poll() is not None:
+        return
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    todo = [proc.pid]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), want)
 
 
 def pytest_xdist_node_collection_finished(node, ids):

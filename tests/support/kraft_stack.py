@@ -209,9 +209,16 @@ class KraftStack:
             "cluster": CLUSTER, "source": "probe-kraft", **self._probe_settings}, query_name="kraft-faults")
         self.events_broker, self.events, self.alerts, self.probe = m.events_broker, m.events, m.alerts, m.probe
         self.probe_thread, self.query, self.url = m.probe_thread, m.query, m.url
-        wait_for(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
-                                                                       group=GROUP) is not None,
-             timeout=240, what="the quorum's leader and the group's lag on /metrics")
+        try:
+            wait_for(lambda: self.quorum_leader() is not None and self.value("kafka_monitor_group_partition_lag",
+                                                                           group=GROUP) is not None,
+                     timeout=240, what="the quorum's leader and the group's lag on /metrics")
+        except AssertionError as e:  # which of them, and how far the job got
+            p = self.query.lastProgress or {}
+            raise AssertionError(f"{e}: leader {self.quorum_leader()}, lag "
+                                 f"{self.value('kafka_monitor_group_partition_lag', group=GROUP)}, query active "
+                                 f"{self.query.isActive} ({self.query.exception()}), last batch {p.get('batchId')} "
+                                 f"of {p.get('numInputRows')} rows, probe alive {self.probe_thread.is_alive()}") from None
 
     def _heal(self) -> None:
         c = self.cluster
