@@ -105,7 +105,7 @@ def test_a_source_runner_slower_than_spark_waits_for_is_started_again(spark, tan
         assert q.status["message"] not in ("Initializing StreamExecution", "Initializing sources")
         warned = [r.getMessage() for r in caplog.records if "did not start" in r.getMessage()]
         # one warning, or two if the second runner too was slow (the first run on a fresh machine)
-        assert warned and "attempt 1 of 3" in warned[0] and "failed to connect back" in warned[0], warned
+        assert warned and f"attempt 1 of {job.SOURCE_START_ATTEMPTS}" in warned[0] and "failed to connect back" in warned[0], warned
     finally:
         job.stop_query(q)
         exporter.shutdown()
