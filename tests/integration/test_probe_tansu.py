@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kafka_monitor.local.broker import create_topics, free_port
 from monitor.probe import Probe
@@ -310,9 +310,9 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
     try:
         # polled, not read to an end: with the probe writing all the time, Tansu's end of a partition
         # (a multi-record batch's base offset + 1) can stay ahead of what a reader gets (CI: 60 s)
-        first = Consumer({"bootstrap.servers": sink.bootstrap, "group.id": unique("r"), "auto.offset.reset": "earliest",
-                          "log_level": 0})
-        first.subscribe([events])
+        # (assigned: Tansu holds a JoinGroup for half the session timeout)
+        first = Consumer({"bootstrap.servers": sink.bootstrap, "group.id": unique("r"), "log_level": 0})
+        first.assign([TopicPartition(events, 0, OFFSET_BEGINNING)])
         try:
             wait_for(lambda: (lambda m: m is not None and not m.error())(first.poll(0.5)), timeout=30, interval=0,
                      what="events on the events cluster")
@@ -332,9 +332,10 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
         sink = TansuBroker(port=sink.port).start()  # the events cluster back (empty: Tansu keeps it in memory)
         create_topics(sink.bootstrap, {events: 1})
         # read as it comes (not to an end: Tansu reports a multi-record batch's end as its base offset + 1)
-        reader = Consumer({"bootstrap.servers": sink.bootstrap, "group.id": unique("r"), "auto.offset.reset": "earliest",
-                           "log_level": 0})
-        reader.subscribe([events])
+        # assigned, not subscribed: Tansu holds a JoinGroup for half the session timeout (22.5 s)
+        reader = Consumer({"bootstrap.servers": sink.bootstrap, "group.id": unique("r"), "log_level": 0})
+        reader.assign([TopicPartition(events, 0, OFFSET_BEGINNING)])
+        sent_before = emitter.sent
         try:
             def counted() -> bool:
                 m = reader.poll(0.5)
@@ -342,7 +343,12 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
                     return False
                 e = Event.from_json(m.value())
                 return e.type == "heartbeat" and e.data.events_dropped >= dropped
-            wait_for(counted, timeout=60, interval=0, what="a heartbeat counting the dropped events")
+            try:
+                wait_for(counted, timeout=60, interval=0, what="a heartbeat counting the dropped events")
+            except AssertionError as e:  # the producer's side: delivered again, dropped since
+                raise AssertionError(f"{e}: {emitter.sent - sent_before} events delivered since the events "
+                                     f"cluster came back, {emitter.dropped - dropped} more dropped, "
+                                     f"{emitter.renewals} producer renewals") from None
         finally:
             reader.close()
         assert emitter.renewals >= 1  # the events cluster came back without the producer's state
