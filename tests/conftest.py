@@ -68,19 +68,12 @@ def _renice_spark(want: int) -> None:
     proc = getattr(getattr(sc, "_gateway", None), "proc", None) if sc else None
     if proc is None or proc.poll() is not None:
         return
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
+    from kafka_monitor.spark_cluster import _children
+
     todo = [proc.pid]
     while todo:
         pid = todo.pop()
-        todo += children.get(pid, [])
+        todo += _children(pid)
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError):
