@@ -92,6 +92,11 @@ class Job:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def tail(self, lines: int = 30) -> str:
+        """The end of the job's log (every start's), for a failure's message."""
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
+
     def committed_batches(self) -> int:
         d = self.ckpt / "commits"
         return len([f for f in os.listdir(d) if f.isdigit()]) if d.is_dir() else 0
