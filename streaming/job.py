@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -529,10 +530,17 @@ def _source_start_failure(q: StreamingQuery, timeout_s: float) -> Optional[str]:
     None once they are set up, or if it failed otherwise (the caller sees that as before)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        message = str(q.status.get("message") or "")
+        ending = message == "Stopped" or message.startswith("Terminated with exception")
+        if ending and q.isActive:
+            # a failed query says so while it stops its sources, before it is inactive (seen in
+            # CI on a busy host: the failure was then taken for a started query)
+            with contextlib.suppress(Exception):  # its exception is read below
+                q.awaitTermination(max(1, int(deadline - time.monotonic())))
         if not q.isActive:
             failed = str(q.exception() or "")
             return failed if _CONNECT_BACK in failed else None
-        if q.status.get("message") not in ("Initializing StreamExecution", "Initializing sources"):
+        if not ending and message not in ("Initializing StreamExecution", "Initializing sources"):
             return None
         time.sleep(0.05)
     return None
