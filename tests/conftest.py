@@ -17,7 +17,11 @@ import pytest
 # the shared helpers' asserts explain their failures as the tests' own do
 pytest.register_assert_rewrite("tests.support")
 
+from tests.support.jvm import submit_args  # noqa: E402
 from tests.support.kafka_cluster import kafka_cluster, kafka_cluster_whole, second_kafka_cluster  # noqa: E402,F401
+
+# every Spark JVM the tests start, in this process or as a job process, runs lean (tests/support/jvm.py)
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit_args())
 
 
 #: the session fixtures that start a real Kafka cluster: every test that uses one runs in one
@@ -113,7 +117,7 @@ def spark():
 
     if "--jars" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         jars = ",".join(str(j) for j in ensure_spark_kafka())
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} pyspark-shell"
+        os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args("--jars", jars)
     tmp = tempfile.mkdtemp(prefix="km-spark-")
     session = spark_session(JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tmp, master="local[2]",
                                       shuffle_partitions=2), app_name="kafka-monitor-tests")

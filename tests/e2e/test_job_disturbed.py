@@ -44,8 +44,9 @@ import kafka_monitor.cli
 from kafka_monitor.local.broker import free_port
 from kafka_monitor.spark_cluster import SparkCluster, ensure_spark_kafka, spark_home
 from tests.conftest import reconnect_storms, wait_for
-from tests.support.ab_stream import LEAN_JVM, Job, Stream, end_offsets, outcome, submit_args
+from tests.support.ab_stream import Job, Stream, end_offsets, outcome
 from tests.support.alerts_topic import read_alerts
+from tests.support.jvm import LEAN_JVM, submit_args
 from tests.support.spark_cluster import spark_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from monitor.probe_config import ProbeConfig
 from streaming.sinks.progress import source_offsets
 from tests.conftest import unique, watermarks
 from tests.support.alerts_topic import kill_group
+from tests.support.jvm import submit_args
 from tests.support.real_cluster import MultiTopicWriter
 
 EVENT_PARTITIONS = 3
@@ -61,18 +61,6 @@ class Committer:
             self._stop.set()
             self._t.join(10)
             self._c.close()
-
-
-#: JVM options of the jobs these tests start: C1 only and the serial collector.  A job's start to
-#: its second commit took 34.1 CPU-s with Spark's defaults and 22.6 with these (medians of 3,
-#: on an idle machine); three jobs and an executor start together here, on 2 cores
-#: beside the other worker's tests.  For the tests' CPU only; nothing they check depends on them.
-LEAN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
-def submit_args(*args: str) -> str:
-    """PYSPARK_SUBMIT_ARGS for a job these tests start: the driver with LEAN_JVM, then ``args``."""
-    return shlex.join(["--driver-java-options", LEAN_JVM, *args, "pyspark-shell"])
 
 
 class Job:

@@ -29,10 +29,14 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from tests.support.jvm import LEAN_JIT
+
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "compose" / "standins"
 PREFIX = "kafka-monitor-standin"
 BASE_IMAGE = f"{PREFIX}/debian:bookworm"
+#: in the base image's environment, as ``docker inspect`` shows it (base_image)
+BASE_ENV = f"JAVA_TOOL_OPTIONS={LEAN_JIT}"
 CACHE = Path(os.environ.get("KAFKA_MONITOR_DOCKER_ROOT") or Path.home() / ".cache" / "kafka-monitor" / "docker")
 #: the daemon's flags: nothing routed, NATed or firewalled on the host's behalf (DOCKER-NOTES.md)
 DOCKERD_FLAGS = ("--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false",
@@ -179,8 +183,13 @@ class DockerEngine:
 
     def base_image(self) -> str:
         """The Debian bookworm base (debootstrap minbase, this machine's CA certificates and pip
-        configuration: a build in it reaches the same package registries as this machine)."""
-        if self.has_image(BASE_IMAGE):
+        configuration: a build in it reaches the same package registries as this machine).  Its
+        JAVA_TOOL_OPTIONS make every JVM of the stack built on it (the Kafka stand-ins, the job's
+        Spark) compile with C1 only, the tests' LEAN_JIT (tests/support/jvm.py): the stack shares
+        2 cores with the other worker's tests.  No collector there: the Kafka stand-in names G1 as
+        the upstream image does.  The user's images keep the JVMs' defaults."""
+        if self.has_image(BASE_IMAGE) and BASE_ENV in self.docker(
+                "image", "inspect", "--format", "{{json .Config.Env}}", BASE_IMAGE, timeout=30).stdout.decode():
             return BASE_IMAGE
         with tempfile.TemporaryDirectory(prefix="km-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
@@ -195,7 +204,8 @@ class DockerEngine:
                     shutil.copyfile(Path("/", f), rootfs / f)
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."],
                                    stdout=subprocess.PIPE)
-            p = subprocess.run([self._docker_cli(), "import", "--change", "CMD [\"bash\"]", "-", BASE_IMAGE],
+            p = subprocess.run([self._docker_cli(), "import", "--change", "CMD [\"bash\"]", "--change",
+                                f"ENV {BASE_ENV}", "-", BASE_IMAGE],
                                stdin=tar.stdout, capture_output=True, env=self.env, timeout=600)
             tar.wait()
             if p.returncode != 0:
