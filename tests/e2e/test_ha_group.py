@@ -233,7 +233,9 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
                         and (e.data.topic, e.data.partition) == tp and e.observed_at >= joined_at - 1000)
             gaps.append(max(b - a for a, b in zip(ts, ts[1:])))
         print(f"a probe joins: the longest gap between two observations of a partition {max(gaps) / 1000:.1f} s")
-        assert max(gaps) <= 4000, max(gaps)  # a shard moves between two rounds, not through a silence
+        # a shard moves between two rounds, not through a silence (one would last the session, 10 s;
+        # 4.0 s measured beside a loaded worker)
+        assert max(gaps) <= 6000, max(gaps)
         assert not opened(), opened()
 
         # -- SIGSTOP one past the session timeout -------------------------------------------------

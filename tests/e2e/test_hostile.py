@@ -94,11 +94,17 @@ def test_hostile_records_are_quarantined_and_valid_events_processed_as_if_alone(
             assert q.exception() is None, q.exception()
             return sum(quarantined(scrape(port)).values())
 
-        # the job's pace is the machine's: waited for while it quarantines or completes batches (CI
-        # once took over 4 min; another CI run's one batch held all 16,000 and took 80 s)
-        wait_for_count(refused, sum(expected.values()) - PARTITIONS, stall=120, cap=400,
-                       what="16,000 hostile records quarantined",
-                       progress=lambda: (q.lastProgress or {}).get("batchId"))
+        # the job's pace is the machine's: waited for while it quarantines, completes batches or
+        # moves through a batch's stages (CI once took over 4 min; another CI run's one batch held
+        # all 16,000 and took 80 s, and one beside a loaded worker more than 120 s)
+        tracker = spark.sparkContext.statusTracker()
+
+        def progress() -> tuple:
+            stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+            return ((q.lastProgress or {}).get("batchId"),
+                    tuple(sorted((s.stageId, s.numCompletedTasks) for s in stages if s is not None)))
+        wait_for_count(refused, sum(expected.values()) - PARTITIONS, stall=180, cap=400,
+                       what="16,000 hostile records quarantined", progress=progress)
         stop.set()
         feeder.join(10)
         assert producer.flush(30) == 0
