@@ -49,8 +49,9 @@ case "${1:-}" in
     need_apt promtool prometheus                # promtool + a real Prometheus server
     need_apt amtool prometheus-alertmanager     # amtool + Alertmanager for the routing/inhibit tests
     need_apt mvn maven                          # Maven fetches Apache Kafka for the real-cluster tests
-    # two workers: the real-cluster tests in one group (one cluster), every other module a group
-    exec .venv/bin/python -m pytest -q -rfE --durations=10 -n 2 --dist loadgroup --no-loadscope-reorder "$@" ;;
+    # three workers: the real-cluster tests in one group (one cluster), the other end-to-end modules
+    # in one, every other module a group (docs/tests.md)
+    exec .venv/bin/python -m pytest -q -rfE --durations=10 -n 3 --dist loadgroup --no-loadscope-reorder "$@" ;;
   *)
     echo "usage: ./run.sh demo [--metrics-port N] [--duration S] [--real-cluster [--fault-every S]] | ./run.sh test [pytest args] | ./run.sh lint" >&2
     exit 2 ;;

@@ -29,19 +29,34 @@ os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit_args())
 _REAL_CLUSTER_FIXTURES = {"kafka_cluster", "second_kafka_cluster"}
 
 
+#: the order groups are handed to pytest-xdist's workers in (docs/tests.md): the two longest first,
+#: then the tiers that mostly wait, then the end-to-end modules, then the unit tier
+_TIER_ORDER = ("compose", "kafka-cluster", "integration", "e2e", "unit")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
 def pytest_collection_modifyitems(config, items):
     """``slow`` on every test of a real Kafka cluster (``-m "not slow"`` is the quick tier).  Groups
     for ``pytest -n N --dist loadgroup`` (``./run.sh test``, docs/tests.md): the tests on
-    the run's real Kafka cluster form one group, run by one worker in collection order; every
-    other module is a group of its own, so a module fixture (a job, a Prometheus) starts once."""
+    the run's real Kafka cluster form one group, run by one worker in collection order; the
+    other end-to-end modules another (one Spark job pipeline at a time beside it); every other
+    module is a group of its own, so a module fixture (a job, a Prometheus) starts once.  The
+    groups are handed out in _TIER_ORDER."""
+    rank = {}
     for item in items:
         if item.get_closest_marker("kafka") or _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)  # every real Kafka cluster test is (docs/tests.md, the quick tier)
+        tier = item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else ""
         if _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("kafka-cluster"))
+            rank[item.nodeid] = _TIER_ORDER.index("kafka-cluster")
+            continue
+        if tier == "e2e":
+            item.add_marker(pytest.mark.xdist_group("e2e"))
         else:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+        rank[item.nodeid] = _TIER_ORDER.index(tier) if tier in _TIER_ORDER else len(_TIER_ORDER)
+    items.sort(key=lambda i: rank[i.nodeid])  # stable: collection order within a tier
 
 
 #: the niceness of a worker's other tests while a real-cluster test may run beside them
