@@ -44,10 +44,11 @@ def pytest_collection_modifyitems(config, items):
     groups are handed out in _TIER_ORDER."""
     rank = {}
     for item in items:
-        if item.get_closest_marker("kafka") or _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        on_cluster = bool(_REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if on_cluster or item.get_closest_marker("kafka"):
             item.add_marker(pytest.mark.slow)  # every real Kafka cluster test is (docs/tests.md, the quick tier)
         tier = item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else ""
-        if _REAL_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if on_cluster:
             item.add_marker(pytest.mark.xdist_group("kafka-cluster"))
             rank[item.nodeid] = _TIER_ORDER.index("kafka-cluster")
             continue
