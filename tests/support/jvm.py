@@ -1,10 +1,11 @@
 """The JVM options of the Spark JVMs the tests start (the shared session, the jobs they run as
-processes, the compose tier's containers): C1 only and the serial collector, as the tests' own
-Kafka cluster runs (kafka_monitor.local.kafka_cluster.DEFAULT_JVM_OPTS).
+processes): C1 only and the serial collector, as the tests' own Kafka cluster runs
+(kafka_monitor.local.kafka_cluster.DEFAULT_JVM_OPTS).  The compose tier's containers get the JIT
+part only (tests/support/docker_engine.py).
 
 A job's start to its second commit took 34.1 CPU-s with Spark's defaults and 22.6 with these
-(medians of 3, idle machine); the suite runs two workers on 2 cores.  For the tests' CPU only:
-nothing they check depends on them, and users' jobs keep Spark's defaults."""
+(medians of 3, idle machine); the suite runs three workers on 2 cores (docs/tests.md).  For the
+tests' CPU only: nothing they check depends on them, and users' jobs keep Spark's defaults."""
 
 from __future__ import annotations
 
