@@ -1,7 +1,7 @@
-"""The event contract (v1 and v2): the only coupling between the probe and the streaming job.
+"""The event contract (v1, v2 and v3): the only coupling between the probe and the streaming job.
 
-One event per Kafka record, UTF-8 JSON, record key = the entity key (so one entity's events
-stay ordered in one partition of the events topic).  Every event carries the envelope
+One event per Kafka record (a v3 record: several, below), UTF-8 JSON, record key = the entity
+key (so one entity's events stay ordered in one partition of the events topic).  Every event carries the envelope
 (``schema``, ``type``, ``event_id``, ``cluster``, ``source``, ``seq``, ``observed_at``) and a
 type-specific ``data`` object.
 
@@ -15,6 +15,18 @@ changed meaning is a new ``schema`` version, and readers keep reading the old on
 ``partition_metadata`` (a v1 reader quarantines them as ``unknown_schema`` and reads every other
 event: upgrade the job before the probes); the other types are still sent as v1
 (``SCHEMA_OF_TYPE``), and a v1 ``partition_metadata`` still reads (its ELR null: not known).
+
+v3 adds one optional envelope field, ``rows``: one record then stands for several events of its
+type, observed together.  ``data`` is the first event's payload; ``rows`` names the payload
+fields whose value differs between the events, each with its list of values, one per event (the
+first event's included), all lists of one length, 1 to ``MAX_ROWS_PER_RECORD``.  Event k's payload
+is ``data`` with each field of ``rows`` set to its k-th value; the envelope is shared.  A topic's
+``partition_offsets`` in one record lists ``partition`` and ``high_watermark`` once each: the
+envelope, the field names and the topic are written and decoded once, not once per partition.
+A probe sends the types of ``ROWS_KEY_OF_TYPE`` this way: the rows of a cycle that share its
+fields (a topic) in one record, keyed by the cluster and those fields, up to 1,000 rows and 32 KiB
+a record; a topic with one partition still goes as a plain event.  A v1/v2 reader quarantines a
+v3 record as ``unknown_schema``: upgrade the job before the probes.
 
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
 never a negative number; ``leader = -1`` means "no leader" (an offline partition) because that
@@ -41,7 +53,10 @@ from typing import Any, Optional, Union
 
 SCHEMA_V1 = "kafka-monitor/v1"
 SCHEMA_V2 = "kafka-monitor/v2"
-SUPPORTED_SCHEMAS = (SCHEMA_V1, SCHEMA_V2)
+SCHEMA_V3 = "kafka-monitor/v3"
+SUPPORTED_SCHEMAS = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3)
+#: events one v3 record may stand for (its ``rows``' length)
+MAX_ROWS_PER_RECORD = 10_000
 
 #: Kafka's "no offset" sentinels (OFFSET_INVALID = -1001, and -1 from ListOffsets / OffsetFetch).
 KAFKA_OFFSET_SENTINELS = frozenset({-1, -1001})
@@ -612,6 +627,10 @@ PAYLOADS: dict[str, tuple[type, tuple[str, ...]]] = {
 SCHEMA_OF_TYPE = {"quorum_state": SCHEMA_V2, "partition_metadata": SCHEMA_V2, "log_dirs": SCHEMA_V2,
                   "transactions": SCHEMA_V2, "ha_member": SCHEMA_V2}
 EVENT_TYPES = tuple(PAYLOADS)
+#: the types a probe sends as v3 records (``rows``): the rows of a bulk send that share these
+#: fields go in one record (a topic's partitions; a group's partitions of one topic)
+ROWS_KEY_OF_TYPE = {"partition_offsets": ("topic",), "partition_metadata": ("topic",),
+                    "group_offsets": ("group", "topic")}
 #: an HA group's probe (monitor.shards): the field naming the shard of each type it sends ("" for
 #: the cluster-wide types, held by shard 0); the types not here carry no shard (per source)
 SHARD_OF_TYPE = {"partition_metadata": "topic", "partition_offsets": "topic", "partition_gone": "topic",
@@ -627,7 +646,7 @@ Payload = Union[
 ]
 
 ENVELOPE_DOCS = {
-    "schema": "Contract version: \"kafka-monitor/v2\" for quorum_state, log_dirs, transactions, ha_member and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes both.",
+    "schema": "Contract version: \"kafka-monitor/v3\" for a record with rows (a probe sends partition_offsets, partition_metadata and group_offsets so, a topic's in one record), \"kafka-monitor/v2\" for quorum_state, log_dirs, transactions, ha_member and partition_metadata (its eligible leader replicas), \"kafka-monitor/v1\" for the other types; a reader takes all three.",
     "type": "Event type (one of the payload types below).",
     "event_id": "Unique id of this event (readers de-duplicate on it).",
     "cluster": "Id of the cluster the observation is about.",
@@ -636,7 +655,8 @@ ENVELOPE_DOCS = {
     "epoch": "Only with shard: the probe's claim on that shard, the offset of its claim record in the shard topic. A later owner's epoch is larger; the job drops a shard's events whose epoch is older than the newest it has seen (reason fenced). Absent otherwise.",
     "seq": "Per-source counter from 0: gaps mean loss, repeats mean replays.",
     "observed_at": "Event time: when the observation was made, epoch milliseconds.",
-    "data": "The type-specific payload.",
+    "data": "The type-specific payload (v3 with rows: the first event's).",
+    "rows": "v3 only, optional: the record stands for several events of its type. An object naming payload fields, each with a list of its values, one per event (all lists of one length, 1 to 10,000); event k is data with each listed field set to its k-th value, under the shared envelope. The record key: the cluster and the entity key's fields that are not listed.",
 }
 
 
@@ -653,16 +673,47 @@ class Event:
     #: an HA group's probe: the entity's shard and the probe's epoch on it (both or neither)
     shard: Optional[int] = None
     epoch: Optional[int] = None
+    #: v3: payload field -> its values, one per event the record stands for (data: the first's)
+    rows: Optional[dict[str, list[Any]]] = None
 
     def __post_init__(self) -> None:
         if not self.event_id:
             object.__setattr__(self, "event_id", uuid.uuid4().hex)
         if not self.schema:
-            object.__setattr__(self, "schema", SCHEMA_OF_TYPE.get(self.type, SCHEMA_V1))
+            object.__setattr__(self, "schema", SCHEMA_V3 if self.rows is not None
+                               else SCHEMA_OF_TYPE.get(self.type, SCHEMA_V1))
         if self.type not in PAYLOADS:
             raise ContractError("unknown_type", f"type {self.type!r} is not one of {', '.join(EVENT_TYPES)}")
         if not isinstance(self.data, PAYLOADS[self.type][0]):
             raise ContractError("bad_payload", f"{self.type} carries a {type(self.data).__name__}")
+        if self.rows is not None:
+            if self.schema != SCHEMA_V3:
+                raise ContractError("unknown_schema", f"rows needs schema {SCHEMA_V3}, not {self.schema}")
+            _check_rows(PAYLOADS[self.type][0], self.rows)
+
+    @classmethod
+    def batch(cls, payloads: list[Payload], *, cluster: str, source: str, seq: int, observed_at: int) -> "Event":
+        """One v3 record for several payloads of one type (observed together): ``rows`` lists
+        the fields whose values differ between them."""
+        first = payloads[0]
+        vals = [_fields(p) for p in payloads]
+        rows = {f: [v[f] for v in vals] for f in vals[0] if any(v[f] != vals[0][f] for v in vals[1:])}
+        if not rows:  # one payload, or all alike: still one row per payload
+            f = dataclasses.fields(first)[0].name
+            rows = {f: [v[f] for v in vals]}
+        return cls(type=TYPE_OF_PAYLOAD[type(first)], cluster=cluster, source=source, seq=seq,
+                   observed_at=observed_at, data=first, rows=rows)
+
+    def expand(self) -> list["Event"]:
+        """The events a record stands for: itself, or one per row of a v3 record (its envelope,
+        schema v3, no rows)."""
+        if self.rows is None:
+            return [self]
+        base = _fields(self.data)
+        n = len(next(iter(self.rows.values())))
+        cls = PAYLOADS[self.type][0]
+        return [dataclasses.replace(self, rows=None, data=_build(cls, {**base, **{f: v[k] for f, v in self.rows.items()}},
+                                                                 "data")) for k in range(n)]
 
     @classmethod
     def of(cls, data: Payload, *, cluster: str, source: str, seq: int, observed_at: int) -> "Event":
@@ -670,8 +721,13 @@ class Event:
                    observed_at=observed_at, data=data)
 
     def key(self) -> str:
-        """The entity key: the record key in the events topic."""
-        return entity_key(self.type, self.cluster, self.source, _fields(self.data))
+        """The entity key: the record key in the events topic (v3 with rows: the cluster and the
+        key's fields that are not in rows)."""
+        if self.rows is None:
+            return entity_key(self.type, self.cluster, self.source, _fields(self.data))
+        data = _fields(self.data)
+        return "/".join([self.cluster] + [self.source if f == "@source" else str(data[f])
+                                          for f in PAYLOADS[self.type][1] if f not in self.rows])
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": self.schema, "type": self.type, "event_id": self.event_id,
@@ -679,6 +735,8 @@ class Event:
         if self.epoch is not None:
             out["shard"], out["epoch"] = self.shard, self.epoch
         out.update(seq=self.seq, observed_at=self.observed_at, data=_fields(self.data))
+        if self.rows is not None:
+            out["rows"] = {f: [_plain(x) for x in v] for f, v in self.rows.items()}
         return out
 
     def to_json(self) -> bytes:
@@ -715,7 +773,41 @@ class Event:
         if (env["shard"] is None) != (env["epoch"] is None):
             raise ContractError("missing_envelope", "shard and epoch come together")
         data = _build(PAYLOADS[etype][0], obj.get("data"), "data")
-        return cls(type=etype, data=data, schema=schema, **env)
+        rows = obj.get("rows") if schema == SCHEMA_V3 else None  # v1/v2: an unknown field, ignored
+        if rows is not None:
+            payload = PAYLOADS[etype][0]
+            if not isinstance(rows, dict):
+                raise ContractError("wrong_type", "rows must be an object")
+            _check_rows(payload, rows)
+            # checked against the field's type, kept as JSON values (expand builds the payloads)
+            rows = {f: [_plain(_coerce(hints(payload)[f], x, f"rows.{f}[{i}]")) for i, x in enumerate(v)]
+                    for f, v in rows.items()}
+            if any(v[0] != _plain(getattr(data, f)) for f, v in rows.items()):
+                raise ContractError("wrong_value", "rows' first values must be data's")
+        return cls(type=etype, data=data, schema=schema, rows=rows, **env)
+
+
+def _check_rows(payload: type, rows: dict[str, Any]) -> None:
+    """rows' shape: known payload fields, lists of one length, 1 to MAX_ROWS_PER_RECORD."""
+    names = {f.name for f in dataclasses.fields(payload)}
+    unknown = sorted(set(rows) - names)
+    if unknown:
+        raise ContractError("unknown_field", f"rows names {unknown}: not fields of {payload.__name__}")
+    lens = {len(v) if isinstance(v, list) else -1 for v in rows.values()}
+    if not rows or -1 in lens or len(lens) != 1:
+        raise ContractError("missing_field", "rows must hold lists of one length")
+    n = lens.pop()
+    if not 1 <= n <= MAX_ROWS_PER_RECORD:
+        raise ContractError("out_of_range", f"rows hold {n} events; 1 to {MAX_ROWS_PER_RECORD}")
+
+
+def _plain(v: Any) -> Any:
+    """A value as JSON-ready Python: dataclasses as dicts, lists of them as lists of dicts."""
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return dataclasses.asdict(v)
+    return v
 
 
 def _fields(data: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from monitor.contract import EVENT_TYPES, SUPPORTED_SCHEMAS
+from monitor.contract import EVENT_TYPES, MAX_ROWS_PER_RECORD, SCHEMA_V3, SUPPORTED_SCHEMAS
 from monitor.gcpause import gc_paused
 from streaming.ingest import quality
 from streaming.ingest.schema import EVENT_SCHEMA, FLAT_COLUMNS
@@ -89,13 +89,19 @@ _ENVELOPE = ("event_id", "cluster", "source", "seq", "observed_at")
 #: the event as Arrow decodes it
 EVENT_ARROW = to_arrow_schema(EVENT_SCHEMA)
 _DATA = EVENT_ARROW.field("data").type
+_ROWS = EVENT_ARROW.field("rows").type
+#: the events table ``_explode`` returns: a v3 record's rows spread into events
+EVENTS_ARROW = pa.schema([f for f in EVENT_ARROW if f.name != "rows"])
 _FLAT_TYPES = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
                "array<bigint>": pa.list_(pa.int64())}
 #: the rows this module returns (the Spark schema of ``job.parse``'s output)
 FLAT_ARROW = pa.schema([(n, _FLAT_TYPES[t]) for n, t in FLAT_COLUMNS])
 FLAT_DDL = ", ".join(f"`{n}` {t}" for n, t in FLAT_COLUMNS)
 
-_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=EVENT_ARROW, unexpected_field_behavior="ignore")
+#: decoding options per schema: a record that cannot be v3 is decoded without ``rows`` (its 114
+#: list fields would double pyarrow's time per record)
+_PARSE_OPTIONS = {id(s): pj.ParseOptions(explicit_schema=s, unexpected_field_behavior="ignore")
+                  for s in (EVENT_ARROW, EVENTS_ARROW)}
 _READ_OPTIONS = pj.ReadOptions(use_threads=False, block_size=1 << 24)  # one thread: Spark runs a task per core
 
 
@@ -133,7 +139,7 @@ def _coerce(v: Any, t: pa.DataType) -> Any:
     raise TypeError(f"no coercion to {t}")
 
 
-def decode_one(value: Optional[str]) -> Optional[dict]:
+def decode_one(value: Optional[str], schema: pa.Schema = EVENT_ARROW) -> Optional[dict]:
     """One value -> the event as a dict of the schema's fields, or None if it is not a JSON object."""
     if value is None:
         return None
@@ -143,7 +149,7 @@ def decode_one(value: Optional[str]) -> Optional[dict]:
         return None
     if type(obj) is not dict:
         return None
-    return {f.name: _coerce(obj.get(f.name), f.type) for f in EVENT_ARROW}
+    return {f.name: _coerce(obj.get(f.name), f.type) for f in schema}
 
 
 def _object_shaped(v: Optional[str]) -> bool:
@@ -153,34 +159,34 @@ def _object_shaped(v: Optional[str]) -> bool:
     return s[:1] == "{" and s[-1:] == "}"
 
 
-def _bulk(lines: list[str]) -> Optional[pa.Table]:
+def _bulk(lines: list[str], schema: pa.Schema) -> Optional[pa.Table]:
     try:
         t = pj.read_json(pa.BufferReader("\n".join(lines).encode()), read_options=_READ_OPTIONS,
-                         parse_options=_PARSE_OPTIONS)
+                         parse_options=_PARSE_OPTIONS[id(schema)])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     # a line holding two objects decodes as two rows: the block is then split like a bad one
     return t if t.num_rows == len(lines) else None
 
 
-def _decode_run(lines: list[str], pieces: list) -> None:
+def _decode_run(lines: list[str], pieces: list, schema: pa.Schema) -> None:
     """Decode object-shaped values, splitting a failing block until its bad values are alone."""
-    t = _bulk(lines) if len(lines) > _SPLIT_FLOOR else None
+    t = _bulk(lines, schema) if len(lines) > _SPLIT_FLOOR else None
     if t is not None:
         pieces.append(t)
     elif len(lines) > _SPLIT_FLOOR:
         mid = len(lines) // 2
-        _decode_run(lines[:mid], pieces)
-        _decode_run(lines[mid:], pieces)
+        _decode_run(lines[:mid], pieces, schema)
+        _decode_run(lines[mid:], pieces, schema)
     else:
         for line in lines:
-            one = _bulk([line])
-            pieces.append(one if one is not None else [decode_one(line)])
+            one = _bulk([line], schema)
+            pieces.append(one if one is not None else [decode_one(line, schema)])
 
 
-def decode(values: list[Optional[str]]) -> tuple[pa.Table, np.ndarray]:
-    """Values -> (events table of EVENT_ARROW, one row per value; mask of values that were a JSON
-    object).  A value that was not has all-null fields in its row."""
+def decode(values: list[Optional[str]], schema: pa.Schema = EVENT_ARROW) -> tuple[pa.Table, np.ndarray]:
+    """Values -> (events table of ``schema`` (EVENT_ARROW or EVENTS_ARROW), one row per value;
+    mask of values that were a JSON object).  A value that was not has all-null fields in its row."""
     pieces: list = []  # tables, and lists of per-value dicts (None: not an object)
     run: list[str] = []
     for v in values:
@@ -188,17 +194,17 @@ def decode(values: list[Optional[str]]) -> tuple[pa.Table, np.ndarray]:
             run.append(v)
             continue
         if run:
-            _decode_run(run, pieces)
+            _decode_run(run, pieces, schema)
             run = []
-        pieces.append([decode_one(v)])
+        pieces.append([decode_one(v, schema)])
     if run:
-        _decode_run(run, pieces)
+        _decode_run(run, pieces, schema)
     tables, valid = [], []
     pending: list = []
 
     def flush() -> None:
         if pending:
-            tables.append(pa.Table.from_pylist([d or {} for d in pending], schema=EVENT_ARROW))
+            tables.append(pa.Table.from_pylist([d or {} for d in pending], schema=schema))
             valid.append(np.array([d is not None for d in pending], dtype=bool))
             pending.clear()
 
@@ -211,8 +217,29 @@ def decode(values: list[Optional[str]]) -> tuple[pa.Table, np.ndarray]:
             valid.append(np.ones(p.num_rows, dtype=bool))
     flush()
     if not tables:
-        return EVENT_ARROW.empty_table(), np.zeros(0, dtype=bool)
+        return schema.empty_table(), np.zeros(0, dtype=bool)
     return pa.concat_tables(tables).combine_chunks(), np.concatenate(valid)
+
+
+def decode_records(texts: list[Optional[str]], text: pa.Array) -> tuple[pa.Table, np.ndarray]:
+    """``decode`` into EVENT_ARROW, the values that cannot be v3 without ``rows`` (faster): a v3
+    value holds the text ``kafka-monitor/v3`` unless it escapes a character (a backslash)."""
+    n = len(texts)
+    maybe = pc.fill_null(pc.or_(pc.match_substring(text, SCHEMA_V3), pc.match_substring(text, "\\")),
+                         False).to_numpy(zero_copy_only=False)
+    if maybe.all():
+        return decode(texts, EVENT_ARROW)
+    if not maybe.any():
+        events, valid = decode(texts, EVENTS_ARROW)
+        return events.append_column(EVENT_ARROW.field("rows"), pa.nulls(n, _ROWS)), valid
+    v3, plain = np.flatnonzero(maybe), np.flatnonzero(~maybe)
+    e3, ok3 = decode([texts[i] for i in v3], EVENT_ARROW)
+    e1, ok1 = decode([texts[i] for i in plain], EVENTS_ARROW)
+    e1 = e1.append_column(EVENT_ARROW.field("rows"), pa.nulls(len(plain), _ROWS))
+    order = np.empty(n, np.int64)
+    order[plain] = np.arange(len(plain))
+    order[v3] = len(plain) + np.arange(len(v3))
+    return pa.concat_tables([e1, e3]).take(pa.array(order)).combine_chunks(), np.concatenate([ok1, ok3])[order]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,12 +318,24 @@ def _skewed(observed_at: pa.Array, record_ts: Optional[pa.Array], skew_ms: int) 
 
 def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[pa.Array] = None,
             oversized: Optional[np.ndarray] = None, record_ts: Optional[pa.Array] = None,
-            limits: Limits = LIMITS) -> pa.Table:
+            limits: Limits = LIMITS, uneven: Optional[np.ndarray] = None,
+            too_many: Optional[np.ndarray] = None) -> pa.Table:
     """The decoded events -> FLAT_ARROW rows: one per event, then one per partition-count
     change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` (a sample)
     and ``raw_bytes`` (``size``, the value's length) kept on all.  ``oversized``: the values
-    that were not decoded for their size; ``record_ts``: the records' Kafka timestamps (ms)."""
+    that were not decoded for their size; ``record_ts``: the records' Kafka timestamps (ms);
+    ``uneven`` / ``too_many``: v3 records whose rows were not spread (``_row_counts``)."""
+    return _flatten(events, valid, raw, size, oversized, record_ts, limits, uneven, too_many)[0]
+
+
+def _flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[pa.Array],
+             oversized: Optional[np.ndarray], record_ts: Optional[pa.Array], limits: Limits,
+             uneven: Optional[np.ndarray], too_many: Optional[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
+    """``flatten``, and for each derived row the position of the event it came from."""
     n = events.num_rows
+    no = np.zeros(n, bool)
+    uneven = no if uneven is None else uneven
+    too_many = no if too_many is None else too_many
     env = {name: events.column(name).combine_chunks() for name in events.column_names}
     data = env["data"]
     d = {f.name: pc.struct_field(data, f.name) for f in _DATA}
@@ -325,8 +364,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
         ("event_time_ahead", ahead),
         ("field_too_long", too_long),
         ("out_of_range", huge | _negative(d["partition"]) | _negative(d["high_watermark"])
-         | _negative(d["committed_offset"])),
-        ("missing_field", _null(data) | missing_payload),
+         | _negative(d["committed_offset"]) | too_many),
+        ("missing_field", _null(data) | missing_payload | uneven),
         ("missing_envelope", np.logical_or.reduce([_null(env[c]) for c in _ENVELOPE])
          | (_null(env["shard"]) != _null(env["epoch"]))),  # shard and epoch come together
         ("unknown_type", ~_is(etype, EVENT_TYPES)),
@@ -390,8 +429,8 @@ def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[p
     }
     out = pa.table({name: cols[name] if name in cols else (d[name] if name in d else pa.nulls(n, typ))
                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
-    derived = _count_changes(env, d, client_type & pd.isna(reasons), raw, size)
-    return pa.concat_tables([out, derived]) if derived.num_rows else out
+    derived, sources = _count_changes(env, d, client_type & pd.isna(reasons), raw, size)
+    return (pa.concat_tables([out, derived]) if derived.num_rows else out), sources
 
 
 #: the report fields the job keeps of a canary (streaming/rules/canary.py) and a client_produce
@@ -536,17 +575,20 @@ def _members_sig(members: pa.Array, rows: np.ndarray) -> pa.Array:
     return pa.array(out, type=pa.string())
 
 
-def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array, size: pa.Array) -> pa.Table:
+def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array,
+                   size: pa.Array) -> tuple[pa.Table, np.ndarray]:
     """One row per entry of a good metadata refresh's ``partition_count_changes`` (keyed by
     topic): the event's envelope and the change; an entry without a topic or counts is
-    ``missing_field``, one whose topic is too long ``field_too_long``."""
+    ``missing_field``, one whose topic is too long ``field_too_long``.  With each row, the
+    position of its refresh."""
+    nothing = (FLAT_ARROW.empty_table(), np.zeros(0, np.int64))
     idx = np.flatnonzero(refreshes)
     if idx.size == 0:
-        return FLAT_ARROW.empty_table()
+        return nothing
     lists = d["partition_count_changes"].take(pa.array(idx))
     parents = pc.list_parent_indices(lists)
     if len(parents) == 0:
-        return FLAT_ARROW.empty_table()
+        return nothing
     rows = pa.array(idx).take(parents)
     ch = pc.list_flatten(lists)
     m = len(ch)
@@ -570,7 +612,8 @@ def _count_changes(env: dict, d: dict, refreshes: np.ndarray, raw: pa.Array, siz
     for name in ("event_id", "cluster", "source", "seq", "observed_at"):
         cols[name] = env[name].take(rows)
     return pa.table({name: cols[name] if name in cols else pa.nulls(m, typ)
-                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)}, schema=FLAT_ARROW)
+                     for name, typ in zip(FLAT_ARROW.names, FLAT_ARROW.types)},
+                    schema=FLAT_ARROW), rows.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,23 +647,111 @@ def _samples(text: pa.Array, values: pa.Array, size: np.ndarray, oversized: np.n
     return text
 
 
+def _row_counts(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per record: the events it stands for (a v3 record with good ``rows``: their length, else
+    1), and masks of the v3 records spread, those whose rows are uneven (lists of different
+    lengths, or empty: ``missing_field``) and those with more than MAX_ROWS_PER_RECORD
+    (``out_of_range``)."""
+    n = events.num_rows
+    counts, no = np.ones(n, np.int64), np.zeros(n, bool)
+    rows = events.column("rows").combine_chunks()
+    v3 = _is(events.column("schema").combine_chunks(), [SCHEMA_V3]) & ~_null(rows)
+    if not v3.any():
+        return counts, no, no, no
+    listed = [c for c in (pc.struct_field(rows, f.name) for f in _ROWS) if c.null_count < len(c)]
+    if not listed:
+        return counts, no, v3, no  # rows without a list: uneven
+    lens = np.stack([pc.fill_null(pc.list_value_length(c), -1).to_numpy(zero_copy_only=False) for c in listed])
+    longest = lens.max(axis=0)
+    uneven = v3 & (((lens >= 0) & (lens != longest)).any(axis=0) | (longest <= 0))
+    too_many = v3 & ~uneven & (longest > MAX_ROWS_PER_RECORD)
+    spread = v3 & ~uneven & ~too_many
+    counts[spread] = longest[spread]
+    return counts, spread, uneven, too_many
+
+
+def _explode(events: pa.Table, counts: np.ndarray, spread: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """Records -> events (EVENTS_ARROW): a spread v3 record becomes ``counts`` events, each its
+    ``data`` with the fields of ``rows`` set to that event's values, under the record's envelope;
+    any other record stays one event.  With each event, the position of its record."""
+    n = events.num_rows
+    if not spread.any():
+        return events.drop_columns(["rows"]), np.arange(n, dtype=np.int64)
+    parent = np.repeat(np.arange(n, dtype=np.int64), counts)
+    within = np.arange(len(parent), dtype=np.int64) - (np.cumsum(counts) - counts)[parent]
+    take = pa.array(parent)
+    cols = {name: events.column(name).combine_chunks().take(take)
+            for name in EVENTS_ARROW.names if name != "data"}
+    data = events.column("data").combine_chunks()
+    rows = events.column("rows").combine_chunks()
+    children = []
+    for f in _DATA:
+        base = pc.struct_field(data, f.name).take(take)
+        listed = pc.struct_field(rows, f.name)
+        sel = (spread & ~_null(listed))[parent] if listed.null_count < len(listed) else None
+        if sel is not None and sel.any():
+            # a list's k-th value: .values[offsets[record] + k] (offsets index .values, slicing included)
+            offsets = listed.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+            pick = np.where(sel, len(base) + offsets[parent] + within, np.arange(len(parent)))
+            base = pa.concat_arrays([base, listed.values]).take(pa.array(pick))
+        children.append(base)
+    cols["data"] = pa.StructArray.from_arrays(children, fields=list(_DATA), mask=pc.is_null(data).take(take))
+    return pa.table([cols[name] for name in EVENTS_ARROW.names], schema=EVENTS_ARROW), parent
+
+
+def _spans(counts: np.ndarray, most: int) -> Iterator[tuple[int, int]]:
+    """Runs of records [lo, hi) standing for at most ``most`` events each (or one record)."""
+    ends = np.cumsum(counts)
+    if not len(ends) or ends[-1] <= most:
+        yield 0, len(counts)
+        return
+    lo = 0
+    while lo < len(counts):
+        before = ends[lo - 1] if lo else 0
+        hi = max(int(np.searchsorted(ends, before + most, side="right")), lo + 1)
+        yield lo, hi
+        lo = hi
+
+
 def parse_values(values: pa.Array, gate: bool = True, timestamps: Optional[pa.Array] = None,
                  limits: Limits = LIMITS) -> pa.Table:
-    """Raw values (string or binary) -> checked FLAT_ARROW rows.  ``gate``: run the
-    great-expectations suite too (rows it fails get its rule as their reason).  ``timestamps``:
-    the records' Kafka timestamps (epoch ms), for the event-time checks; ``limits``: the job's
-    size and clock-skew settings."""
+    """Raw values (string or binary) -> checked FLAT_ARROW rows (``parse_pieces``, in one table).
+    ``gate``: run the great-expectations suite too (rows it fails get its rule as their reason).
+    ``timestamps``: the records' Kafka timestamps (epoch ms), for the event-time checks;
+    ``limits``: the job's size and clock-skew settings."""
+    pieces = [t for t, _ in parse_pieces(values, gate, timestamps, limits)]
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+
+
+def parse_pieces(values: pa.Array, gate: bool = True, timestamps: Optional[pa.Array] = None,
+                 limits: Limits = LIMITS) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """``parse_values`` a piece at a time: the records are decoded together, then their events
+    are flattened and gated at most MAX_ROWS_PER_CHUNK at a time (v3 records spread into many).
+    Each piece: the checked rows (its records' events in record order, then the rows derived
+    from them) and, per row, the position of its record among ``values``."""
     n = len(values)
     size = pc.cast(pc.binary_length(values), pa.int64())
     size_np = pc.fill_null(size, 0).to_numpy(zero_copy_only=False)
     oversized = size_np > limits.max_event_bytes
     decodable = pc.if_else(pa.array(oversized), pa.nulls(n, values.type), values) if oversized.any() else values
     texts, text = _texts(decodable)
-    events, valid = decode(texts)
+    events, valid = decode_records(texts, text)
     del texts
     raw = _samples(text, values, size_np, oversized)
     ts = None if timestamps is None else pc.cast(timestamps, pa.int64())
-    flat = flatten(events, valid, raw, size, oversized, ts, limits)
+    counts, spread, uneven, too_many = _row_counts(events)
+    for lo, hi in _spans(counts, MAX_ROWS_PER_CHUNK):
+        got, parent = _explode(events.slice(lo, hi - lo), counts[lo:hi], spread[lo:hi])
+        take = pa.array(parent)
+        flat, derived = _flatten(got, valid[lo:hi][parent], raw.slice(lo, hi - lo).take(take),
+                                 size.slice(lo, hi - lo).take(take), oversized[lo:hi][parent],
+                                 None if ts is None else ts.slice(lo, hi - lo).take(take), limits,
+                                 uneven[lo:hi][parent], too_many[lo:hi][parent])
+        yield _checked(flat, gate), lo + np.concatenate([parent, parent[derived]])
+
+
+def _checked(flat: pa.Table, gate: bool) -> pa.Table:
+    """The gate's reasons added to ``flat``'s, a sample of the refused rows' text kept."""
     reason = flat.column("reason").combine_chunks()
     if gate and flat.num_rows:
         pdf = flat.select(list(quality.INPUT_COLUMNS)).to_pandas(split_blocks=True)
@@ -666,4 +797,5 @@ def _out(buf: list[tuple[pa.Array, Optional[pa.Array]]], limits: Limits) -> Iter
     if all(t is not None for _, t in buf):
         ts = pa.concat_arrays([t for _, t in buf]) if len(buf) > 1 else buf[0][1]
     buf.clear()
-    yield from parse_values(values, timestamps=ts, limits=limits).to_batches()
+    for flat, _ in parse_pieces(values, timestamps=ts, limits=limits):
+        yield from flat.to_batches()

@@ -45,6 +45,9 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("epoch", T.LongType(), True),
     T.StructField("observed_at", T.LongType(), True),
     T.StructField("data", data_struct(), True),
+    # v3: the payload fields that differ between the events a record stands for, a list each
+    T.StructField("rows", T.StructType([T.StructField(f.name, T.ArrayType(f.dataType, True), True)
+                                        for f in data_struct().fields]), True),
 ])
 
 #: the columns the state function receives: one flat row per observation, as

@@ -49,28 +49,19 @@ PARSE_CHUNK = 50_000
 def _parsed(records: Iterator[tuple[int, bytes]], kept_types: list[str], limits: parsing.Limits,
             chunk: int) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """Chunks of records parsed as the job parses them (decode, flatten, the quality gate), the
-    accepted rows of the types the state keeps, each with its record's timestamp.  A metadata
-    refresh's derived rows (one per partition-count change, after the chunk's events) take their
-    event's timestamp."""
+    accepted rows of the types the state keeps, each with its record's timestamp (a v3 record's
+    events, and a metadata refresh's derived rows, take their record's)."""
     while True:
         got = [r for _, r in zip(range(chunk), records)]
         if not got:
             return
         stamps = np.array([ts for ts, _ in got], np.int64)
-        flat = parsing.parse_values(pa.array([v for _, v in got], pa.binary()), timestamps=pa.array(stamps),
-                                    limits=limits)
-        n = len(got)
-        assert flat.num_rows >= n, "parse_values: one row per record, then the derived ones"
-        ts = np.empty(flat.num_rows, np.int64)
-        ts[:n] = stamps
-        if flat.num_rows > n:
-            first: dict[str, int] = {}
-            for i, eid in enumerate(flat.column("event_id").slice(0, n).to_pylist()):
-                first.setdefault(eid, int(stamps[i]))
-            ts[n:] = [first.get(eid, int(stamps[-1])) for eid in flat.column("event_id").slice(n).to_pylist()]
-        keep = pc.and_(pc.is_null(flat.column("reason")),
-                       pc.is_in(flat.column("type"), value_set=pa.array(kept_types))).to_numpy(zero_copy_only=False)
-        yield ts[keep], flat.filter(pa.array(keep))
+        for flat, record in parsing.parse_pieces(pa.array([v for _, v in got], pa.binary()),
+                                                 timestamps=pa.array(stamps), limits=limits):
+            ts = stamps[record]
+            keep = pc.and_(pc.is_null(flat.column("reason")), pc.is_in(
+                flat.column("type"), value_set=pa.array(kept_types))).to_numpy(zero_copy_only=False)
+            yield ts[keep], flat.filter(pa.array(keep))
 
 
 def _with_buckets(flat: pa.Table, buckets: int) -> pa.Table:

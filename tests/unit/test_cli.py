@@ -43,7 +43,7 @@ def test_bad_settings_exit_2_with_the_setting_named(argv, message, capsys):
 
 def test_schema_prints_the_contract(capsys):
     assert cli.main(["schema"]) == 0
-    assert json.loads(capsys.readouterr().out)["$id"] == "kafka-monitor/v2"
+    assert json.loads(capsys.readouterr().out)["$id"] == "kafka-monitor/v3"
 
 
 def test_json_log_lines():

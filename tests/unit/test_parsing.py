@@ -189,9 +189,10 @@ def test_the_per_value_decoder_agrees_with_pyarrow_on_good_events():
         ev(Heartbeat(interval_ms=5_000, events_sent=3, events_dropped=0)),
         ev(MetadataRefresh(version=3, reason="periodic", ok=True, duration_ms=1.5, partition_count_changes=two)))]
     for v in values:
-        by_arrow = parsing._bulk([v])
-        assert by_arrow is not None, v
-        assert by_arrow.to_pylist() == [parsing.decode_one(v)], v
+        for schema in (parsing.EVENT_ARROW, parsing.EVENTS_ARROW):
+            by_arrow = parsing._bulk([v], schema)
+            assert by_arrow is not None, v
+            assert by_arrow.to_pylist() == [parsing.decode_one(v, schema)], v
 
 
 def test_bytes_that_are_not_utf8_are_replaced_not_fatal():
@@ -285,8 +286,8 @@ def test_event_time_is_checked_against_the_record_timestamp():
 def test_parse_batches_chunks_by_bytes_and_passes_timestamps(monkeypatch):
     monkeypatch.setattr(parsing, "MAX_BYTES_PER_CHUNK", 2_000)
     calls = []
-    real = parsing.parse_values
-    monkeypatch.setattr(parsing, "parse_values", lambda v, **kw: calls.append(len(v)) or real(v, **kw))
+    real = parsing.parse_pieces
+    monkeypatch.setattr(parsing, "parse_pieces", lambda v, **kw: calls.append(len(v)) or real(v, **kw))
     t = 1_700_000_000_000
     values = [json.dumps({**offsets(i), "observed_at": t + (0 if i % 2 else 10 ** 9)}) for i in range(30)]
     batches = [pa.RecordBatch.from_pydict({"value": values[i:i + 5], "timestamp": [t] * 5}) for i in range(0, 30, 5)]
