@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: partitions whose last delivery is this close to the freshest one's take turns for the copies
 FRESH_S = 0.25
+#: a v3 record (``contract.ROWS_KEY_OF_TYPE``) holds at most this many events ...
+ROWS_PER_RECORD = 1000
+#: ... and is split in two while longer than this (the job refuses records over its max_event_bytes, 64 KiB)
+MAX_RECORD_BYTES = 32 << 10
 
 #: fatal producer errors a new producer would meet again: credentials and permissions
 _FATAL_FOR_GOOD = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
@@ -87,6 +91,8 @@ class EventEmitter:
         #: events not sent because their shard was no longer held (moved away mid-cycle): its new
         #: owner sends them; not a loss, so not in ``dropped``
         self.unheld = 0
+        #: events beyond one per record of the v3 records not yet delivered (a renewal loses them too)
+        self._extra_in_flight = 0
 
     def set_shards(self, shards: int, held: Callable[[], dict[int, int]]) -> None:
         """Stamp each event of a sharded type (``contract.SHARD_OF_TYPE``) with its shard and this
@@ -180,7 +186,86 @@ class EventEmitter:
 
     def _emit_rows(self, cls: type, rows: Sequence[tuple], observed_at: int, cluster: Optional[str],
                    sharded: Optional[tuple[int, int]] = None) -> list[int]:
+        if c.TYPE_OF_PAYLOAD[cls] in c.ROWS_KEY_OF_TYPE:
+            return self._emit_grouped(cls, rows, observed_at, cluster, sharded)
+        return self._emit_each(cls, rows, observed_at, cluster, sharded)
+
+    def _emit_grouped(self, cls: type, rows: Sequence[tuple], observed_at: int, cluster: Optional[str],
+                      sharded: Optional[tuple[int, int]]) -> list[int]:
+        """Contract v3: the rows that share the fields of ``ROWS_KEY_OF_TYPE`` (a topic) in one
+        record each, at most ROWS_PER_RECORD rows and MAX_RECORD_BYTES; a key with one row
+        goes as a plain event."""
+        etype = c.TYPE_OF_PAYLOAD[cls]
+        names = [f.name for f in dataclasses.fields(cls)]
+        at = [names.index(f) for f in c.ROWS_KEY_OF_TYPE[etype]]
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(tuple(row[j] for j in at), []).append(i)
+        single = [idx[0] for idx in groups.values() if len(idx) == 1]
+        alone = [single[j] for j in self._emit_each(cls, [rows[i] for i in single], observed_at, cluster, sharded)]
+        cluster = cluster or self.cluster
+        spare = [f for f in c.PAYLOADS[etype][1] if f in names and f not in c.ROWS_KEY_OF_TYPE[etype]]
+        failed: list[int] = []
+        for key, idx in groups.items():
+            if len(idx) < 2:
+                continue
+            head = "/".join([cluster, *map(str, key)]).encode()
+            for k in range(0, len(idx), ROWS_PER_RECORD):
+                failed += self._emit_record(etype, names, spare, rows, idx[k:k + ROWS_PER_RECORD], head,
+                                            observed_at, cluster, sharded)
+        self.dropped += len(failed)  # (_emit_each counted its own)
+        self.poll(0)
+        return sorted(alone + failed)
+
+    def _emit_record(self, etype: str, names: list[str], spare: list[str], rows: Sequence[tuple], idx: list[int],
+                     key: bytes, observed_at: int, cluster: str, sharded: Optional[tuple[int, int]]) -> list[int]:
+        """One v3 record of rows ``idx`` (split in two while it is longer than MAX_RECORD_BYTES);
+        returns the rows not enqueued."""
+        cols = list(zip(*(rows[i] for i in idx)))
+        # the fields that differ, and always the key's others (the partition): the record's key is
+        # the cluster and the fields of ROWS_KEY_OF_TYPE
+        listed = {n: list(col) for n, col in zip(names, cols) if n in spare or col.count(col[0]) != len(col)}
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+        env: dict[str, Any] = {"schema": c.SCHEMA_V3, "type": etype, "event_id": _event_ids(1)[0], "cluster": cluster,
+                               "source": self.source}
+        if sharded is not None:
+            env["shard"], env["epoch"] = sharded
+        env.update(seq=seq, observed_at=observed_at, data={n: col[0] for n, col in zip(names, cols)}, rows=listed)
+        value = json.dumps(env, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(value) > MAX_RECORD_BYTES and len(idx) > 1:
+            half = len(idx) // 2
+            return (self._emit_record(etype, names, spare, rows, idx[:half], key, observed_at, cluster, sharded)
+                    + self._emit_record(etype, names, spare, rows, idx[half:], key, observed_at, cluster, sharded))
+        n = len(idx)
+        try:
+            self._producer.produce(self.topic, key=key, value=value, on_delivery=lambda err, msg: self._on_rows(err, msg, n))
+        except BufferError:
+            self.poll(0)
+            return list(idx)
+        except Exception as e:
+            if self.last_error != str(e):
+                log.warning("could not enqueue %s event: %s", etype, e)
+            self.last_error = str(e)
+            return list(idx)
+        self._extra_in_flight += n - 1
+        return []
+
+    def _on_rows(self, err: Optional[KafkaError], msg: Any, n: int) -> None:
+        """A v3 record's delivery report: it counts as its ``n`` events."""
+        self._extra_in_flight -= n - 1
+        self._on_delivery(err, msg)
+        if err is None:
+            self.sent += n - 1
+        else:
+            self.dropped += n - 1
+
+    def _emit_each(self, cls: type, rows: Sequence[tuple], observed_at: int, cluster: Optional[str],
+                   sharded: Optional[tuple[int, int]] = None) -> list[int]:
         n = len(rows)
+        if n == 0:
+            return []
         with self._lock:
             seq = self._seq
             self._seq += n
@@ -281,7 +366,8 @@ class EventEmitter:
         err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
         if err is None or not err.fatal() or err.code() in _FATAL_FOR_GOOD or self._producer_given:
             return False
-        lost = len(self._producer)
+        lost = len(self._producer) + self._extra_in_flight
+        self._extra_in_flight = 0
         with contextlib.suppress(Exception):
             self._producer.purge()
         self._producer = Producer(self._conf)

@@ -30,7 +30,7 @@ class CapturingProducer:
 
     def produce(self, topic: str, key: bytes, value: bytes, on_delivery: Any = None, partition: int = -1) -> None:
         with self._lock:
-            self.events.append(Event.from_json(value))
+            self.events += Event.from_json(value).expand()  # a v3 record: its events
             if on_delivery is not None:
                 self._pending.append(on_delivery)
 

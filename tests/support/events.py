@@ -28,7 +28,7 @@ def read_events(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Eve
                 if m.error():
                     eof.add(m.partition())
                 else:
-                    out.append(Event.from_json(m.value()))
+                    out += Event.from_json(m.value()).expand()  # a v3 record: its events
     finally:
         c.close()
     return out

@@ -132,9 +132,7 @@ class Tail(threading.Thread):
                 continue
             try:
                 if m.topic() == self.events_topic:
-                    e = Event.from_json(m.value())
-                    if e.type in self.types:
-                        self.events.append(e)
+                    self.events += [e for e in Event.from_json(m.value()).expand() if e.type in self.types]
                 else:
                     self.records.append(json.loads(m.value()))
             except Exception:  # noqa: BLE001 - not ours to judge here
