@@ -52,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 from collections import Counter
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -113,13 +114,61 @@ def serialize(events: list[Event]) -> list[tuple[bytes, bytes]]:
     return [(e.key().encode(), e.to_json()) for e in events]
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+def serialize_rows(events: list[Event]) -> list[tuple[bytes, bytes, int]]:
+    """Contract v3: a cycle's events of one type and topic (and group) in one record, ``rows``
+    listing what differs (the partitions and their offsets), with the events it stands for."""
+    runs: dict[tuple, list[Event]] = {}
+    for e in events:
+        runs.setdefault((e.type, getattr(e.data, "topic", None), getattr(e.data, "group", None)), []).append(e)
+    out = []
+    for run in runs.values():
+        for k in range(0, len(run), 10_000):
+            part = run[k:k + 10_000]
+            rec = Event.batch([x.data for x in part], cluster=part[0].cluster, source=part[0].source,
+                              seq=part[0].seq, observed_at=part[0].observed_at)
+            out.append((rec.key().encode(), rec.to_json(), len(part)))
+    return out
+
+
+class EventCounts:
+    """Events per record of the events topic, by (partition, offset), from the producer's delivery
+    reports: the events a batch read, from its start and end offsets (v3 records stand for many)."""
+
+    def __init__(self) -> None:
+        self.by_offset: dict[int, dict[int, int]] = {}
+
+    def between(self, progress: dict) -> int:
+        from streaming.sinks.progress import source_offsets
+        src = progress["sources"][0]
+        ends = [source_offsets(json.loads(x) if isinstance(x, str) else x) if x else {}
+                for x in (src["startOffset"], src["endOffset"])]
+        total = 0
+        for (topic, part), end in ends[1].items():
+            begin = ends[0].get((topic, part), 0)
+            got = self.by_offset.get(int(part), {})
+            total += sum(got.get(o, 1) for o in range(begin, end))
+        return total
+
+
+def produce(bootstrap: str, topic: str, records: list, counts: Optional[EventCounts] = None) -> None:
+    """``records``: (key, value) or (key, value, events it stands for); ``counts`` learns the
+    last from the delivery reports."""
+    def delivered(n):
+        def cb(err, msg):
+            if err is None and counts is not None:
+                counts.by_offset.setdefault(msg.partition(), {})[msg.offset()] = n
+        return cb
+
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
                   "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
-    for k, v in records:
+    for rec in records:
+        k, v = rec[0], rec[1]
         while True:
             try:
-                p.produce(topic, key=k, value=v)
+                if counts is None:
+                    p.produce(topic, key=k, value=v)
+                else:
+                    p.produce(topic, key=k, value=v, on_delivery=delivered(rec[2] if len(rec) > 2 else 1))
                 break
             except BufferError:
                 p.poll(0.05)
@@ -318,7 +367,7 @@ class Scraper:
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
-            source: str = "python", cluster=None, archive: bool = False) -> dict:
+            source: str = "python", cluster=None, archive: bool = False, encoding: str = "v1") -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -326,16 +375,22 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
     with TansuBroker() as broker:
         create_topics(broker.bootstrap, {"kafka-monitor.events": EVENTS_PARTITIONS, "kafka-monitor.alerts": 1})
         t0 = int(time.time() * 1000) - backlog_cycles * 10_000
+        ser = serialize_rows if encoding == "rows" else serialize
+        counts = EventCounts()
         backlog = [r for c in range(backlog_cycles)
-                   for r in serialize(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles))]
-        produce(broker.bootstrap, "kafka-monitor.events", backlog)
+                   for r in ser(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles))]
+        backlog_events = sum(r[2] if len(r) > 2 else 1 for r in backlog)
+        learn = counts if encoding == "rows" else None  # v1: a record is an event
+        produce(broker.bootstrap, "kafka-monitor.events", backlog, learn)
         # the steady cycles are made now, before the query starts (event times: where the
         # cycles will be produced, roughly), so that making them does not compete with the job
         t1 = int(time.time() * 1000) + 30_000
-        cycles = [serialize(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
+        cycles = [ser(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
-                        max_offsets_per_trigger=250_000, metrics_port=0, source=source,
+                        # about as many events a batch whatever the encoding
+                        max_offsets_per_trigger=max(1, 250_000 * len(backlog) // backlog_events),
+                        metrics_port=0, source=source,
                         archive_dir=f"{work}/archive" if archive else None)
         exporter = Exporter(max_series=10_000_000)
         # the archive's writes: (finished at, seconds, rows, files, bytes)
@@ -394,7 +449,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
             drained = batch_rows(q, seen)
             # the rate after the first batch (which pays the query's and the workers' start-up)
             later = [p for p in drained if p["batchId"] > 0]
-            later_rows = sum(p["numInputRows"] for p in later)
+            later_rows = sum(counts.between(p) for p in later)
             later_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000.0
             steady = []
             steady_from = time.time()
@@ -404,7 +459,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
                 if scraping:
                     scraper.on.set()
                 t_cycle = time.perf_counter()
-                produce(broker.bootstrap, "kafka-monitor.events", records)
+                produce(broker.bootstrap, "kafka-monitor.events", records, learn)
                 wait_processed(q, end_offsets(broker.bootstrap, "kafka-monitor.events"))
                 got = batch_rows(q, seen)
                 steady += got
@@ -483,10 +538,10 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         "breakdown": breakdown,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
         "archive": archive,
-        "backlog_events": len(backlog),
-        "drain_s": drain_s, "drain_events_per_s": len(backlog) / drain_s,
+        "encoding": encoding, "backlog_records": len(backlog), "backlog_events": backlog_events,
+        "drain_s": drain_s, "drain_events_per_s": backlog_events / drain_s,
         "drain_after_first_batch_events_per_s": later_rows / later_s if later_s else None,
-        "steady_batches": len(durations), "steady_rows_per_batch": statistics.median(p["numInputRows"] for p in steady)
+        "steady_batches": len(durations), "steady_rows_per_batch": statistics.median(counts.between(p) for p in steady)
         if steady else None,
         "batch_p50_s": statistics.median(durations) if durations else None, "batch_p95_s": p95,
         "phase_median_s": phases,
@@ -528,6 +583,9 @@ def main() -> int:
     ap.add_argument("--source", choices=["python", "spark-kafka"], default="python",
                     help="the job's Kafka reader (spark-kafka: Spark's own, jars from kafka-monitor spark-jars)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
+    ap.add_argument("--encoding", choices=["v1", "rows"], default="v1",
+                    help="the events as records: one each (contract v1/v2, what the probe sends), or v3's rows "
+                         "(one record per type and topic of a cycle); rates count events either way")
     ap.add_argument("--archive", choices=["off", "on", "both"], default="off",
                     help="the event archive (job.archive_dir, in the run's temporary directory): off (default), on, "
                          "or both: each size's runs with it, then without it, in one sitting (its cost per batch; "
@@ -579,7 +637,7 @@ def main() -> int:
                       f"run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
                                    args.trigger_s, args.active, snapshot_cycles, args.scrape_rate,
-                                   source=args.source, cluster=cluster, archive=archive))
+                                   source=args.source, cluster=cluster, archive=archive, encoding=args.encoding))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)

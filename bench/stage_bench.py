@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pathlib
 import shutil
 import statistics
@@ -58,7 +59,8 @@ def _noop_write(df, _batch_id) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def drain(spark, cfg: job.JobConfig, stage: str, work: str, ends: dict[str, int]) -> dict:
+def drain(spark, cfg: job.JobConfig, stage: str, work: str, ends: dict[str, int],
+          counts: "jb.EventCounts | None" = None) -> dict:
     """One stage's query over the whole topic; its batches' figures."""
     from streaming.sinks.batch import ExporterSink
     from streaming.sinks.exporter import Exporter
@@ -88,23 +90,35 @@ def drain(spark, cfg: job.JobConfig, stage: str, work: str, ends: dict[str, int]
     if stage.startswith("state") or stage == "sink":
         w = w.outputMode("update")
     # (availableNow would read it all in one batch: the source's read limit is not applied then)
+    busy0, t0 = _busy_s(), time.monotonic()
     q = job.start_query(lambda: w.trigger(processingTime="0 seconds").start())
     try:
         jb.wait_processed(q, ends)
+        busy, wall = _busy_s() - busy0, time.monotonic() - t0
         batches = [p for p in q.recentProgress if p["numInputRows"] > 0]
     finally:
         job.stop_query(q)  # between batches: a stop within one only logs Spark's interrupted broadcast
         if exporter is not None:
             exporter.shutdown()
     later = batches[1:]
-    rows = sum(p["numInputRows"] for p in later)
+    rows = sum(counts.between(p) if counts is not None else p["numInputRows"] for p in later)
     secs = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000.0
     add = sum(p["durationMs"].get("addBatch", 0) for p in later) / 1000.0
+    every = sum(counts.between(p) if counts is not None else p["numInputRows"] for p in batches)
     return {"batches": len(batches), "rows": rows, "s": secs, "us_per_event": secs / rows * 1e6 if rows else None,
-            "add_batch_us_per_event": add / rows * 1e6 if rows else None}
+            "add_batch_us_per_event": add / rows * 1e6 if rows else None,
+            # the whole query, first batch included: the machine's CPU, and its share of the cores
+            "cpu_us_per_event": busy / every * 1e6 if every else None, "cores_busy": busy / wall / os.cpu_count()}
 
 
-def parse_in_python(records: list[tuple[bytes, bytes]], runs: int = 3) -> float:
+def _busy_s() -> float:
+    """The machine's busy CPU seconds so far (every process: the broker, the JVM, its Python workers)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def parse_in_python(records: list, events: int, runs: int = 3) -> float:
     """µs per event of decode + gate alone, in this process (no Spark, no crossing): the Python
     share of the parse stage.  Arrow batches of 10,000 rows (Spark's maxRecordsPerBatch), as
     ``mapInArrow`` hands them over."""
@@ -114,7 +128,7 @@ def parse_in_python(records: list[tuple[bytes, bytes]], runs: int = 3) -> float:
 
     quality.warm_up()
     now = int(time.time() * 1000)
-    batches = [pa.RecordBatch.from_arrays([pa.array([v.decode() for _, v in records[i:i + 10_000]], pa.string()),
+    batches = [pa.RecordBatch.from_arrays([pa.array([r[1].decode() for r in records[i:i + 10_000]], pa.string()),
                                            pa.array([now] * len(records[i:i + 10_000]), pa.int64())],
                                           names=["value", "timestamp"]) for i in range(0, len(records), 10_000)]
     took = []
@@ -123,7 +137,7 @@ def parse_in_python(records: list[tuple[bytes, bytes]], runs: int = 3) -> float:
         for _b in parsing.parse_batches(iter(batches)):
             pass
         took.append(time.process_time() - c)
-    return statistics.median(took) / len(records) * 1e6
+    return statistics.median(took) / events * 1e6
 
 
 def size(spark, n_parts: int, args, out: list) -> None:
@@ -134,24 +148,27 @@ def size(spark, n_parts: int, args, out: list) -> None:
         t0 = int(time.time() * 1000) - args.cycles * 10_000
         per_cycle = 0
         python_parse = 0.0
+        counts = jb.EventCounts() if args.encoding == "rows" else None
         for c in range(args.cycles):
-            records = jb.serialize(jb.cycle_events(n_parts, n_pairs, c, t0 + c * 10_000))
+            events = jb.cycle_events(n_parts, n_pairs, c, t0 + c * 10_000)
+            records = jb.serialize_rows(events) if counts is not None else jb.serialize(events)
             if c == 1:  # a steady cycle, as the measured batches are
-                python_parse = parse_in_python(records)
+                python_parse = parse_in_python(records, len(events))
             per_cycle = max(per_cycle, len(records))
-            jb.produce(broker.bootstrap, TOPIC, records)
+            jb.produce(broker.bootstrap, TOPIC, records, counts)
             print(f"[stage-bench] {n_parts:,} partitions: cycle {c + 1}/{args.cycles} written "
-                  f"({len(records):,} events)", file=sys.stderr, flush=True)
+                  f"({len(events):,} events in {len(records):,} records)", file=sys.stderr, flush=True)
         cfg = job.JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=work, events_topic=TOPIC,
                             alerts_topic="", max_offsets_per_trigger=per_cycle, metrics_port=0)
         ends = jb.end_offsets(broker.bootstrap, TOPIC)
-        drain(spark, cfg, "read", work, ends)  # the session's first query: its workers' start, not counted
+        drain(spark, cfg, "read", work, ends, counts)  # the session's first query: its workers' start, not counted
         runs: dict[str, list[dict]] = {s: [] for s in args.stages}
         for r in range(args.runs):
             for s in args.stages:
-                runs[s].append(drain(spark, cfg, s, work, ends))
+                runs[s].append(drain(spark, cfg, s, work, ends, counts))
             print(f"[stage-bench] {n_parts:,} partitions, run {r + 1}/{args.runs}: "
-                  + ", ".join(f"{s} {m[-1]['us_per_event']:.1f}" for s, m in runs.items()) + " µs/event",
+                  + ", ".join(f"{s} {m[-1]['us_per_event']:.1f} ({m[-1]['cpu_us_per_event']:.1f} CPU, "
+                              f"{m[-1]['cores_busy']:.0%} busy)" for s, m in runs.items()) + " µs/event",
                   file=sys.stderr, flush=True)
     shutil.rmtree(work, ignore_errors=True)
     before = None
@@ -162,6 +179,8 @@ def size(spark, n_parts: int, args, out: list) -> None:
                     else round(us, 2), "events_per_s": round(1e6 / us),
                     "add_batch_us_per_event": round(statistics.median(m["add_batch_us_per_event"] for m in runs[s]), 2),
                     "runs_us_per_event": [round(m["us_per_event"], 2) for m in runs[s]],
+                    "cpu_us_per_event": round(statistics.median(m["cpu_us_per_event"] for m in runs[s]), 2),
+                    "cores_busy": round(statistics.median(m["cores_busy"] for m in runs[s]), 2),
                     "measured_rows": runs[s][0]["rows"], "batches": runs[s][0]["batches"],
                     **({"python_only_us_per_event": round(python_parse, 2)} if s == "parse" else {})})
         before = us
@@ -174,6 +193,8 @@ def main() -> int:
                                                           "(default: %(default)s)")
     ap.add_argument("--runs", type=int, default=3, help="runs of every stage, interleaved (default: %(default)s)")
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    ap.add_argument("--encoding", choices=["v1", "rows"], default="v1",
+                    help="the events as records: one each, or contract v3's rows (job_bench.py --encoding)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "stages.json"))
     args = ap.parse_args()
     spark = job.spark_session(job.JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tempfile.gettempdir()))
