@@ -743,15 +743,18 @@ def parse_pieces(values: pa.Array, gate: bool = True, timestamps: Optional[pa.Ar
     for lo, hi in _spans(counts, MAX_ROWS_PER_CHUNK):
         got, parent = _explode(events.slice(lo, hi - lo), counts[lo:hi], spread[lo:hi])
         take = pa.array(parent)
-        flat, derived = _flatten(got, valid[lo:hi][parent], raw.slice(lo, hi - lo).take(take),
+        # raw samples are taken for the refused rows only (_checked): a v3 record's events share one
+        flat, derived = _flatten(got, valid[lo:hi][parent], pa.nulls(len(parent), pa.string()),
                                  size.slice(lo, hi - lo).take(take), oversized[lo:hi][parent],
                                  None if ts is None else ts.slice(lo, hi - lo).take(take), limits,
                                  uneven[lo:hi][parent], too_many[lo:hi][parent])
-        yield _checked(flat, gate), lo + np.concatenate([parent, parent[derived]])
+        record = np.concatenate([parent, parent[derived]])
+        yield _checked(flat, gate, raw.slice(lo, hi - lo), record), lo + record
 
 
-def _checked(flat: pa.Table, gate: bool) -> pa.Table:
-    """The gate's reasons added to ``flat``'s, a sample of the refused rows' text kept."""
+def _checked(flat: pa.Table, gate: bool, raw: pa.Array, record: np.ndarray) -> pa.Table:
+    """The gate's reasons added to ``flat``'s; the refused rows' size and (the first
+    RAW_SAMPLES_PER_CHUNK) their record's text sample from ``raw`` (``record``: each row's)."""
     reason = flat.column("reason").combine_chunks()
     if gate and flat.num_rows:
         pdf = flat.select(list(quality.INPUT_COLUMNS)).to_pandas(split_blocks=True)
@@ -762,8 +765,9 @@ def _checked(flat: pa.Table, gate: bool) -> pa.Table:
     sampled = refused.to_numpy(zero_copy_only=False).copy()
     sampled[np.flatnonzero(sampled)[RAW_SAMPLES_PER_CHUNK:]] = False  # the rest are counted, not shown
     flat = flat.set_column(0, "reason", reason)
-    flat = flat.set_column(1, "raw", pc.if_else(pa.array(sampled), flat.column("raw"),
-                                                pa.nulls(flat.num_rows, pa.string())))
+    if sampled.any():
+        flat = flat.set_column(1, "raw", pc.replace_with_mask(
+            pa.nulls(flat.num_rows, pa.string()), pa.array(sampled), raw.take(pa.array(record[sampled]))))
     at = flat.schema.get_field_index("raw_bytes")
     return flat.set_column(at, "raw_bytes", pc.if_else(refused, flat.column("raw_bytes"),
                                                         pa.nulls(flat.num_rows, pa.int64())))

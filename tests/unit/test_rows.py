@@ -148,7 +148,10 @@ def test_one_bad_event_in_a_record_is_refused_alone():
     d = Event.batch([offsets(i) for i in range(3)], seq=1, **ENV).to_dict()
     d["rows"]["high_watermark"][1] = None  # required
     d["rows"]["partition"][2] = -4
-    assert [r["reason"] for r in parse([d])] == [None, "missing_field", "out_of_range"]
+    out = parse([d])
+    assert [r["reason"] for r in out] == [None, "missing_field", "out_of_range"]
+    text = json.dumps(d)  # a refused event keeps its record's sample and size; a good one neither
+    assert [(r["raw"], r["raw_bytes"]) for r in out] == [(None, None)] + [(text, len(text))] * 2
 
 
 def test_rows_outside_v3_are_ignored():
