@@ -79,8 +79,8 @@ def test_fetch_mode_reports_the_true_hw_and_commits_observed_with_it(tansu):
     assert [r.data.version for r in refresh] == list(range(1, len(refresh) + 1))
     assert len(refresh[0].data.brokers) == 1 and refresh[0].data.brokers[0].port == tansu.port
     assert any(e.type == "heartbeat" for e in evs)
-    # one source, one counter: no gaps, no repeats; keys are entities
-    seqs = sorted(e.seq for e in evs)
+    # one source, one counter, a number per record (a v3 record's events share it): no gaps, no repeats
+    seqs = sorted(seq for seq, _ in {(e.seq, e.event_id) for e in evs})
     assert seqs == list(range(len(seqs)))
     assert {e.cluster for e in evs} == {"it"}
 
@@ -228,7 +228,7 @@ def test_cli_probe_stops_cleanly_on_sigterm_with_a_final_flush(tansu, tmp_path):
     lines = [_json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any("watching" in line["message"] for line in lines)  # structured logs
     evs = [e for e in read_events(tansu.bootstrap, events) if e.source == "cli-probe"]
-    seqs = sorted(e.seq for e in evs)
+    seqs = sorted(seq for seq, _ in {(e.seq, e.event_id) for e in evs})  # a number per record
     assert seqs == list(range(len(seqs)))  # everything emitted before SIGTERM was delivered
 
 
