@@ -31,7 +31,11 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
   driver's sink) and what the driver got per batch (``<kind>_rows_per_batch``);
 - ``--archive both``: each size with the event archive (``job.archive_dir``), then without it:
   its cost per batch, in the batch times, the state function's time (it packs the rows) and
-  ``archive_write_s`` (the driver's write), with its rows, files and bytes per batch.
+  ``archive_write_s`` (the driver's write), with its rows, files and bytes per batch;
+- ``--encoding``: ``rows`` (the default), the cycles as the probe sends them since contract v3 (a topic's offsets
+  and metadata, a group's offsets of one topic, in one record); the figures count events, not
+  records (from the producer's delivery reports), and a batch takes about as many events as
+  with ``v1`` (one record each, as before v3).
 
     python bench/job_bench.py                         # the issue's sizes, 3 runs each
     python bench/job_bench.py --sizes 1000:1000 --runs 1
@@ -367,7 +371,7 @@ class Scraper:
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
-            source: str = "python", cluster=None, archive: bool = False, encoding: str = "v1") -> dict:
+            source: str = "python", cluster=None, archive: bool = False, encoding: str = "rows") -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -583,9 +587,10 @@ def main() -> int:
     ap.add_argument("--source", choices=["python", "spark-kafka"], default="python",
                     help="the job's Kafka reader (spark-kafka: Spark's own, jars from kafka-monitor spark-jars)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
-    ap.add_argument("--encoding", choices=["v1", "rows"], default="v1",
-                    help="the events as records: one each (contract v1/v2, what the probe sends), or v3's rows "
-                         "(one record per type and topic of a cycle); rates count events either way")
+    ap.add_argument("--encoding", choices=["v1", "rows"], default="rows",
+                    help="the events as records: contract v3's rows, as the probe sends them (one record per type "
+                         "and topic of a cycle), or one each (v1/v2, as before v3); rates count events either way "
+                         "(default: %(default)s)")
     ap.add_argument("--archive", choices=["off", "on", "both"], default="off",
                     help="the event archive (job.archive_dir, in the run's temporary directory): off (default), on, "
                          "or both: each size's runs with it, then without it, in one sitting (its cost per batch; "

@@ -16,13 +16,16 @@ stage being the one before it plus one step:
     state-rules  the same with the job's state function
     sink         + the job's foreachBatch sink (the exporter and the quarantine; no alerts topic)
 
-The figure is the batches' ``triggerExecution`` summed over the rows they read, the first batch
+The figure is the batches' ``triggerExecution`` summed over the events they read, the first batch
 left out (it pays the state's creation and the workers' start); a stage's own cost is its figure
-minus the one before. Stages are interleaved in each run; the table gives the median of
-``--runs``. The last column is the rate: 10^6 / µs per event. Beside the parse stage: decode +
-gate alone on one steady cycle's records in this process (no Spark, nothing crosses).
+minus the one before.  Beside it, over the whole query: the machine's CPU-µs per event (every
+process: broker, JVM, Python workers) and the share of the cores busy.  Each size is measured
+with the events as one record each (``v1``) and as contract v3's ``rows`` (``--encoding``).
+Stages are interleaved in each run; the table gives the median of ``--runs``; events/s is
+10^6 / µs per event. Beside the parse stage: decode + gate alone on one steady cycle's records
+in this process (no Spark, nothing crosses).
 
-    python bench/stage_bench.py                          # 100k and 300k partitions, 3 runs
+    python bench/stage_bench.py                          # 100k and 300k partitions, both encodings, 3 runs
     python bench/stage_bench.py --sizes 10000 --runs 1   # a quick look
 
 Prints a table and writes bench/results/stages.json.
@@ -141,6 +144,11 @@ def parse_in_python(records: list, events: int, runs: int = 3) -> float:
 
 
 def size(spark, n_parts: int, args, out: list) -> None:
+    for encoding in args.encoding:
+        one_encoding(spark, n_parts, encoding, args, out)
+
+
+def one_encoding(spark, n_parts: int, encoding: str, args, out: list) -> None:
     n_pairs = n_parts // 10
     work = tempfile.mkdtemp(prefix="km-stage-bench-")
     with TansuBroker() as broker:
@@ -148,7 +156,7 @@ def size(spark, n_parts: int, args, out: list) -> None:
         t0 = int(time.time() * 1000) - args.cycles * 10_000
         per_cycle = 0
         python_parse = 0.0
-        counts = jb.EventCounts() if args.encoding == "rows" else None
+        counts = jb.EventCounts() if encoding == "rows" else None
         for c in range(args.cycles):
             events = jb.cycle_events(n_parts, n_pairs, c, t0 + c * 10_000)
             records = jb.serialize_rows(events) if counts is not None else jb.serialize(events)
@@ -166,7 +174,7 @@ def size(spark, n_parts: int, args, out: list) -> None:
         for r in range(args.runs):
             for s in args.stages:
                 runs[s].append(drain(spark, cfg, s, work, ends, counts))
-            print(f"[stage-bench] {n_parts:,} partitions, run {r + 1}/{args.runs}: "
+            print(f"[stage-bench] {n_parts:,} partitions ({encoding}), run {r + 1}/{args.runs}: "
                   + ", ".join(f"{s} {m[-1]['us_per_event']:.1f} ({m[-1]['cpu_us_per_event']:.1f} CPU, "
                               f"{m[-1]['cores_busy']:.0%} busy)" for s, m in runs.items()) + " µs/event",
                   file=sys.stderr, flush=True)
@@ -174,7 +182,8 @@ def size(spark, n_parts: int, args, out: list) -> None:
     before = None
     for s in args.stages:
         us = statistics.median(m["us_per_event"] for m in runs[s])
-        out.append({"partitions": n_parts, "group_partitions": n_pairs, "events_per_cycle": per_cycle, "stage": s,
+        out.append({"partitions": n_parts, "group_partitions": n_pairs, "encoding": encoding,
+                    "records_per_cycle": per_cycle, "stage": s,
                     "us_per_event": round(us, 2), "stage_us_per_event": round(us - before, 2) if before is not None
                     else round(us, 2), "events_per_s": round(1e6 / us),
                     "add_batch_us_per_event": round(statistics.median(m["add_batch_us_per_event"] for m in runs[s]), 2),
@@ -193,8 +202,9 @@ def main() -> int:
                                                           "(default: %(default)s)")
     ap.add_argument("--runs", type=int, default=3, help="runs of every stage, interleaved (default: %(default)s)")
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    ap.add_argument("--encoding", choices=["v1", "rows"], default="v1",
-                    help="the events as records: one each, or contract v3's rows (job_bench.py --encoding)")
+    ap.add_argument("--encoding", nargs="+", choices=["v1", "rows"], default=["v1", "rows"],
+                    help="the events as records: one each (v1/v2), or contract v3's rows, a cycle's events of one "
+                         "type and topic in one record (job_bench.py --encoding); each in turn (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "stages.json"))
     args = ap.parse_args()
     spark = job.spark_session(job.JobConfig(bootstrap_servers="unused:9092", checkpoint_dir=tempfile.gettempdir()))
@@ -204,10 +214,12 @@ def main() -> int:
             size(spark, n, args, results)
     finally:
         job.stop_spark(spark)
-    print(f"{'partitions':>10} {'stage':<12} {'µs/event':>9} {'stage µs':>9} {'events/s':>9} {'runs µs/event'}")
+    print(f"{'partitions':>10} {'encoding':<8} {'stage':<12} {'µs/event':>9} {'stage µs':>9} {'events/s':>9} "
+          f"{'CPU-µs':>7} {'busy':>5} {'runs µs/event'}")
     for m in results:
-        print(f"{m['partitions']:>10,} {m['stage']:<12} {m['us_per_event']:>9.1f} {m['stage_us_per_event']:>9.1f} "
-              f"{m['events_per_s']:>9,} {m['runs_us_per_event']}")
+        print(f"{m['partitions']:>10,} {m['encoding']:<8} {m['stage']:<12} {m['us_per_event']:>9.1f} "
+              f"{m['stage_us_per_event']:>9.1f} {m['events_per_s']:>9,} {m['cpu_us_per_event']:>7.1f} "
+              f"{m['cores_busy']:>5.0%} {m['runs_us_per_event']}")
         if "python_only_us_per_event" in m:
             print(f"{'':>10} {'(decode + gate in this process, no Spark)':<42} {m['python_only_us_per_event']:.1f} µs/event")
     report.write(args.out, "stages", args=vars(args), results=results)
