@@ -9,7 +9,8 @@
 After ``--warmup`` seconds (the probe's bootstrap cycles, the job's first batches), for
 ``--measure`` seconds:
 
-- the probe's rate: events the job read per second, and the probe's cycle duration (its
+- the probe's rate: events the job read per second (counted by reading the batches' records
+  back: a contract v3 record stands for many), and the probe's cycle duration (its
   heartbeats' ``cycle_duration_ms``, as ``kafka_monitor_source_cycle_duration_seconds`` shows);
 - the job's batch times (``triggerExecution`` of each batch with input) and how far behind the
   events topic it is at each batch (``kafka_monitor_job_events_behind``);
@@ -63,6 +64,48 @@ def probe_child(bootstrap: str, n_topics: int, interval_s: float) -> int:
     return 0
 
 
+def events_read(bootstrap: str, batches: list[dict], timeout_s: float = 300.0) -> int:
+    """The events in the records ``batches`` read (the probe sends a topic's offsets as one contract
+    v3 record: it stands for its ``rows``), counted by reading those records back."""
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from monitor.contract import SCHEMA_V3
+    from streaming.sinks.progress import source_offsets
+
+    spans: dict[int, tuple[int, int]] = {}
+    for p in batches:
+        src = p["sources"][0]
+        begin, end = (source_offsets(json.loads(x) if isinstance(x, str) else x) if x else {}
+                      for x in (src["startOffset"], src["endOffset"]))
+        for (topic, part), hi in end.items():
+            lo = begin.get((topic, part), 0)
+            a, b = spans.get(int(part), (lo, hi))
+            spans[int(part)] = (min(a, lo), max(b, hi))
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-bench-count", "enable.auto.commit": False})
+    total, deadline = 0, time.monotonic() + timeout_s
+    try:
+        for part, (lo, hi) in sorted(spans.items()):
+            c.assign([TopicPartition(EVENTS_TOPIC, part, lo)])
+            at = lo
+            while at < hi:
+                assert time.monotonic() < deadline, f"{EVENTS_TOPIC}/{part}: could not read back to {hi}"
+                for m in c.consume(1000, timeout=2):
+                    if m.error():
+                        continue
+                    if m.offset() >= hi:
+                        at = hi
+                        break
+                    v = json.loads(m.value())
+                    rows = v.get("rows") if v.get("schema") == SCHEMA_V3 else None
+                    total += len(next(iter(rows.values()))) if rows else 1
+                    at = m.offset() + 1
+    finally:
+        c.close()
+    return total
+
+
 def quantile(xs: list[float], q: float) -> float | None:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
@@ -105,6 +148,7 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
             time.sleep(0.1)
         assert q.exception() is None, q.exception()
         batches = [p for p in q.recentProgress if p["batchId"] > first_batch and p["numInputRows"] > 0]
+        events = events_read(mc.bootstrap, batches)
     finally:
         if child is not None and child.poll() is None:
             child.terminate()
@@ -118,7 +162,7 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
             exporter.shutdown()
         mc.stop()
     durations = [p["durationMs"]["triggerExecution"] / 1000.0 for p in batches]
-    rows = sum(p["numInputRows"] for p in batches)
+    records = sum(p["numInputRows"] for p in batches)
     span = sum(durations)
     cyc = [c for c in cycles if c is not None]
     starts = [d + c for d, c in zip(delays, cycles) if c is not None]
@@ -129,11 +173,13 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
         "heartbeats_measured": len(delays),
         "probe_cycle_s_p50": statistics.median(cyc) if cyc else None,
         "probe_cycle_s_max": max(cyc) if cyc else None,
-        "events_read_per_s": rows / measure_s,
+        "events_read_per_s": events / measure_s,
+        "records_read_per_s": records / measure_s,
         "job_batches": len(durations),
         "job_batch_s_p50": statistics.median(durations) if durations else None,
         "job_batch_s_p95": quantile(durations, 0.95),
-        "job_rows_per_batch_p50": statistics.median(p["numInputRows"] for p in batches) if batches else None,
+        "job_records_per_batch_p50": statistics.median(p["numInputRows"] for p in batches) if batches else None,
+        "job_events_per_batch_mean": events / len(batches) if batches else None,
         "job_busy_share": span / measure_s,
         "job_events_behind_max": max((b for b in behind if b is not None), default=None),
         "delay_s_p50": statistics.median(delays) if delays else None,
