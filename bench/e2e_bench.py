@@ -71,18 +71,14 @@ def events_read(bootstrap: str, batches: list[dict], timeout_s: float = 300.0) -
 
     from confluent_kafka import Consumer, TopicPartition
 
+    from job_bench import batch_spans
     from monitor.contract import SCHEMA_V3
-    from streaming.sinks.progress import source_offsets
 
     spans: dict[int, tuple[int, int]] = {}
     for p in batches:
-        src = p["sources"][0]
-        begin, end = (source_offsets(json.loads(x) if isinstance(x, str) else x) if x else {}
-                      for x in (src["startOffset"], src["endOffset"]))
-        for (topic, part), hi in end.items():
-            lo = begin.get((topic, part), 0)
-            a, b = spans.get(int(part), (lo, hi))
-            spans[int(part)] = (min(a, lo), max(b, hi))
+        for part, (lo, hi) in batch_spans(p).items():
+            a, b = spans.get(part, (lo, hi))
+            spans[part] = (min(a, lo), max(b, hi))
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-bench-count", "enable.auto.commit": False})
     total, deadline = 0, time.monotonic() + timeout_s
     try:

@@ -142,16 +142,20 @@ class EventCounts:
         self.by_offset: dict[int, dict[int, int]] = {}
 
     def between(self, progress: dict) -> int:
-        from streaming.sinks.progress import source_offsets
-        src = progress["sources"][0]
-        ends = [source_offsets(json.loads(x) if isinstance(x, str) else x) if x else {}
-                for x in (src["startOffset"], src["endOffset"])]
         total = 0
-        for (topic, part), end in ends[1].items():
-            begin = ends[0].get((topic, part), 0)
-            got = self.by_offset.get(int(part), {})
+        for part, (begin, end) in batch_spans(progress).items():
+            got = self.by_offset.get(part, {})
             total += sum(got.get(o, 1) for o in range(begin, end))
         return total
+
+
+def batch_spans(progress: dict) -> dict[int, tuple[int, int]]:
+    """A batch's offsets read, partition -> (start, end), from its progress (either source's form)."""
+    from streaming.sinks.progress import source_offsets
+    src = progress["sources"][0]
+    begin, end = (source_offsets(json.loads(x) if isinstance(x, str) else x) if x else {}
+                  for x in (src["startOffset"], src["endOffset"]))
+    return {int(part): (begin.get((topic, part), 0), hi) for (topic, part), hi in end.items()}
 
 
 def produce(bootstrap: str, topic: str, records: list, counts: Optional[EventCounts] = None) -> None:

@@ -49,7 +49,7 @@ import types
 import typing
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 SCHEMA_V1 = "kafka-monitor/v1"
 SCHEMA_V2 = "kafka-monitor/v2"
@@ -696,13 +696,11 @@ class Event:
         """One v3 record for several payloads of one type (observed together): ``rows`` lists
         the fields whose values differ between them."""
         first = payloads[0]
+        etype = TYPE_OF_PAYLOAD[type(first)]
         vals = [_fields(p) for p in payloads]
-        rows = {f: [v[f] for v in vals] for f in vals[0] if any(v[f] != vals[0][f] for v in vals[1:])}
-        if not rows:  # one payload, or all alike: still one row per payload
-            f = dataclasses.fields(first)[0].name
-            rows = {f: [v[f] for v in vals]}
-        return cls(type=TYPE_OF_PAYLOAD[type(first)], cluster=cluster, source=source, seq=seq,
-                   observed_at=observed_at, data=first, rows=rows)
+        rows = rows_of(etype, {f: [v[f] for v in vals] for f in vals[0]})
+        return cls(type=etype, cluster=cluster, source=source, seq=seq, observed_at=observed_at, data=first,
+                   rows=rows)
 
     def expand(self) -> list["Event"]:
         """The events a record stands for: itself, or one per row of a v3 record (its envelope,
@@ -785,6 +783,20 @@ class Event:
             if any(v[0] != _plain(getattr(data, f)) for f, v in rows.items()):
                 raise ContractError("wrong_value", "rows' first values must be data's")
         return cls(type=etype, data=data, schema=schema, rows=rows, **env)
+
+
+def rows_of(etype: str, columns: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
+    """The ``rows`` of a v3 record of ``etype`` whose events have these values (field -> one value
+    per event, every field of the payload): the fields whose values differ, and always the entity
+    key's fields that ``ROWS_KEY_OF_TYPE`` does not name (so the record's key is the cluster and
+    those); events all alike list their first field."""
+    named = ROWS_KEY_OF_TYPE.get(etype, ())
+    keyed = {f for f in PAYLOADS[etype][1] if f not in named}
+    out = {f: list(col) for f, col in columns.items() if f in keyed or col.count(col[0]) != len(col)}
+    if not out:
+        f = next(iter(columns))
+        out = {f: list(columns[f])}
+    return out
 
 
 def _check_rows(payload: type, rows: dict[str, Any]) -> None:

@@ -204,27 +204,24 @@ class EventEmitter:
         single = [idx[0] for idx in groups.values() if len(idx) == 1]
         alone = [single[j] for j in self._emit_each(cls, [rows[i] for i in single], observed_at, cluster, sharded)]
         cluster = cluster or self.cluster
-        spare = [f for f in c.PAYLOADS[etype][1] if f in names and f not in c.ROWS_KEY_OF_TYPE[etype]]
         failed: list[int] = []
         for key, idx in groups.items():
             if len(idx) < 2:
                 continue
             head = "/".join([cluster, *map(str, key)]).encode()
             for k in range(0, len(idx), ROWS_PER_RECORD):
-                failed += self._emit_record(etype, names, spare, rows, idx[k:k + ROWS_PER_RECORD], head,
+                failed += self._emit_record(etype, names, rows, idx[k:k + ROWS_PER_RECORD], head,
                                             observed_at, cluster, sharded)
         self.dropped += len(failed)  # (_emit_each counted its own)
         self.poll(0)
         return sorted(alone + failed)
 
-    def _emit_record(self, etype: str, names: list[str], spare: list[str], rows: Sequence[tuple], idx: list[int],
+    def _emit_record(self, etype: str, names: list[str], rows: Sequence[tuple], idx: list[int],
                      key: bytes, observed_at: int, cluster: str, sharded: Optional[tuple[int, int]]) -> list[int]:
         """One v3 record of rows ``idx`` (split in two while it is longer than MAX_RECORD_BYTES);
         returns the rows not enqueued."""
         cols = list(zip(*(rows[i] for i in idx)))
-        # the fields that differ, and always the key's others (the partition): the record's key is
-        # the cluster and the fields of ROWS_KEY_OF_TYPE
-        listed = {n: list(col) for n, col in zip(names, cols) if n in spare or col.count(col[0]) != len(col)}
+        listed = c.rows_of(etype, dict(zip(names, cols)))
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -236,8 +233,8 @@ class EventEmitter:
         value = json.dumps(env, separators=(",", ":"), ensure_ascii=False).encode()
         if len(value) > MAX_RECORD_BYTES and len(idx) > 1:
             half = len(idx) // 2
-            return (self._emit_record(etype, names, spare, rows, idx[:half], key, observed_at, cluster, sharded)
-                    + self._emit_record(etype, names, spare, rows, idx[half:], key, observed_at, cluster, sharded))
+            return (self._emit_record(etype, names, rows, idx[:half], key, observed_at, cluster, sharded)
+                    + self._emit_record(etype, names, rows, idx[half:], key, observed_at, cluster, sharded))
         n = len(idx)
         try:
             self._producer.produce(self.topic, key=key, value=value, on_delivery=lambda err, msg: self._on_rows(err, msg, n))

@@ -319,19 +319,13 @@ def _skewed(observed_at: pa.Array, record_ts: Optional[pa.Array], skew_ms: int) 
 def flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[pa.Array] = None,
             oversized: Optional[np.ndarray] = None, record_ts: Optional[pa.Array] = None,
             limits: Limits = LIMITS, uneven: Optional[np.ndarray] = None,
-            too_many: Optional[np.ndarray] = None) -> pa.Table:
+            too_many: Optional[np.ndarray] = None) -> tuple[pa.Table, np.ndarray]:
     """The decoded events -> FLAT_ARROW rows: one per event, then one per partition-count
     change of each good metadata refresh; ``reason`` as decoding sees it; ``raw`` (a sample)
     and ``raw_bytes`` (``size``, the value's length) kept on all.  ``oversized``: the values
     that were not decoded for their size; ``record_ts``: the records' Kafka timestamps (ms);
-    ``uneven`` / ``too_many``: v3 records whose rows were not spread (``_row_counts``)."""
-    return _flatten(events, valid, raw, size, oversized, record_ts, limits, uneven, too_many)[0]
-
-
-def _flatten(events: pa.Table, valid: np.ndarray, raw: pa.Array, size: Optional[pa.Array],
-             oversized: Optional[np.ndarray], record_ts: Optional[pa.Array], limits: Limits,
-             uneven: Optional[np.ndarray], too_many: Optional[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
-    """``flatten``, and for each derived row the position of the event it came from."""
+    ``uneven`` / ``too_many``: v3 records whose rows were not spread (``_row_counts``).  With the
+    rows, for each derived row the position of the event it came from."""
     n = events.num_rows
     no = np.zeros(n, bool)
     uneven = no if uneven is None else uneven
@@ -744,7 +738,7 @@ def parse_pieces(values: pa.Array, gate: bool = True, timestamps: Optional[pa.Ar
         got, parent = _explode(events.slice(lo, hi - lo), counts[lo:hi], spread[lo:hi])
         take = pa.array(parent)
         # raw samples are taken for the refused rows only (_checked): a v3 record's events share one
-        flat, derived = _flatten(got, valid[lo:hi][parent], pa.nulls(len(parent), pa.string()),
+        flat, derived = flatten(got, valid[lo:hi][parent], pa.nulls(len(parent), pa.string()),
                                  size.slice(lo, hi - lo).take(take), oversized[lo:hi][parent],
                                  None if ts is None else ts.slice(lo, hi - lo).take(take), limits,
                                  uneven[lo:hi][parent], too_many[lo:hi][parent])
