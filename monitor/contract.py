@@ -1,7 +1,8 @@
 """The event contract (v1, v2 and v3): the only coupling between the probe and the streaming job.
 
 One event per Kafka record (a v3 record: several, below), UTF-8 JSON, record key = the entity
-key (so one entity's events stay ordered in one partition of the events topic).  Every event carries the envelope
+key, or for a partition's types its topic's (``record_key``): one entity's events stay ordered in
+one partition of the events topic.  Every event carries the envelope
 (``schema``, ``type``, ``event_id``, ``cluster``, ``source``, ``seq``, ``observed_at``) and a
 type-specific ``data`` object.
 
@@ -25,7 +26,8 @@ is ``data`` with each field of ``rows`` set to its k-th value; the envelope is s
 envelope, the field names and the topic are written and decoded once, not once per partition.
 A probe sends the types of ``ROWS_KEY_OF_TYPE`` this way: the rows of a cycle that share its
 fields (a topic) in one record, keyed by the cluster and those fields, up to 1,000 rows and 32 KiB
-a record; a topic with one partition still goes as a plain event.  A v1/v2 reader quarantines a
+a record; a topic with one partition goes as a plain event under the same key (``KEY_OF_TYPE``:
+so do ``partition_gone`` and ``group_partition_gone``).  A v1/v2 reader quarantines a
 v3 record as ``unknown_schema``: upgrade the job before the probes.
 
 Sentinels are explicit: an offset that Kafka reports as -1 / -1001 ("none") is ``null`` here,
@@ -638,6 +640,9 @@ SHARD_OF_TYPE = {"partition_metadata": "topic", "partition_offsets": "topic", "p
                  "rebalance": "group", "group_gone": "group", "broker_state": "", "quorum_state": "",
                  "log_dirs": "", "transactions": "", "canary": ""}
 TYPE_OF_PAYLOAD = {cls: name for name, (cls, _) in PAYLOADS.items()}
+#: the record key's fields (after the cluster) where coarser than the entity's: all of a topic's
+#: partitions under one key, whether in a v3 record or alone, and their *_gone events with them
+KEY_OF_TYPE = {**ROWS_KEY_OF_TYPE, "partition_gone": ("topic",), "group_partition_gone": ("group", "topic")}
 
 Payload = Union[
     MetadataRefresh, PartitionMetadata, PartitionOffsets, GroupOffsets, GroupState, Rebalance,
@@ -656,7 +661,7 @@ ENVELOPE_DOCS = {
     "seq": "Per-source counter from 0: gaps mean loss, repeats mean replays.",
     "observed_at": "Event time: when the observation was made, epoch milliseconds.",
     "data": "The type-specific payload (v3 with rows: the first event's).",
-    "rows": "v3 only, optional: the record stands for several events of its type. An object naming payload fields, each with a list of its values, one per event (all lists of one length, 1 to 10,000); event k is data with each listed field set to its k-th value, under the shared envelope. The record key: the cluster and the entity key's fields that are not listed.",
+    "rows": "v3 only, optional: the record stands for several events of its type. An object naming payload fields, each with a list of its values, one per event (all lists of one length, 1 to 10,000); event k is data with each listed field set to its k-th value, under the shared envelope. Its record key is the type's (below); the fields that key names are not listed.",
 }
 
 
@@ -719,13 +724,8 @@ class Event:
                    observed_at=observed_at, data=data)
 
     def key(self) -> str:
-        """The entity key: the record key in the events topic (v3 with rows: the cluster and the
-        key's fields that are not in rows)."""
-        if self.rows is None:
-            return entity_key(self.type, self.cluster, self.source, _fields(self.data))
-        data = _fields(self.data)
-        return "/".join([self.cluster] + [self.source if f == "@source" else str(data[f])
-                                          for f in PAYLOADS[self.type][1] if f not in self.rows])
+        """The record key in the events topic (``record_key``)."""
+        return record_key(self.type, self.cluster, self.source, _fields(self.data))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": self.schema, "type": self.type, "event_id": self.event_id,
@@ -837,11 +837,14 @@ def _fields(data: Any) -> dict[str, Any]:
     return out
 
 
-def entity_key(etype: str, cluster: str, source: str, data: dict[str, Any]) -> str:
-    parts = [cluster]
-    for f in PAYLOADS[etype][1]:
-        parts.append(source if f == "@source" else str(data[f]))
-    return "/".join(parts)
+def key_fields(etype: str) -> tuple[str, ...]:
+    """The fields of a type's record key after the cluster ("@source": the event's source)."""
+    return KEY_OF_TYPE.get(etype, PAYLOADS[etype][1])
+
+
+def record_key(etype: str, cluster: str, source: str, data: dict[str, Any]) -> str:
+    """cluster/field/...: the entity key, or for the types of ``KEY_OF_TYPE`` the fields it names."""
+    return "/".join([cluster] + [source if f == "@source" else str(data[f]) for f in key_fields(etype)])
 
 
 # ---------------------------------------------------------------------------------------------

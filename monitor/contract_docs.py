@@ -119,8 +119,8 @@ def markdown() -> str:
     ]
     out += [f"| `{k}` | {v} |" for k, v in c.ENVELOPE_DOCS.items()]
     out += ["", "## Event types", "", "| type | record key | payload |", "|---|---|---|"]
-    for etype, (cls, keyf) in c.PAYLOADS.items():
-        key = "/".join(["cluster"] + [("source" if k == "@source" else k) for k in keyf])
+    for etype, (cls, _) in c.PAYLOADS.items():
+        key = "/".join(["cluster"] + [("source" if k == "@source" else k) for k in c.key_fields(etype)])
         out.append(f"| `{etype}` | {key} | [{cls.__name__}](#{cls.__name__.lower()}) |")
     seen: dict[str, Any] = {}
     for cls, _ in c.PAYLOADS.values():

@@ -194,7 +194,7 @@ class EventEmitter:
                       sharded: Optional[tuple[int, int]]) -> list[int]:
         """Contract v3: the rows that share the fields of ``ROWS_KEY_OF_TYPE`` (a topic) in one
         record each, at most ROWS_PER_RECORD rows and MAX_RECORD_BYTES; a key with one row
-        goes as a plain event."""
+        goes as a plain event (under the same key: ``contract.KEY_OF_TYPE``)."""
         etype = c.TYPE_OF_PAYLOAD[cls]
         names = [f.name for f in dataclasses.fields(cls)]
         at = [names.index(f) for f in c.ROWS_KEY_OF_TYPE[etype]]
@@ -451,8 +451,8 @@ def _encoder(cls: type) -> Optional[Callable[..., list[int]]]:
     template = (prefix.replace("%", "%%") + ',"event_id":"%s"%s%s,"observed_at":%s,"data":{'
                 + ",".join(_json_str(name).replace("%", "%%") + ":%s" for name in fields) + "}}")
     args = ["eid", "head", "seq", "at"] + [e for e in exprs if e is not None]  # all of them: checked above
-    key_parts = ["source" if f == "@source" else f"v_{f}" for f in c.PAYLOADS[etype][1]]
-    key_template = "/".join(["%s"] * (1 + len(key_parts)))  # entity_key(): cluster/field/...
+    key_parts = ["source" if f == "@source" else f"v_{f}" for f in c.key_fields(etype)]
+    key_template = "/".join(["%s"] * (1 + len(key_parts)))  # record_key(): cluster/field/...
     unpack = "".join(f"v_{f}, " for f in fields)
     # one loop per payload type, the serialization inline: no call, tuple or dict per event
     src = "\n".join([

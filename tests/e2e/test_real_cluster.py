@@ -263,8 +263,20 @@ def test_every_replica_gone_is_an_offline_partition_until_its_broker_returns(rea
 
 def test_the_alerts_topic_has_every_transition_once_and_each_opened_alert_resolved(real):
     prefix = real["prefix"]
-    records = [a for a in read_alerts(real["tansu"].bootstrap, real["alerts_topic"])
-               if a["labels"].get("topic", "").startswith(prefix)]
+
+    def transitions():
+        return [a for a in read_alerts(real["tansu"].bootstrap, real["alerts_topic"])
+                if a["labels"].get("topic", "").startswith(prefix)]
+
+    def settled():  # the last test's broker 3 also held the replicated topic's: its ISR regrows after
+        out = transitions()
+        done = {a["alert_id"] for a in out if a["action"] == "resolve"}
+        return out if all(a["alert_id"] in done or a["alert"] == "LeaderChanged"
+                          for a in out if a["action"] == "open") else None
+    try:
+        records = wait_for(settled, timeout=120, interval=2, what="every opened alert resolved on the alerts topic")
+    except AssertionError:
+        records = transitions()  # the assertion below names what stayed open
     keys = [(a["alert_id"], a["action"], a["at"]) for a in records]
     assert len(keys) == len(set(keys)), "a transition appears twice"
     opened = {a["alert_id"]: a for a in records if a["action"] == "open"}

@@ -93,13 +93,17 @@ def test_kafka_offset_sentinels_become_null(raw, expected):
 
 
 @pytest.mark.parametrize("data, key", [
-    (c.PartitionMetadata(topic="t", partition=3, leader=1, replicas=[1], isr=[1], metadata_version=1), "k/t/3"),
-    (c.PartitionOffsets(topic="t", partition=3, high_watermark=1, via="fetch"), "k/t/3"),
-    (c.GroupOffsets(group="g", topic="t", partition=3, committed_offset=None, high_watermark=None), "k/g/t/3"),
+    (c.PartitionMetadata(topic="t", partition=3, leader=1, replicas=[1], isr=[1], metadata_version=1), "k/t"),
+    (c.PartitionOffsets(topic="t", partition=3, high_watermark=1, via="fetch"), "k/t"),
+    (c.GroupOffsets(group="g", topic="t", partition=3, committed_offset=None, high_watermark=None), "k/g/t"),
+    (c.PartitionGone(topic="t", partition=3), "k/t"),
+    (c.GroupPartitionGone(group="g", topic="t", partition=3), "k/g/t"),
     (c.Heartbeat(interval_ms=1000, events_sent=0, events_dropped=0), "k/probe-1"),
     (c.MetadataRefresh(version=1, reason="bootstrap", ok=True, duration_ms=1.0), "k/probe-1"),
 ])
-def test_record_key_is_the_entity(data, key):
+def test_record_key_is_the_entity_or_for_a_partition_its_topic(data, key):
+    # a topic's partitions under one key: one partition of the events topic, whether sent in a v3
+    # record or alone, their *_gone events with them (ordered after them)
     assert c.Event.of(data, cluster="k", source="probe-1", seq=0, observed_at=0).key() == key
 
 
