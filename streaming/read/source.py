@@ -7,8 +7,9 @@ Semantics (the ones Spark's own Kafka source has):
 - the offset Spark checkpoints is ``{"topic": T, "offsets": {"<partition>": <next offset>}}``;
 - a micro-batch reads exactly the records with offsets in [start, end) of each partition; a
   replayed batch reads the same records.  The partitions with new records are spread over as
-  few Spark tasks as the records need (one per 50,000, at most option ``maxTasks``, default 1):
-  each task pays for a consumer and its connection, so small batches are one task;
+  few Spark tasks as the records need (one per 1,000, at most option ``maxTasks``, default 1):
+  each task pays for a consumer and its connection, so small batches are one task (a v3 record
+  holds up to 1,000 events: 1,000 records are up to a million events' decoding);
 - ``maxOffsetsPerTrigger`` caps the records per micro-batch (shared across partitions in
   proportion to their backlog) through Spark's admission control (``latestOffset(start, limit)``,
   PySpark >= 4.2);
@@ -71,8 +72,9 @@ ARROW_SCHEMA = pa.schema([
 ARROW_BATCH_ROWS = 20_000
 #: ... or fewer: a batch holds at most about this many bytes of keys and values
 ARROW_BATCH_BYTES = 32 << 20
-#: a micro-batch gets one more read task per this many records (up to option maxTasks)
-RECORDS_PER_TASK = 50_000
+#: a micro-batch gets one more read task per this many records (up to option maxTasks): records,
+#: not events, are what a plan knows; at 100k partitions a v3 cycle is ~2,100 records, ~128k events
+RECORDS_PER_TASK = 1_000
 #: how long a watermark read waits for brokers (option offsetsTimeoutMs)
 OFFSETS_TIMEOUT_S = 10.0
 #: how long a read task waits for the records of its range (a leader change, a broker down)

@@ -29,6 +29,15 @@ def test_plan_tasks(ranges, max_tasks, per_task, expected):
     assert plan_tasks(ranges, max_tasks, per_task) == expected
 
 
+def test_a_cycle_of_v3_records_uses_every_core():
+    """At 100k partitions a probe's cycle is ~2,100 v3 records (~128k events): two tasks, not one
+    (with one, the parse ran on one core while the other idled: bench/README.md's stage table)."""
+    from streaming.read.source import plan_tasks
+    tasks = plan_tasks([(p, 0, 350) for p in range(6)], 2)
+    assert len(tasks) == 2 and sorted(r for t in tasks for r in t) == [(p, 0, 350) for p in range(6)]
+    assert len(plan_tasks([(0, 0, 40), (1, 0, 10)], 2)) == 1  # a quiet batch: heartbeats and changes
+
+
 def test_record_values_become_text_and_bytes_that_are_not_utf8_are_replaced():
     """read_range hands keys and values to Arrow as bytes: a batch of UTF-8 gives the same text
     as decoding each value; one bad value sends the batch through Python's decoder, which
