@@ -9,8 +9,8 @@ every partition's metadata; ``maxOffsetsPerTrigger``, batches back to back), eac
 stage being the one before it plus one step:
 
     read         the job's source; the rows written to Spark's ``noop`` sink (every column, no pruning)
-    parse        + decode and the quality gate (``mapInArrow``)
-    shuffle      + the rows the state takes, bucketed and shuffled into Spark's partitions
+    parse        + decode, the quality gate, and the rows the state takes packed per bucket (``mapInArrow``)
+    shuffle      + the packed rows shuffled into Spark's partitions by bucket
     state-noop   + ``applyInPandasWithState`` with a state function that takes its frames and
                  emits and stores nothing (the framework's floor, as ``job_bench.py --state noop``)
     state-rules  the same with the job's state function
@@ -72,9 +72,9 @@ def drain(spark, cfg: job.JobConfig, stage: str, work: str, ends: dict[str, int]
     cfg = dataclasses.replace(cfg, checkpoint_dir=f"{work}/ckpt-{uuid.uuid4().hex[:8]}")
     d = job.read_events(spark, cfg)
     if stage != "read":
-        d = job.parse(d, cfg)
+        d = job.packed(d, cfg)
     if stage == "shuffle":
-        d = job.bucketed(d, cfg).repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "bucket")
+        d = d.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "bucket")
     elif stage in ("state-noop", "state-rules", "sink"):
         real = state_function.make_state_function
         if stage == "state-noop":

@@ -1,8 +1,10 @@
 """The streaming job: events topic -> parse and quality gate -> state -> sinks.
 
-    source (kafka-monitor-kafka) -> mapInArrow(streaming.ingest.parsing: decode, flatten, GX gate; reason or null)
-      -> bucket = pmod(xxhash64(entity), buckets), or -1 for quarantined rows
-      -> groupBy(bucket).applyInPandasWithState(streaming.state.function)   [update mode, processing-time timeout]
+    source (kafka-monitor-kafka) -> mapInArrow(streaming.ingest.parsing: decode, flatten, GX gate; reason or null;
+         bucket = pmod(xxhash64(bucket_key), buckets), or -1 for quarantined rows; the rows of each
+         bucket packed in one Arrow IPC value: streaming.ingest.packing)
+      -> groupBy(bucket).applyInPandasWithState(unpack, then streaming.state.function)   [update mode,
+         processing-time timeout]
       -> foreachBatch: the exporter applies the rows (and with job.archive_dir, the rows each bucket
          received, packed by the state function, are written to the event archive: docs/archive.md)
 """
@@ -29,7 +31,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from streaming.ingest import parsing
+from streaming.ingest import packing, parsing
+from streaming.ingest.packing import bucket_keys, spark_hash_int  # noqa: F401  (re-exported)
 from streaming.rules import client as rules_client
 from streaming.rules import group as rules_group
 from streaming.rules import lag_config as rules_lag_config
@@ -386,41 +389,16 @@ def parse(raw: DataFrame, cfg: Optional[JobConfig] = None) -> DataFrame:
     ``entity`` is the state key (``<kind>|<cluster>/...``); ``bucket_key`` is what is hashed
     into a grouping key: a group's partitions share the group's bucket key so group rules can
     see their lags; a client and a source share theirs."""
+    limits = cfg.limits() if cfg is not None else parsing.LIMITS
+    return _values(raw).mapInArrow(partial(parsing.parse_batches, limits=limits), parsing.FLAT_DDL)
+
+
+def _values(raw: DataFrame) -> DataFrame:
+    """The columns the parse reads: ``value`` as text, and the record ``timestamp`` in ms if any."""
     cols = [F.col("value").cast("string").alias("value")]
     if "timestamp" in raw.columns:
         cols.append(F.col("timestamp").cast("long").alias("timestamp"))
-    limits = cfg.limits() if cfg is not None else parsing.LIMITS
-    return raw.select(*cols).mapInArrow(partial(parsing.parse_batches, limits=limits), parsing.FLAT_DDL)
-
-
-def spark_hash_int(v: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an int column (Murmur3 x86 32-bit of the 4-byte value, seed 42): what
-    its hash partitioning sends key ``v`` to shuffle partition ``pmod(hash, n)`` with."""
-    def rotl(x: int, r: int) -> int:
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-    k1 = rotl((v & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
-    h = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 4
-    h = (h ^ (h >> 16)) * 0x85EBCA6B & 0xFFFFFFFF
-    h = (h ^ (h >> 13)) * 0xC2B2AE35 & 0xFFFFFFFF
-    h ^= h >> 16
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def bucket_keys(buckets: int) -> list[int]:
-    """The grouping key of each bucket 0..buckets-1: for bucket b, the smallest integer whose
-    Spark hash is b modulo ``buckets``.  For every shuffle-partition count n that divides
-    ``buckets``, bucket b then lands in partition b mod n: each core gets the same number of
-    buckets.  The bucket numbers themselves split 16 buckets 9:7 over 2 partitions (one core
-    did 9/16 of the state work).  Depends on ``buckets`` only, so the keys stay the same
-    across restarts whatever Spark's shuffle partitions."""
-    first: dict[int, int] = {}  # bucket -> the smallest key found for it
-    k = 0
-    while len(first) < buckets:
-        first.setdefault(spark_hash_int(k) % buckets, k)
-        k += 1
-    return [first[b] for b in range(buckets)]
+    return raw.select(*cols)
 
 
 def state_config(cfg: JobConfig, run_id: str, archive: bool = False) -> st.StateConfig:
@@ -430,19 +408,21 @@ def state_config(cfg: JobConfig, run_id: str, archive: bool = False) -> st.State
                           **{f: c for f, c in cfg.rule_configs().items() if f in STATE_FAMILIES})
 
 
-def bucketed(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
-    """The parsed rows the state takes (quarantined ones and those of a stateful type), each with
-    its ``bucket``: the state's grouping key."""
-    keep = parsed.where(F.col("reason").isNotNull() | F.col("type").isin(*ENTITY_OF_TYPE))
-    keys = F.array(*[F.lit(k) for k in bucket_keys(cfg.buckets)])
-    bucket = F.when(F.col("reason").isNotNull(), F.lit(st.QUARANTINE_BUCKET)).otherwise(
-        F.element_at(keys, (F.pmod(F.xxhash64("bucket_key"), F.lit(cfg.buckets)) + 1).cast("int")))
-    return keep.withColumn("bucket", bucket)
+def packed(raw: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Raw records -> ``parse``'s rows that the state takes (quarantined ones and those of a
+    stateful type), packed: one row per bucket and chunk of a task (``packing.PACKED_DDL``)."""
+    fn = partial(parsing.pack_batches, limits=cfg.limits(), keys=bucket_keys(cfg.buckets),
+                 stateful=sorted(ENTITY_OF_TYPE))
+    return _values(raw).mapInArrow(fn, packing.PACKED_DDL)
 
 
-def stateful(parsed: DataFrame, cfg: JobConfig) -> DataFrame:
-    return bucketed(parsed, cfg).groupBy("bucket").applyInPandasWithState(
-        st.make_state_function(state_config(cfg, run_id=uuid.uuid4().hex, archive=bool(cfg.archive_dir))),
+def stateful(packed_rows: DataFrame, cfg: JobConfig) -> DataFrame:
+    fn = st.make_state_function(state_config(cfg, run_id=uuid.uuid4().hex, archive=bool(cfg.archive_dir)))
+
+    def update_bucket(key: tuple, pdfs: Any, state: Any) -> Any:
+        return fn(key, packing.unpack(pdfs), state)
+    return packed_rows.groupBy("bucket").applyInPandasWithState(
+        update_bucket,
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="update",
@@ -547,7 +527,7 @@ def _source_start_failure(q: StreamingQuery, timeout_s: float) -> Optional[str]:
 
 
 def _start(spark: SparkSession, cfg: JobConfig, exporter: Exporter, query_name: str) -> StreamingQuery:
-    out = stateful(parse(read_events(spark, cfg), cfg), cfg)
+    out = stateful(packed(read_events(spark, cfg), cfg), cfg)
     alerts = None
     if cfg.alerts_topic:
         alerts = AlertsTopicSink({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, cfg.alerts_topic,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from monitor.contract import EVENT_TYPES, MAX_ROWS_PER_RECORD, SCHEMA_V3, SUPPORTED_SCHEMAS
 from monitor.gcpause import gc_paused
-from streaming.ingest import quality
+from streaming.ingest import packing, quality
 from streaming.ingest.schema import EVENT_SCHEMA, FLAT_COLUMNS
 
 #: a task's rows are decoded and validated together, up to this many at a time
@@ -769,10 +769,23 @@ def _checked(flat: pa.Table, gate: bool, raw: pa.Array, record: np.ndarray) -> p
 
 def parse_batches(batches: Iterator[pa.RecordBatch], limits: Limits = LIMITS) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function over records with a ``value`` column (and, when present, a
-    ``timestamp`` one: the record's Kafka timestamp in ms): a task's batches are decoded and
-    validated together (GX's cost is mostly per validation), up to ``MAX_ROWS_PER_CHUNK`` rows
-    and ``MAX_BYTES_PER_CHUNK`` bytes of values at a time.  Bind ``limits`` with
-    ``functools.partial``."""
+    ``timestamp`` one: the record's Kafka timestamp in ms) -> FLAT_ARROW rows (``parsed_tables``).
+    Bind ``limits`` with ``functools.partial``."""
+    for flat in parsed_tables(batches, limits):
+        yield from flat.to_batches()
+
+
+def pack_batches(batches: Iterator[pa.RecordBatch], limits: Limits, keys: list[int],
+                 stateful: Collection[str]) -> Iterator[pa.RecordBatch]:
+    """``parse_batches``, the rows the state takes packed per bucket (``packing.pack``: the
+    job's ``mapInArrow`` before the state)."""
+    for flat in parsed_tables(batches, limits):
+        yield packing.pack(flat, keys, stateful)
+
+
+def parsed_tables(batches: Iterator[pa.RecordBatch], limits: Limits = LIMITS) -> Iterator[pa.Table]:
+    """A task's batches decoded and validated together (GX's cost is mostly per validation), up
+    to ``MAX_ROWS_PER_CHUNK`` rows and ``MAX_BYTES_PER_CHUNK`` bytes of values at a time."""
     with gc_paused():
         buf: list[tuple[pa.Array, Optional[pa.Array]]] = []
         rows = nbytes = 0
@@ -789,11 +802,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch], limits: Limits = LIMITS) ->
             yield from _out(buf, limits)
 
 
-def _out(buf: list[tuple[pa.Array, Optional[pa.Array]]], limits: Limits) -> Iterator[pa.RecordBatch]:
+def _out(buf: list[tuple[pa.Array, Optional[pa.Array]]], limits: Limits) -> Iterator[pa.Table]:
     values = pa.concat_arrays([v for v, _ in buf]) if len(buf) > 1 else buf[0][0]
     ts = None
     if all(t is not None for _, t in buf):
         ts = pa.concat_arrays([t for _, t in buf]) if len(buf) > 1 else buf[0][1]
     buf.clear()
     for flat, _ in parse_pieces(values, timestamps=ts, limits=limits):
-        yield from flat.to_batches()
+        yield flat

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from monitor.gcpause import gc_paused
+from streaming.ingest.packing import QUARANTINE_BUCKET
 from streaming.state.codec import _load, _store
 from streaming.state.config import StateConfig
 from streaming.state.fence import fence
@@ -20,8 +21,6 @@ from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
                                   pack_archive, pack_block, pack_ticks, quarantine_rows, remember_shown, removed_rows)
-
-QUARANTINE_BUCKET = -1
 
 
 def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: StateConfig,

@@ -79,7 +79,7 @@ def test_a_wrong_setting_is_refused_by_its_name(rules, env, message):
 
 def test_the_job_hands_the_settings_to_the_state_function(spark, monkeypatch):
     from streaming import job as job_module
-    from streaming.ingest import parsing
+    from streaming.ingest import packing
 
     seen = {}
     real = job_module.st.make_state_function
@@ -90,7 +90,7 @@ def test_the_job_hands_the_settings_to_the_state_function(spark, monkeypatch):
     monkeypatch.setattr(job_module.st, "make_state_function", capture)
     cfg = job({"lag": {"lag_high_offsets": 123}, "group": {"stuck_after_ms": 60_000},
                "client": {"refresh_storm_max": 20}, "source": {"silent_factor": 4}})
-    job_module.stateful(spark.createDataFrame([], parsing.FLAT_DDL), cfg)
+    job_module.stateful(spark.createDataFrame([], packing.PACKED_DDL), cfg)
     assert seen["cfg"].lag.lag_high_offsets == 123 and seen["cfg"].group.stuck_after_ms == 60_000
     assert seen["cfg"].client.refresh_storm_max == 20 and seen["cfg"].source.silent_factor == 4.0
     assert seen["cfg"].partition == rules_partition_config.PartitionRulesConfig()
