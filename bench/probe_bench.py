@@ -252,9 +252,13 @@ def answer_groups(probe: Probe, groups: dict[str, list[TopicPartition]]) -> None
     ops = getattr(probe, "_ops", probe._admin)  # the client the probe asks for groups
     ops.list_consumer_groups = lambda **kw: _done(listing)
     coordinator = probe._coordinator
-    ask = coordinator.committed
-    coordinator.committed = lambda reqs: ask(  # type: ignore[method-assign]
-        {g: [(tp.topic, tp.partition) for tp in groups[g]] for g in reqs})
+    send = coordinator.send  # what committed() and the probe's cycle (send, then collect) go through
+
+    def send_named(asks: dict, wait_s: float) -> None:
+        if asks.get("committed"):
+            asks = {**asks, "committed": {g: [(tp.topic, tp.partition) for tp in groups[g]] for g in asks["committed"]}}
+        send(asks, wait_s)
+    coordinator.send = send_named  # type: ignore[method-assign]
 
 
 def _done(value: Any) -> concurrent.futures.Future:
