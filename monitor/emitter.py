@@ -205,10 +205,10 @@ class EventEmitter:
         alone = [single[j] for j in self._emit_each(cls, [rows[i] for i in single], observed_at, cluster, sharded)]
         cluster = cluster or self.cluster
         failed: list[int] = []
-        for key, idx in groups.items():
+        for idx in groups.values():
             if len(idx) < 2:
                 continue
-            head = "/".join([cluster, *map(str, key)]).encode()
+            head = c.record_key(etype, cluster, self.source, dict(zip(names, rows[idx[0]]))).encode()
             for k in range(0, len(idx), ROWS_PER_RECORD):
                 failed += self._emit_record(etype, names, rows, idx[k:k + ROWS_PER_RECORD], head,
                                             observed_at, cluster, sharded)

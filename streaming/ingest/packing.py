@@ -7,7 +7,7 @@ bucket and chunk, ``(bucket, events, payload)``, the payload the bucket's rows i
 order as an Arrow IPC stream; the state function's input is unpacked back into the frames
 Spark would have made (``unpack``).  The events then cross the JVM as a few large binary
 values, not as 60-column rows converted to Spark's row format, shuffled, sorted and converted
-back (measured: docs/state.md, "Stages").
+back (measured: docs/state.md, "Where a batch's time goes, per event").
 """
 
 from __future__ import annotations
