@@ -4,7 +4,8 @@ The JVM does not look inside an event between the parse and the state function: 
 groups rows by bucket.  So the parse task computes each row's bucket itself (Spark's
 ``pmod(xxhash64(bucket_key), buckets)``, bit for bit: ``bucket_of``) and hands Spark one row per
 bucket and chunk, ``(bucket, events, payload)``, the payload the bucket's rows in FLAT_COLUMNS
-order as an Arrow IPC stream; the state function's input is unpacked back into the frames
+order as an Arrow IPC stream (without the columns null in all its rows: most are, a row
+holds its own type's fields); the state function's input is unpacked back into the frames
 Spark would have made (``unpack``).  The events then cross the JVM as a few large binary
 values, not as 60-column rows converted to Spark's row format, shuffled, sorted and converted
 back (measured: docs/state.md, "Where a batch's time goes, per event").
@@ -93,9 +94,14 @@ def pack(flat: pa.Table, keys: list[int], stateful: Collection[str]) -> pa.Recor
     out_b: list[int] = []
     out_n: list[int] = []
     out_p: list[bytes] = []
+    full = {_FULL_SCHEMA: flat.schema.serialize().to_pybytes()}
     for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(sorted_b)]])):
         for at in range(int(lo), int(hi), PACK_ROWS):
             part = flat.slice(at, min(PACK_ROWS, int(hi) - at))
+            # a column null in every row of the part is left out (most are: a row holds its own
+            # type's fields); the full schema travels with it, and unpack puts them back
+            part = part.select([i for i, c in enumerate(part.columns) if c.null_count < len(c)])
+            part = part.replace_schema_metadata(full)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, part.schema) as w:
                 w.write_table(part)
@@ -112,4 +118,27 @@ def unpack(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     arrays as numpy arrays)."""
     for f in frames:
         for payload in f["payload"]:
-            yield pa.ipc.open_stream(payload).read_all().to_pandas()
+            yield _whole(pa.ipc.open_stream(payload).read_all()).to_pandas()
+
+
+#: the schema metadata key of a payload's full schema (``pack`` leaves out all-null columns)
+_FULL_SCHEMA = b"kafka-monitor.full-schema"
+_SCHEMAS: dict[bytes, pa.Schema] = {}  # serialized -> schema (the job has one or two)
+
+
+def _whole(part: pa.Table) -> pa.Table:
+    """A payload's table with the columns ``pack`` left out put back, all null, in order."""
+    meta = part.schema.metadata or {}
+    raw = meta.get(_FULL_SCHEMA)
+    if raw is None:
+        return part
+    schema = _SCHEMAS.get(raw)
+    if schema is None:
+        schema = _SCHEMAS[raw] = pa.ipc.read_schema(pa.py_buffer(raw))
+        if len(_SCHEMAS) > 16:
+            _SCHEMAS.clear()
+            _SCHEMAS[raw] = schema
+    n = part.num_rows
+    have = set(part.column_names)
+    return pa.table([part.column(f.name) if f.name in have else pa.nulls(n, f.type) for f in schema],
+                    schema=schema.remove_metadata())

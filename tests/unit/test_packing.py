@@ -86,6 +86,21 @@ def test_a_large_bucket_is_split_and_keeps_its_order(monkeypatch):
     assert got["seq"].tolist() == [0, 1, 2] * 5
 
 
+def test_a_column_null_in_every_row_of_a_payload_stays_out_of_it_and_comes_back():
+    flat = flat_rows(40)
+    batch = packing.pack(flat, KEYS, ENTITY_OF_TYPE)
+    group = int(packing.bucket_of(flat, KEYS)[-4])  # the bucket of the group's offsets (no metadata there)
+    one = batch.filter(pa.compute.equal(batch.column("bucket"), group))
+    (payload,) = one.column("payload").to_pylist()
+    sent = pa.ipc.open_stream(payload).read_all()
+    assert "committed_offset" in sent.column_names and "leader" not in sent.column_names
+    assert all(c.null_count < len(c) for c in sent.columns)  # ~2/3 of a flat row's columns are its type's
+    (got,) = list(packing.unpack(iter([one.to_pandas()])))
+    assert list(got.columns) == [n for n, _ in FLAT_COLUMNS] + ["bucket"]
+    assert got["leader"].isna().all() and got["leader"].dtype == np.float64  # as Spark hands a null long over
+    assert got["replicas"].isna().all() and got["replicas"].dtype == object
+
+
 def test_nothing_to_pack():
     batch = packing.pack(flat_rows(0).slice(0, 0), KEYS, ENTITY_OF_TYPE)
     assert batch.num_rows == 0 and list(packing.unpack(iter([batch.to_pandas()]))) == []
