@@ -170,8 +170,10 @@ def _bulk(lines: list[str], schema: pa.Schema) -> Optional[pa.Table]:
 
 
 def _decode_run(lines: list[str], pieces: list, schema: pa.Schema) -> None:
-    """Decode object-shaped values, splitting a failing block until its bad values are alone."""
-    t = _bulk(lines, schema) if len(lines) > _SPLIT_FLOOR else None
+    """Decode object-shaped values, splitting a failing block until its bad values are alone.
+    A run is tried whole first, however short: a decode with the events' schema costs ~2 ms
+    before its first byte, so 20 values one by one cost ~35 ms, together ~2 ms."""
+    t = _bulk(lines, schema) if len(lines) > 1 else None
     if t is not None:
         pieces.append(t)
     elif len(lines) > _SPLIT_FLOOR:
