@@ -53,3 +53,58 @@ def test_record_values_become_text_and_bytes_that_are_not_utf8_are_replaced():
     bad = _record_batch({"key": [None, None], "value": [b'{"x": "\xff"}', b"ok"], "partition": [0, 0],
                          "offset": [1, 2], "timestamp": [0, 0]}, "events")
     assert bad.column("value").to_pylist() == ['{"x": "\ufffd"}', "ok"]
+
+
+class _Msg:
+    def __init__(self, offset: int, eof: bool = False):
+        self._offset, self._eof = offset, eof
+
+    def error(self):
+        from confluent_kafka import KafkaError
+        return KafkaError(KafkaError._PARTITION_EOF) if self._eof else None
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class _Consumer:
+    """Answers each consume() with the next scripted list; records what was asked."""
+    script: list = []
+    asked: list = []
+
+    def __init__(self, conf):
+        pass
+
+    def assign(self, parts):
+        pass
+
+    def consume(self, num_messages, timeout):
+        type(self).asked.append(num_messages)
+        return type(self).script.pop(0) if type(self).script else []
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("script, asked, read", [
+    # every record there: the read ends with the last one, no end-of-partition event asked for
+    # (the broker would hold that fetch for fetch.wait.max.ms)
+    ([[_Msg(0), _Msg(1), _Msg(2), _Msg(3)]], [4], [0, 1, 2, 3]),
+    # offset 3 is a control record: the consume comes back short, then the partition's
+    # end-of-partition event is asked for and closes it
+    ([[_Msg(0), _Msg(1), _Msg(2)], [_Msg(4, eof=True)]], [4, 2], [0, 1, 2]),
+])
+def test_a_read_asks_for_the_records_left_and_for_the_end_only_after_a_short_answer(monkeypatch, script, asked,
+                                                                                    read):
+    import confluent_kafka
+
+    from streaming.read.source import KafkaSourcePartition, messages_in_range
+    monkeypatch.setattr(confluent_kafka, "Consumer", _Consumer)
+    monkeypatch.setattr(_Consumer, "script", list(script))
+    monkeypatch.setattr(_Consumer, "asked", [])
+    part = KafkaSourcePartition("events", [(0, 0, 4)], {"bootstrap.servers": "127.0.0.1:1"}, fail_on_data_loss=True)
+    assert [m.offset() for m in messages_in_range(part, idle_timeout_s=5)] == read
+    assert _Consumer.asked == asked
