@@ -569,7 +569,10 @@ class KafkaCluster(ClusterSecurityMixin, ClusterFaultsMixin):
                       *self._command_config(controller=True)]
         else:
             target = ["--bootstrap-server", self.bootstrap_servers]
-        out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
+        try:
+            out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
+        except subprocess.TimeoutExpired:  # seen over SASL_SSL at load ~20 (CI): the tool hung its 60 s; once more
+            out = self.run_tool("org.apache.kafka.tools.MetadataQuorumCommand", *target, "describe", "--status")
         return {m.group(1): m.group(2) for m in re.finditer(r"^(\w+):\s*(.*?)\s*$", out, re.M)}
 
     def active_controller(self) -> int:

@@ -276,8 +276,10 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure):
     from confluent_kafka.admin import AdminClient
     monitor = AdminClient({"bootstrap.servers": secure.bootstrap_servers, **secure.client_conf("monitor")})
     _effective(lambda: ORDERS in monitor.list_topics(timeout=5).topics, "the monitor's ACLs to take effect")
+    # interval 6 s: an observation waits 3 s for its answers; at 1 s (2 s, the descriptions 1.4 s of
+    # it) a CI run at load ~20 had sec-billing's coordinator answer late in every cycle for 180 s
     args = ["--log-level", "DEBUG", "probe", "--bootstrap-servers", secure.bootstrap_servers, "--cluster", "sec",
-            "--source", "probe-sec", "--interval", "1", "--topics", r"^sec\.", "--groups", "^sec-"]
+            "--source", "probe-sec", "--interval", "6", "--topics", r"^sec\.", "--groups", "^sec-"]
     for kv in x_settings(secure, "monitor") + ["debug=conf,security"]:  # + librdkafka's debug output
         args += ["-X", kv]
     with AppConsumer(secure) as app:
