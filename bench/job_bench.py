@@ -78,11 +78,13 @@ def isr_of(i: int, cycle: int) -> list[int]:
 
 
 def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: float = 1.0,
-                 snapshot_cycles: int = 6) -> list[Event]:
+                 snapshot_cycles: int = 6, idle_groups: float = 0.0) -> list[Event]:
     """One observation cycle as the probe sends it: a partition's metadata on the first cycle,
     when it changed, and as a snapshot every ``snapshot_cycles`` cycles (spread: partition i's
     comes in the cycles where cycle = i mod snapshot_cycles); ``snapshot_cycles`` = 1 sends
-    every partition's metadata every cycle (the probe before it sent changes only)."""
+    every partition's metadata every cycle (the probe before it sent changes only).
+    ``idle_groups``: the share of group partitions whose consumer sits at the HW of a partition
+    nobody writes to (the others lag by 1,000-1,500 records and commit every cycle)."""
     evs: list[Event] = []
     seq = cycle * (2 * n_parts + n_pairs + 1)
 
@@ -105,9 +107,11 @@ def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: floa
         topic, part = f"t{(j % max(n_parts, 1)) // PARTS_PER_TOPIC}", j % PARTS_PER_TOPIC
         moving = (j % 1000) < active * 1000
         c = cycle if moving else 0
+        committed, hw = 1000 * c + j % 500, 1000 * (c + 1) + j
+        if (j % 1000) < idle_groups * 1000:
+            committed = hw = 1000 + j
         evs.append(ev(GroupOffsets(group=f"g{j // 1000}", topic=topic, partition=part,
-                                   committed_offset=1000 * c + j % 500, high_watermark=1000 * (c + 1) + j,
-                                   hw_observed_at=t_ms)))
+                                   committed_offset=committed, high_watermark=hw, hw_observed_at=t_ms)))
     evs.append(ev(Heartbeat(interval_ms=10_000, events_sent=seq, events_dropped=0)))
     return evs
 

@@ -76,9 +76,10 @@ def _timed(spent: dict):
             setattr(st, n, f)
 
 
-def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int) -> list[dict[int, pd.DataFrame]]:
+def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int,
+            idle_groups: float = 0.0) -> list[dict[int, pd.DataFrame]]:
     """One cycle's rows as two batches, each {bucket: frame} as the state function gets them."""
-    evs = cycle_events(n_parts, n_pairs, cycle, t_ms)
+    evs = cycle_events(n_parts, n_pairs, cycle, t_ms, idle_groups=idle_groups)
     values = pa.array([e.to_json() for e in evs], pa.binary())
     flat = parsing.parse_values(values)
     keys = flat.column("bucket_key").to_pylist()
@@ -92,7 +93,7 @@ def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int) -> 
     return out
 
 
-def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) -> dict:
+def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int, idle_groups: float = 0.0) -> dict:
     fn = st.make_state_function(st.StateConfig(run_id="bench"))
     states = {k: FakeState() for k in range(buckets)}
     exporter = Exporter(max_series=10_000_000)
@@ -100,7 +101,7 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) ->
     rows: list[dict] = []
     batch_id = 0
     for cycle in range(warm + timed):
-        for batch in _frames(n_parts, n_pairs, cycle, t0 + cycle * 10_000, buckets):
+        for batch in _frames(n_parts, n_pairs, cycle, t0 + cycle * 10_000, buckets, idle_groups):
             spent: dict = defaultdict(float)
             outs = []
             t = time.perf_counter()
@@ -128,7 +129,8 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int) ->
                       f"state {state_s:.2f} s, sink {sink_s:.2f} s", file=sys.stderr)
     exporter.shutdown()
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0] if k.endswith("_s")}
-    return {"partitions": n_parts, "group_partitions": n_pairs, "buckets": buckets, "batches": len(rows),
+    return {"partitions": n_parts, "group_partitions": n_pairs, "idle_groups": idle_groups, "buckets": buckets,
+            "batches": len(rows),
             "rows_per_batch": statistics.median(r["rows"] for r in rows),
             "stored_mb": rows[-1]["stored_bytes"] / 1e6, "median_s": med}
 
@@ -140,12 +142,15 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=3, help="cycles that fill the state, not timed")
     ap.add_argument("--timed", type=int, default=3, help="cycles timed (two batches each)")
     ap.add_argument("--buckets", type=int, default=job.JobConfig.buckets)
+    ap.add_argument("--idle-groups", type=float, default=0.0,
+                    help="share of group partitions whose consumer sits at the HW of a partition nobody writes to "
+                         "(at rest in columns after the lag rules' window of such cycles: give --warm 11 or more)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/state.json"))
     args = ap.parse_args()
     results = []
     for size in args.sizes:
         parts, pairs = (int(x) for x in size.split(":"))
-        results.append(one_size(parts, pairs, args.warm, args.timed, args.buckets))
+        results.append(one_size(parts, pairs, args.warm, args.timed, args.buckets, args.idle_groups))
     print(f"{'partitions':>10} {'rows/batch':>10} {'state s':>8} {'sink s':>7} {'stored MB':>9}  phases (s)")
     for r in results:
         m = r["median_s"]

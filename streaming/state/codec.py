@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import pyarrow as pa
 
 from streaming.rules.dispatch import TEMPLATES
+from streaming.rules.lag_config import DEFAULT_CONFIG as LAG_DEFAULTS
+from streaming.state.idle_groups import IdleGroups
 from streaming.state.rows import _row
 from streaming.state.table import PartitionTable
 from streaming.state.table import decode as table_decode, encode as table_encode, from_lists as table_from_lists
@@ -38,8 +40,10 @@ STATE_SCHEMA = "entities binary"
 #:      parts without the partition's cluster, topic and number (columns already), dictionary-encoded;
 #:      "fences" (optional, absent when empty): an HA group's shards' fences (``fence``), which a
 #:      reader that predates them ignores
+#:   7  format 6 plus "groups" (optional, absent when empty): the group partitions at rest
+#:      in columns (``idle_groups``)
 #: A state is read through ``_MIGRATIONS`` up to ``_FORMAT``; a newer one is refused.
-_FORMAT = 6
+_FORMAT = 7
 
 #: a format 4+ bucket: this prefix, the pickle's length (8 bytes, little endian), the pickle
 #: compressed with zstd (at 300,000 partitions a bucket's pickle is ~2 MB, ~0.6 MB compressed:
@@ -95,8 +99,13 @@ def _from_5(v: dict) -> dict:
     return {**v, "format": 6}  # decode widens the columns; a cold part's names are overwritten by the columns'
 
 
+def _from_6(v: dict) -> dict:
+    return {**v, "format": 7}  # no group partition at rest yet: they are dicts
+
+
 #: format N -> the function that turns it into format N + 1
-_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5}
+_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_1, 2: _from_2, 3: _from_3, 4: _from_4, 5: _from_5,
+                                                 6: _from_6}
 
 _SAMPLE = {"cluster": "", "topic": "", "partition": 0, "group": "", "source": "", "ha_group": ""}
 #: the fields every new entity starts with, per kind: a stored bucket whose signature differs
@@ -111,6 +120,7 @@ def _complete(entities: dict[str, Any], table: PartitionTable) -> None:
         got = table.take(k)
         if got is not None:
             entities[k] = got
+    entities.update(table.groups.take_all())
     for e in entities.values():
         make = TEMPLATES.get(e.get("kind", ""))
         if make is None:
@@ -134,16 +144,22 @@ def _unpack(value: bytes, run_id: str, cfg: Optional[StateConfig] = None
         v = _MIGRATIONS[fmt](v)
         fmt = v["format"]
     entities = v["entities"]
-    table = _table(v["partitions"], run_id, cfg)
+    table = _table(v["partitions"], run_id, cfg, v.get("groups"))
+    if table.groups.stale:  # another run's, or another window's: the rules take them again
+        entities.update(table.groups.take_all())
     if v.get("fields") != FIELDS:
         _complete(entities, table)
     return entities, table, v.get("run"), v.get("fences") or {}
 
 
-def _table(stored: Optional[dict], run_id: str, cfg: Optional[StateConfig]) -> PartitionTable:
+def _table(stored: Optional[dict], run_id: str, cfg: Optional[StateConfig], groups: Optional[dict] = None) -> PartitionTable:
+    """The bucket's partition table, its group partitions at rest with it (``table.groups``)."""
     if cfg is None:
-        return PartitionTable(stored, run_id=run_id)
-    return PartitionTable(stored, run_id=run_id, cfg=cfg.partition, ttl_ms=cfg.entity_ttl_ms)
+        table = PartitionTable(stored, run_id=run_id)
+    else:
+        table = PartitionTable(stored, run_id=run_id, cfg=cfg.partition, ttl_ms=cfg.entity_ttl_ms)
+    table.groups = IdleGroups(groups, run_id, (cfg.lag if cfg is not None else LAG_DEFAULTS).window)
+    return table
 
 
 def _load(state: Any, cfg: StateConfig) -> tuple[dict[str, Any], PartitionTable, Optional[str], dict]:
@@ -161,13 +177,17 @@ def _store(state: Any, entities: dict, table: PartitionTable, compact: bool = Tr
     JSON, and its stored bytes, ``count``; whether anything is stored: the caller then sets
     its timeout)."""
     partitions = table.state(entities if compact else {})
+    groups = table.groups.state(entities if compact else {})
     kinds: dict[str, int] = {}
     for v in entities.values():
         kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
+    if groups is not None:
+        kinds["group_partition"] = kinds.get("group_partition", 0) + len(groups["keys"])
     size = 0
-    if entities or len(partitions["keys"]) or fences:
+    if entities or len(partitions["keys"]) or fences or groups is not None:
         value = encode_state({"format": _FORMAT, "entities": entities, "partitions": partitions, "run": table.run_id,
-                              "fields": FIELDS, **({"fences": fences} if fences else {})})
+                              "fields": FIELDS, **({"fences": fences} if fences else {}),
+                              **({"groups": groups} if groups is not None else {})})
         size = len(value)
         state.update((value,))
         if len(partitions["keys"]):
@@ -182,4 +202,5 @@ def stored_entities(value: bytes, run_id: str = "") -> dict[str, Any]:
     """Every entity of a stored bucket state as a dict, the table's partitions included (for
     tests and debugging)."""
     entities, table, _, _ = _unpack(value, run_id)
-    return {**entities, **{k: table.peek(k) for k in table.live_keys()}}
+    return {**entities, **{k: table.peek(k) for k in table.live_keys()},
+            **{k: table.groups.peek(k) for k in table.groups.live_keys()}}

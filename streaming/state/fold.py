@@ -251,11 +251,14 @@ def catch_up(s: dict, key: str, until: int, cfg: StateConfig) -> list[rules.Tran
     return out
 
 
-def tick(entities: dict[str, Any], now: int, cfg: StateConfig) -> list[rules.Transition]:
-    """The time-driven checks of every entity in the bucket (cheap when nothing is due)."""
+def tick(entities: dict[str, Any], now: int, cfg: StateConfig,
+         at_rest: Optional[dict[tuple[str, str], int]] = None) -> list[rules.Transition]:
+    """The time-driven checks of every entity in the bucket (cheap when nothing is due).
+    ``at_rest``: (cluster, group) -> its partitions at rest in columns (``idle_groups``): each
+    has lag 0 and no lag start."""
     out: list[rules.Transition] = []
-    lags: dict[tuple[str, str], list[Optional[int]]] = {}
-    lag_from: dict[tuple[str, str], list[Optional[int]]] = {}
+    lags: dict[tuple[str, str], list[Optional[int]]] = {g: [0] * n for g, n in (at_rest or {}).items()}
+    lag_from: dict[tuple[str, str], list[Optional[int]]] = {g: [None] * n for g, n in (at_rest or {}).items()}
     for s in entities.values():
         if s["kind"] == "group_partition":
             lags.setdefault((s["cluster"], s["group"]), []).append(s.get("lag"))

@@ -19,6 +19,7 @@ from streaming.state.config import StateConfig
 from streaming.state.fence import fence
 from streaming.state.columns import fold_columns
 from streaming.state.fold import evict_stale, fold, tick
+from streaming.state.idle_groups import PREFIX as GROUP_PARTITION
 from streaming.state.rows import (_frame, _transition_columns, active_rows, changed_entity_rows, dropped_rows,
                                   pack_archive, pack_block, pack_ticks, quarantine_rows, remember_shown, removed_rows)
 
@@ -35,10 +36,17 @@ def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: 
     if fenced:
         dropped["fenced"] = fenced
     frames, quiet = fold_columns(table, entities, frames, cfg, compact)
+    groups = table.groups
+    frames = groups.fold(frames, entities)
     forgotten: list[tuple[str, dict]] = []
-    transitions, touched = fold(entities, frames, cfg, dropped, take=table.take, removed=forgotten)
+
+    def take(key: str) -> Any:
+        return groups.take(key) if key.startswith(GROUP_PARTITION) else table.take(key)
+
+    transitions, touched = fold(entities, frames, cfg, dropped, take=take, removed=forgotten)
     entities.update(table.take_due(now))
-    transitions += tick(entities, now, cfg)
+    entities.update(groups.take_expired(now, cfg.entity_ttl_ms))
+    transitions += tick(entities, now, cfg, groups.at_rest_per_group())
     remember_shown(entities, transitions)
     out = changed_entity_rows(entities, touched, cfg.run_id)
     if len(quiet):
@@ -46,7 +54,7 @@ def on_rows(frames: list[pd.DataFrame], now: int, state: Any, bucket: int, cfg: 
     gone, evicted = evict_stale(entities, now, cfg.entity_ttl_ms)
     transitions += gone
     # an entity forgotten and then seen again in this batch (re-created) keeps its series
-    removed = [r for k, r in forgotten if k not in entities and k not in table] + evicted
+    removed = [r for k, r in forgotten if k not in entities and k not in table and k not in groups] + evicted
     after = dropped_rows(dropped, now) + removed + removed_rows([r for _, r in forgotten] + evicted, now)
     if run != cfg.run_id:  # a new run: its exporter has not seen the alerts still open
         after += active_rows(entities)

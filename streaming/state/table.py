@@ -320,6 +320,8 @@ class PartitionTable:
         self.alive = np.ones(n, bool)
         self._index: Optional[dict[str, int]] = None  # key -> position, built when first asked
         self._where: dict[str, int] = {}  # the batch's entity keys -> position (-1: not here)
+        #: the bucket's group partitions at rest (``idle_groups.IdleGroups``, set by ``codec``)
+        self.groups: Any = None
 
     def __len__(self) -> int:
         return int(self.alive.sum())

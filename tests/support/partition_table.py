@@ -30,7 +30,7 @@ def _rows(out: pd.DataFrame) -> list[tuple]:
     stores columns, the dicts pickles), its entities by kind do not."""
     out = out.copy()
     out.loc[out.kind == "state", "count"] = None
-    return sorted(tuple(_canon(v) for v in r) for r in out.itertuples(index=False, name=None))
+    return sorted((tuple(_canon(v) for v in r) for r in out.itertuples(index=False, name=None)), key=repr)
 
 
 def _norm(x):

@@ -18,17 +18,17 @@ from tests.support.state_fakes import FakeState, call, pmd, poff, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
 #: each fixture was written by the code of its format, before the next one replaced it
-OLDER = [(FIXTURES / f"format{n}-bucket.pickle").read_bytes() for n in (2, 3, 4, 5)]
-OLDER_META = [json.loads((FIXTURES / f"format{n}-bucket.json").read_text()) for n in (2, 3, 4, 5)]
+OLDER = [(FIXTURES / f"format{n}-bucket.pickle").read_bytes() for n in (2, 3, 4, 5, 6)]
+OLDER_META = [json.loads((FIXTURES / f"format{n}-bucket.json").read_text()) for n in (2, 3, 4, 5, 6)]
 FORMAT2, FORMAT2_META = OLDER[0], OLDER_META[0]
 
 
 def test_every_older_format_has_a_migration():
-    assert codec._FORMAT == 6
+    assert codec._FORMAT == 7
     assert sorted(codec._MIGRATIONS) == list(range(1, codec._FORMAT))
 
 
-@pytest.mark.parametrize("old, meta", list(zip(OLDER, OLDER_META)), ids=["format2", "format3", "format4", "format5"])
+@pytest.mark.parametrize("old, meta", list(zip(OLDER, OLDER_META)), ids=["format2", "format3", "format4", "format5", "format6"])
 def test_a_job_restarts_on_a_state_written_by_a_previous_version(old, meta):
     assert codec.decode_state(old)["format"] == meta["format"]
     s = FakeState(value=(old,))
@@ -100,7 +100,7 @@ def test_a_field_added_to_an_entity_since_the_state_was_written_gets_its_default
 
 def test_a_state_from_a_newer_version_is_refused_with_what_to_do():
     newer = pickle.dumps({"format": codec._FORMAT + 1, "entities": {}, "partitions": None, "run": None})
-    with pytest.raises(codec.StateFormatError, match=r"format 7, written by a newer kafka-monitor.*formats 1\.\.6"):
+    with pytest.raises(codec.StateFormatError, match=r"format 8, written by a newer kafka-monitor.*formats 1\.\.7"):
         codec._unpack(newer, "r")
 
 
