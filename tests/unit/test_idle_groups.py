@@ -183,9 +183,11 @@ def test_the_machine_puts_partitions_at_rest_and_takes_them_back(monkeypatch):
 
     monkeypatch.setattr(idle_groups.IdleGroups, "fold", fold)
     monkeypatch.setattr(idle_groups.IdleGroups, "_dict", as_dict)
-    run_state_machine_as_test(RestVersusDicts, settings=settings(max_examples=15, stateful_step_count=40, deadline=None,
-                                                                 suppress_health_check=[HealthCheck.too_slow]))
-    assert seen["applied"] > 50 and seen["taken"] > 10, seen
+    run_state_machine_as_test(RestVersusDicts, settings=settings(
+        max_examples=15, stateful_step_count=40, deadline=None, database=None, derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow]))
+    print(f"\nrows applied in columns: {seen['applied']}, partitions taken back: {seen['taken']}")
+    assert seen["applied"] > 150 and seen["taken"] > 250, seen  # 311 and 545 when written
 
 
 def test_a_consumer_at_the_hw_is_kept_in_columns_and_comes_back_as_the_rules_left_it():
