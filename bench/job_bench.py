@@ -16,6 +16,9 @@ real job (Python Kafka source -> parse -> state -> exporter) in local[2]:
   read + parse + gate + state + sink; latestOffset; queryPlanning; walCommit; commitOffsets);
 - ``--active``: the share of partitions (and group partitions) whose offsets move each cycle
   (1.0 = all of them, the worst case);
+- ``--idle-groups``: the share of group partitions whose consumer sits at the HW of a
+  partition nobody writes to (0 by default: every consumer lags and commits each cycle, the
+  worst case; at rest, in columns, after ten such cycles: ``streaming/state/idle_groups.py``);
 - ``--metadata``: partition metadata as the probe sends it (on change, and a snapshot of each
   partition every ``metadata_snapshot_s``, 60 s = 6 cycles: at 100,000 partitions a cycle is
   about 100k offsets + 17k metadata + the group offsets) or ``every-cycle`` (every partition's
@@ -379,7 +382,8 @@ class Scraper:
 
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
-            source: str = "python", cluster=None, archive: bool = False, encoding: str = "rows") -> dict:
+            source: str = "python", cluster=None, archive: bool = False, encoding: str = "rows",
+            idle_groups: float = 0.0) -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -390,14 +394,15 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         ser = serialize_rows if encoding == "rows" else serialize
         counts = EventCounts()
         backlog = [r for c in range(backlog_cycles)
-                   for r in ser(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles))]
+                   for r in ser(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles, idle_groups))]
         backlog_events = sum(r[2] if len(r) > 2 else 1 for r in backlog)
         learn = counts if encoding == "rows" else None  # v1: a record is an event
         produce(broker.bootstrap, "kafka-monitor.events", backlog, learn)
         # the steady cycles are made now, before the query starts (event times: where the
         # cycles will be produced, roughly), so that making them does not compete with the job
         t1 = int(time.time() * 1000) + 30_000
-        cycles = [ser(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles))
+        cycles = [ser(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles,
+                                   idle_groups))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
                         # about as many events a batch whatever the encoding
@@ -549,6 +554,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         **scrape,
         "breakdown": breakdown,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
+        "idle_groups": idle_groups,
         "archive": archive,
         "encoding": encoding, "backlog_records": len(backlog), "backlog_events": backlog_events,
         "drain_s": drain_s, "drain_events_per_s": backlog_events / drain_s,
@@ -575,6 +581,10 @@ def main() -> int:
                     "default interval_s)")
     ap.add_argument("--trigger-s", type=float, default=5.0, help="the job's trigger (its default trigger_s)")
     ap.add_argument("--active", type=float, default=1.0, help="share of partitions whose offsets move each cycle")
+    ap.add_argument("--idle-groups", type=float, default=0.0,
+                    help="share of group partitions whose consumer sits at the HW of a partition nobody writes to "
+                         "(held in columns after the lag rules' window of such cycles: give --backlog-cycles 11 "
+                         "or more; default 0: every consumer lags and commits each cycle)")
     ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
                     help="partition metadata as the probe sends it: on change and as a snapshot every "
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
@@ -650,7 +660,8 @@ def main() -> int:
                       f"run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
                                    args.trigger_s, args.active, snapshot_cycles, args.scrape_rate,
-                                   source=args.source, cluster=cluster, archive=archive, encoding=args.encoding))
+                                   source=args.source, cluster=cluster, archive=archive, encoding=args.encoding,
+                                   idle_groups=args.idle_groups))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)
