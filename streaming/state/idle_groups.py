@@ -103,9 +103,6 @@ class IdleGroups:
         self.stale = bool(st) and (st.get("run_id") != run_id or self.hist.shape[1] != window)
         self._index: Optional[dict[str, int]] = None
 
-    def __len__(self) -> int:
-        return int(self.alive.sum())
-
     def _position(self, key: str) -> Optional[int]:
         if self._index is None:
             self._index = {k: i for i, k in enumerate(self.keys.to_pylist())}
