@@ -1,7 +1,8 @@
 """End-to-end benchmark: the probe and the job together at scale (issue 18.5).
 
     librdkafka's mock cluster (3 brokers, its own process; topics of 100 partitions, every
-    partition also in a consumer group, as bench/probe_bench.py sets them up)
+    partition also in a consumer group, as bench/probe_bench.py sets them up; ``--group-share``
+    for fewer)
       -> the probe (its own process, ``Probe.run()`` at ``--interval``)
       -> the events topic on the mock cluster
       -> the job (this process: Spark local[2], the default trigger of 5 s) -> its exporter
@@ -47,14 +48,14 @@ from probe_bench import (EVENTS_TOPIC, GROUP_TOPICS, TOPIC_PARTITIONS, MockClust
                          _groups, answer_groups, commit_groups)
 
 
-def probe_child(bootstrap: str, n_topics: int, interval_s: float) -> int:
+def probe_child(bootstrap: str, n_group_topics: int, interval_s: float) -> int:
     """The probe as ``kafka-monitor probe`` runs it, with the group listing the mock lacks
     answered as bench/probe_bench.py does; stops on SIGTERM."""
     from monitor.probe import Probe
     from monitor.probe_config import ProbeConfig
     probe = Probe(ProbeConfig(bootstrap_servers=bootstrap, interval_s=interval_s, source="e2e-probe",
                               cluster="bench", topics_include="^bench-", request_timeout_s=120))
-    answer_groups(probe, _groups(n_topics, GROUP_TOPICS))
+    answer_groups(probe, _groups(n_group_topics, GROUP_TOPICS))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -107,17 +108,19 @@ def quantile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
 
 
-def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measure_s: float) -> dict:
+def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measure_s: float,
+            group_share: float = 1.0) -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
     n_topics = max(1, n_partitions // TOPIC_PARTITIONS)
+    n_group_topics = max(1, round(n_topics * group_share))  # the first ones: groups of GROUP_TOPICS topics
     mc = MockClusterProcess(n_topics, TOPIC_PARTITIONS)
     work = tempfile.mkdtemp(prefix="km-e2e-")
     child = q = exporter = None
     try:
-        groups = commit_groups(mc.bootstrap, n_topics, GROUP_TOPICS)
-        child = subprocess.Popen([sys.executable, __file__, "--probe-child", mc.bootstrap, str(n_topics),
+        groups = commit_groups(mc.bootstrap, n_group_topics, GROUP_TOPICS)
+        child = subprocess.Popen([sys.executable, __file__, "--probe-child", mc.bootstrap, str(n_group_topics),
                                   str(interval_s)])
         cfg = JobConfig(bootstrap_servers=mc.bootstrap, checkpoint_dir=f"{work}/ckpt", events_topic=EVENTS_TOPIC,
                         alerts_topic="", metrics_port=0)
@@ -197,6 +200,9 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=10.0, help="the probe's interval_s (default 10, its default)")
     ap.add_argument("--warmup", type=float, default=90.0, help="seconds before measuring (default 90)")
     ap.add_argument("--measure", type=float, default=180.0, help="seconds measured (default 180)")
+    ap.add_argument("--group-share", type=float, default=1.0,
+                    help="share of the topics a consumer group commits on (default 1: every partition is "
+                         "a group partition too; 0.1 is the issue 50 sizing, 300,000 + 30,000)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     args = ap.parse_args()
     from streaming.job import JobConfig, spark_session, stop_spark
@@ -208,7 +214,7 @@ def main() -> int:
             runs = []
             for r in range(args.runs):
                 print(f"[bench] {n} partitions: run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
-                res = one_run(spark, n, args.interval, args.warmup, args.measure)
+                res = one_run(spark, n, args.interval, args.warmup, args.measure, args.group_share)
                 runs.append(res)
                 print(f"[bench]   { {k: v for k, v in res.items() if k != 'delays_s'} }", file=sys.stderr, flush=True)
             keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k != "delays_s"]
