@@ -348,7 +348,8 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
             except AssertionError as e:  # the producer's side: delivered again, dropped since
                 raise AssertionError(f"{e}: {emitter.sent - sent_before} events delivered since the events "
                                      f"cluster came back, {emitter.dropped - dropped} more dropped, "
-                                     f"{emitter.renewals} producer renewals") from None
+                                     f"{emitter.renewals} producer renewals, last error "
+                                     f"{emitter.last_error!r}") from None
         finally:
             reader.close()
         assert emitter.renewals >= 1  # the events cluster came back without the producer's state

@@ -34,7 +34,7 @@ import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -254,9 +254,12 @@ def probe_view_missing(events: list[Event], source: str) -> list[str]:
     return missing
 
 
-def cli(*args: str, env: Optional[dict] = None) -> subprocess.Popen:
+def cli(*args: str, env: Optional[dict] = None, stdout: Any = subprocess.PIPE,
+        stderr: Any = subprocess.PIPE) -> subprocess.Popen:
+    """The CLI as a child process; its output to pipes (read them while it runs: a full pipe
+    blocks its next write, a librdkafka thread's debug line included) or to files."""
     return subprocess.Popen([sys.executable, "-m", "kafka_monitor.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=stdout, stderr=stderr, text=True)
 
 
 def _effective(check, what: str, timeout: float = 30.0, times: int = 3) -> None:
@@ -270,7 +273,7 @@ def _effective(check, what: str, timeout: float = 30.0, times: int = 3) -> None:
     wait_for(lambda: all(ok() for _ in range(times)), timeout=timeout, interval=0.3, what=what)
 
 
-def test_probe_command_works_with_exactly_the_documented_acls(secure):
+def test_probe_command_works_with_exactly_the_documented_acls(secure, tmp_path):
     secure.add_acls("monitor", PROBE_ACLS)
     assert secure.acls("monitor") == set(PROBE_ACLS)
     from confluent_kafka.admin import AdminClient
@@ -284,7 +287,13 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure):
         args += ["-X", kv]
     with AppConsumer(secure) as app:
         wait_for(lambda: app.committed, timeout=60, what="the application's group to commit")
-        proc = cli(*args)
+        # its DEBUG output to files, not pipes: nothing reads a pipe until the probe stops, and a
+        # probe slow to see everything (a loaded machine) filled one and stopped on its next write
+        # (a full run: a librdkafka thread in the middle of its SCRAM exchange, "handled in
+        # 173626ms", the main thread too, until the wait below ran out and read the pipe)
+        out_file, err_file = tmp_path / "probe.out", tmp_path / "probe.err"
+        with open(out_file, "w") as out_w, open(err_file, "w") as err_w:
+            proc = cli(*args, stdout=out_w, stderr=err_w)
         missing: list[str] = ["not asked yet"]
 
         def view() -> bool:
@@ -304,7 +313,8 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure):
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
+            out, err = out_file.read_text(), err_file.read_text()
         if failed is not None or missing:
             raise AssertionError(f"{failed or 'the probe exited (' + str(proc.returncode) + ')'}; still missing: "
                                  f"{missing}; the probe's stderr ends: {err[-4000:]}")
