@@ -224,25 +224,9 @@ def _supervise_probe(args: list, stop: threading.Event) -> None:
 
 
 def _stop_spark() -> None:
-    """Stop the demo's Spark session, unless its JVM is gone already: a Ctrl-C in the terminal,
-    or a SIGTERM to the process group, reaches the JVM too (asking it for the session then
-    raised, and the broker and the work directory were left behind)."""
-    from py4j.protocol import Py4JError
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
+    from streaming.job import stop_active_spark
 
-    from streaming.job import stop_spark
-
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    if gateway is None or (proc is not None and proc.poll() is not None):
-        return
-    try:
-        spark = SparkSession.getActiveSession()
-    except (Py4JError, OSError):  # the JVM went away meanwhile
-        return
-    if spark is not None:
-        stop_spark(spark)
+    stop_active_spark()
 
 
 if __name__ == "__main__":

@@ -339,6 +339,25 @@ def spark_session(cfg: JobConfig, app_name: str = "kafka-monitor") -> SparkSessi
     return spark
 
 
+def stop_active_spark() -> None:
+    """Stop this process's active Spark session, if it has one, unless its JVM is gone already:
+    a Ctrl-C in the terminal, or a SIGTERM to the process group, reaches the JVM too (asking it
+    for the session then raises)."""
+    from py4j.protocol import Py4JError
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or (proc is not None and proc.poll() is not None):
+        return
+    try:
+        spark = SparkSession.getActiveSession()
+    except (Py4JError, OSError):  # the JVM went away meanwhile
+        return
+    if spark is not None:
+        stop_spark(spark)
+
+
 def stop_spark(spark: SparkSession, timeout_s: float = 30.0) -> None:
     """Stop the session and wait for its JVM to exit.  The JVM otherwise lives until this
     Python process exits (it watches our end of its stdin pipe) and is then left as a zombie
