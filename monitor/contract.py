@@ -170,7 +170,10 @@ class PartitionOffsets:
     partition: int = _doc("Partition index.")
     high_watermark: int = _doc("High watermark: offset of the next record to be committed to the log.")
     via: str = _doc("Where the offsets came from: fetch (a fetch response) or list_offsets.")
-    log_start_offset: Optional[int] = _doc("First offset still in the log, when known.", default=None)
+    log_start_offset: Optional[int] = _doc(
+        "First offset still in the log, when known. A probe reading ListOffsets asks it every "
+        "log_start_interval_s (60 s by default; it moves only when segments are deleted) and sends the "
+        "last answer in between.", default=None)
     last_stable_offset: Optional[int] = _doc("Last stable offset (transactions), when known.", default=None)
     metadata_at: Optional[int] = _doc(
         "When the source's metadata last confirmed this partition's leader, replicas and ISR (epoch ms of "

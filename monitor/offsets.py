@@ -91,6 +91,12 @@ class ProbeOffsetsMixin:
         self._lo_owners: list[int] = []
         #: leader -> its ListOffsets requests the probe stopped waiting for (_collect_list_offsets)
         self._lo_out: dict[int, list[concurrent.futures.Future]] = {}
+        #: each watched partition's log start offset as last answered (ListOffsets earliest is
+        #: asked every ``log_start_interval_s``); when it was asked; whether to ask at the next one
+        self._log_starts: dict[tuple[str, int], Optional[int]] = {}
+        self._log_starts_at = float("-inf")
+        self._log_starts_due = True
+        self._log_starts_for: Optional[list[tuple[str, int]]] = None
         #: the group listing, while it is out (_listed_groups); the watched groups it named, and when
         self._listing: Optional[concurrent.futures.Future] = None
         self._groups_seen: dict[str, float] = {}
@@ -286,9 +292,17 @@ class ProbeOffsetsMixin:
             self.invalidate(e.args[0] if e.args else e, "list_offsets")
             self._warn_once("list_offsets", "list_offsets failed: %s", e)
             return out, self._now_ms()
+        if earliest is None:  # not asked this time: the last answers
+            return self._with_log_starts(partitions, latest, stable), at
         get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
+        starts: dict[tuple[str, int], Optional[int]] = {}
+        self._log_starts_due = False
         for tp, key in zip(self._lo_requests[0], partitions):
             hi, lo = get_hi(tp), get_lo(tp)
+            if type(lo) is ok:
+                starts[key] = lo.offset if lo.offset is not None and lo.offset >= 0 else None
+            elif key in self._log_starts:  # no answer this time (its broker was late): the last one
+                starts[key] = self._log_starts[key]
             if type(hi) is ok and type(lo) is ok:  # the common case, without the checks below
                 h, lo, lso = hi.offset, lo.offset, get_lso(tp)
                 if h is not None and h >= 0:
@@ -308,7 +322,36 @@ class ProbeOffsetsMixin:
             hi, lo = hi.offset, lo.offset
             if hi is not None and hi >= 0:
                 out[(topic, part)] = (kafka_offset(lo), hi, None)
+        self._log_starts = starts
         return out, at
+
+    def _with_log_starts(self, partitions: list[tuple[str, int]], latest: dict, stable: dict
+                         ) -> dict[tuple[str, int], tuple[Optional[int], int, Optional[int]]]:
+        """``_watermarks_from_list_offsets`` between two rounds of log start offsets: each
+        partition's HW and LSO, with its log start as last answered.  One whose HW is now below
+        that (a topic deleted and created again, a log truncated) has none, and the log starts
+        are asked again at the next observation."""
+        out = {}
+        get_hi, get_lso, ok, starts = latest.get, stable.get, ListOffsetsResultInfo, self._log_starts
+        for tp, key in zip(self._lo_requests[0], partitions):
+            hi = get_hi(tp)
+            if type(hi) is ok:
+                h, lso = hi.offset, get_lso(tp)
+                if h is not None and h >= 0:
+                    lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
+                    lo = starts.get(key)
+                    if key not in starts or (lo is not None and lo > h):  # unknown, or out of date
+                        lo, self._log_starts_due = None, True
+                    out[key] = (lo, h, lso)
+                continue
+            if hi is None:
+                continue
+            topic, part = key
+            if not hasattr(hi, "offset"):
+                if self.invalidate(hi, f"offsets of {topic}/{part}") is None:
+                    self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, hi,
+                                    missing_acl(hi, topic=("DESCRIBE", topic)))
+        return out
 
     def _send_list_offsets(self, partitions: list[tuple[str, int]]) -> Any:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable
@@ -348,10 +391,20 @@ class ProbeOffsetsMixin:
         committed = IsolationLevel.READ_COMMITTED
         if _AdminClientImpl is not None and isinstance(self._ops, _AdminClientImpl):
             busy = {owner for owner, futures in self._lo_out.items() if any(not f.done() for f in futures)}
-            sent = []
+            now = time.monotonic()
+            if partitions is not self._log_starts_for:  # new partitions are asked at once
+                self._log_starts_for = partitions
+                self._log_starts_due |= any(tp not in self._log_starts for tp in partitions)
+            ask_starts = self._log_starts_due or now - self._log_starts_at >= self.cfg.log_start_interval_s
+            if ask_starts:
+                self._log_starts_at = now
+            sent: list[Optional[list[Optional[concurrent.futures.Future]]]] = []
             kinds: tuple[tuple[Any, dict[str, Any]], ...] = ((latest_reqs, {}), (earliest_reqs, {}), (latest_reqs, {"isolation_level_value": committed.value}))
-            for reqs, extra in kinds:
+            for k, (reqs, extra) in enumerate(kinds):
                 futures: list[Optional[concurrent.futures.Future]] = []
+                if k == 1 and not ask_starts:
+                    sent.append(None)
+                    continue
                 for req, owner in zip(reqs, self._lo_owners):
                     if owner in busy:
                         futures.append(None)
@@ -367,9 +420,10 @@ class ProbeOffsetsMixin:
                                     (OffsetSpec.latest(), {"isolation_level": committed}))]
         return ("api", self._now_ms(), futs)
 
-    def _collect_list_offsets(self, sent: Any, deadline: Optional[float]) -> tuple[int, dict, dict, dict]:
+    def _collect_list_offsets(self, sent: Any, deadline: Optional[float]) -> tuple[int, dict, Optional[dict], dict]:
         """The answers to ``_send_list_offsets``, waited for until ``deadline``, and when the
-        requests were sent (the observation's time).  Each result: TopicPartition ->
+        requests were sent (the observation's time); the log starts' answers are None when they
+        were not asked.  Each result: TopicPartition ->
         ListOffsetsResultInfo, or the error of that partition; a request that fails is an error
         for each of its partitions, as AdminClient.list_offsets reports it; the partitions of a
         request not answered in time are left out (their leader is in ``_unanswered``)."""
@@ -377,8 +431,12 @@ class ProbeOffsetsMixin:
             deadline = time.monotonic() + self.observe_wait_s()
         if sent[0] == "impl":
             _, at, kinds, requests, busy = sent
-            results, late = [], set(busy)
+            results: list[Optional[dict]] = []
+            late = set(busy)
             for (reqs, _), futures in zip(kinds, requests):
+                if futures is None:  # the log starts, not asked this time
+                    results.append(None)
+                    continue
                 merged: dict = {}
                 for req, f, owner in zip(reqs, futures, self._lo_owners):
                     if f is None:
@@ -395,7 +453,7 @@ class ProbeOffsetsMixin:
             # them: librdkafka crashes the process when a client goes with requests in flight)
             out = self._lo_out
             for futures in requests:
-                for f, owner in zip(futures, self._lo_owners):
+                for f, owner in zip(futures or (), self._lo_owners):
                     if f is not None and not f.done():
                         out.setdefault(owner, []).append(f)
             self._lo_out = {o: kept for o, fs in out.items() if (kept := [f for f in fs if not f.done()])}
@@ -405,7 +463,7 @@ class ProbeOffsetsMixin:
                 self._warn_once(f"list_offsets_late_{sorted(late)}", "offsets from broker(s) %s not answered within "
                                 "%.1fs: their partitions are not observed until they answer", sorted(late),
                                 self.observe_wait_s())
-            return at, results[0], results[1], results[2]
+            return at, results[0] or {}, results[1], results[2] or {}
         _, at, futs = sent
 
         def settled(fmap: dict) -> dict:

@@ -72,6 +72,10 @@ class ProbeConfig:
     #: a partition's metadata is sent when it changes, and at least this often when it does not
     #: (0: after every refresh)
     metadata_snapshot_s: float = 60.0
+    #: how often each partition's log start offset is asked (ListOffsets earliest, a third of the
+    #: probe's ListOffsets); in between, its partition_offsets carry the last answer (0: at every
+    #: observation).  It moves only when segments are deleted (retention, DeleteRecords)
+    log_start_interval_s: float = 60.0
     #: "i/n": this probe's share when n probes split the cluster (topics and groups by a hash of
     #: their names, see share_of); empty: the whole cluster
     share: str = ""
@@ -128,6 +132,9 @@ class ProbeConfig:
                               f"got {self.config_refresh_s}")
         if not self.refresh_backoff_s >= 0:
             raise ConfigError(f"probe.refresh_backoff_s: must be >= 0, got {self.refresh_backoff_s}")
+        if not self.log_start_interval_s >= 0:
+            raise ConfigError(f"probe.log_start_interval_s: must be >= 0 (0 = at every observation), "
+                              f"got {self.log_start_interval_s}")
         if self.offsets_via not in OFFSETS_VIA:
             raise ConfigError(f"probe.offsets_via: must be one of {', '.join(OFFSETS_VIA)}, got {self.offsets_via!r}")
         parse_share(self.share)

@@ -183,3 +183,42 @@ def test_the_heartbeat_says_how_long_the_cycle_took(mock, probe):
     hb = latest_of(events(mock, probe), "heartbeat")
     assert hb.data.cycle_duration_ms is not None and 0 <= hb.data.cycle_duration_ms < 30_000
     assert probe.last_cycle_s is not None and probe.overruns == 0
+
+
+def test_log_starts_are_asked_every_log_start_interval_and_carried_in_between():
+    """ListOffsets earliest (a third of the probe's ListOffsets) is asked every
+    ``log_start_interval_s``; in between each partition_offsets carries the last answer, and a
+    partition whose high watermark fell below it (its topic created again) has none until the
+    log starts are asked again, at the next observation."""
+    from confluent_kafka import Producer
+
+    from tests.integration.test_source_offsets import delete_records, recreate_topic
+    with MockCluster(brokers=1) as mc:
+        mc.create_topic("orders", 2, 1)
+        mc.create_topic(EVENTS, 1, 1)
+        prod = Producer({"bootstrap.servers": mc.bootstrap})
+        for _ in range(10):
+            prod.produce("orders", b"x", partition=0)
+        assert prod.flush(10) == 0
+        p = Probe(ProbeConfig(bootstrap_servers=mc.bootstrap, events_topic=EVENTS, interval_s=1, cluster="mock",
+                              source="probe-ls", topics_include="^orders$", refresh_backoff_s=0,
+                              request_timeout_s=5, log_start_interval_s=3600))
+        try:
+            def offsets() -> tuple:
+                p.observe()
+                e = latest_of(events(mc, p), "partition_offsets", topic="orders", partition=0)
+                return e.data.log_start_offset, e.data.high_watermark
+
+            assert p.refresh_metadata()
+            assert offsets() == (0, 10)
+            delete_records(mc, "orders", 0, 4)
+            assert offsets() == (0, 10)      # not asked again: the last answer
+            p.cfg.log_start_interval_s = 0   # due at every observation
+            assert offsets() == (4, 10)
+            p.cfg.log_start_interval_s = 3600
+            recreate_topic(mc, "orders", 2)  # empty: its HW (0) below the log start held (4)
+            assert p.refresh_metadata()
+            assert offsets() == (None, 0)
+            assert offsets() == (0, 0)       # asked again at once
+        finally:
+            p.close(flush_timeout=5)
