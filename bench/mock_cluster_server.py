@@ -12,6 +12,7 @@ started it even if that one dies).  The brokers listen on 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import pathlib
 import signal
@@ -48,13 +49,18 @@ def main() -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    topics = [(name, int(parts), int(rf)) for name, parts, rf in (spec.rsplit(":", 2) for spec in args.topic)]
+    topics += [(f"{prefix}{i}", int(parts), int(rf)) for prefix, count, parts, rf in args.topics
+               for i in range(int(count))]
     with MockCluster(brokers=args.brokers) as mc:
-        for spec in args.topic:
-            name, parts, rf = spec.rsplit(":", 2)
-            mc.create_topic(name, int(parts), int(rf))
-        for prefix, count, parts, rf in args.topics:
-            for i in range(int(count)):
-                mc.create_topic(f"{prefix}{i}", int(parts), int(rf))
+        # Each creation is a request to the mock's thread, answered at once -- or at its next 1-s
+        # poll timeout when that thread misses the wake-up: measured (librdkafka 2.16, 100
+        # partitions a topic), none in the first ~1,860 topics, then one every ~4 requests, so
+        # 3,000 topics one by one took many minutes.  Requests from many threads wait out one
+        # such second together (3,000 topics: 110 s with 16 threads, 25 s with 64).
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            for f in [pool.submit(mc.create_topic, *t) for t in topics]:
+                f.result()
         print(f"BOOTSTRAP {mc.bootstrap}", flush=True)
         if not args.no_stdin_watch:
             stop_when_stdin_closes(stop)

@@ -54,6 +54,7 @@ import importlib
 import json
 import os
 import pathlib
+import select
 import statistics
 import subprocess
 import sys
@@ -202,11 +203,18 @@ class MockClusterProcess:
                "--topics", "bench-", str(topics), str(partitions), "3", "--topic", f"{EVENTS_TOPIC}:6:3"]
         for t in extra_topics:
             cmd += ["--topic", t]
+        # a deadline proportional to its work rather than none (its start has hung: see
+        # mock_cluster_server.py on the mock's missed wake-ups)
+        deadline_s = 60 + topics * partitions / 2000
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
+        out = self.proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], deadline_s)
+        line = out.readline() if ready else ""
         if not line.startswith("BOOTSTRAP "):
             self.stop()
-            raise RuntimeError(f"mock cluster did not start: {line!r}")
+            why = f"printed {line!r}" if ready else f"printed nothing in {deadline_s:.0f} s"
+            raise RuntimeError(f"mock cluster did not start: {why}")
         self.bootstrap = line.split()[1]
 
     def cpu_s(self) -> float:
