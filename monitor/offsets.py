@@ -295,7 +295,7 @@ class ProbeOffsetsMixin:
         if earliest is None:  # not asked this time: the last answers
             return self._with_log_starts(partitions, latest, stable), at
         get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
-        starts: dict[tuple[str, int], Optional[int]] = {}
+        starts = {}  # (topic, partition) -> log start or None
         self._log_starts_due = False
         for tp, key in zip(self._lo_requests[0], partitions):
             hi, lo = get_hi(tp), get_lo(tp)
