@@ -312,16 +312,13 @@ class ProbeOffsetsMixin:
                 continue
             if hi is None or lo is None:  # its broker did not answer in time (_collect_list_offsets)
                 continue
-            topic, part = key
             err = hi if not hasattr(hi, "offset") else lo if not hasattr(lo, "offset") else None
             if err is not None:
-                if self.invalidate(err, f"offsets of {topic}/{part}") is None:
-                    self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, err,
-                                    missing_acl(err, topic=("DESCRIBE", topic)))
+                self._partition_offsets_error(key, err)
                 continue
             hi, lo = hi.offset, lo.offset
             if hi is not None and hi >= 0:
-                out[(topic, part)] = (kafka_offset(lo), hi, None)
+                out[key] = (kafka_offset(lo), hi, None)
         self._log_starts = starts
         return out, at
 
@@ -344,14 +341,17 @@ class ProbeOffsetsMixin:
                         lo, self._log_starts_due = None, True
                     out[key] = (lo, h, lso)
                 continue
-            if hi is None:
-                continue
-            topic, part = key
-            if not hasattr(hi, "offset"):
-                if self.invalidate(hi, f"offsets of {topic}/{part}") is None:
-                    self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, hi,
-                                    missing_acl(hi, topic=("DESCRIBE", topic)))
+            if hi is not None and not hasattr(hi, "offset"):
+                self._partition_offsets_error(key, hi)
         return out
+
+    def _partition_offsets_error(self, key: tuple[str, int], err: Any) -> None:
+        """A partition's ListOffsets answered with an error: the metadata invalidated where the
+        error says so, otherwise a warning (naming the ACL when it is one)."""
+        topic, part = key
+        if self.invalidate(err, f"offsets of {topic}/{part}") is None:
+            self._warn_once("list_offsets", "offsets of %s/%d: %s%s", topic, part, err,
+                            missing_acl(err, topic=("DESCRIBE", topic)))
 
     def _send_list_offsets(self, partitions: list[tuple[str, int]]) -> Any:
         """ListOffsets latest, earliest and latest with read_committed isolation (the last stable

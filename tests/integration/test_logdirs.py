@@ -174,7 +174,8 @@ def test_a_log_dir_that_fills_goes_offline_and_opens_log_dir_offline(tmpfs_clust
     assert (ev["log_dir"], ev["error"], set(ev["held_partitions"])) == (tmpfs, "KAFKA_STORAGE_ERROR", on_tmpfs), ev
     assert opened.evidence["online_dirs"] == 1
     if got.get(2) or got.get(3):  # their dirs are on the host's disk: 85 % used as Kafka counts it opens it
-        used = 1 - shutil.disk_usage(disk).free / shutil.disk_usage(disk).total
+        usage = shutil.disk_usage(disk)
+        used = 1 - usage.free / usage.total
         raise AssertionError(f"brokers 2 and 3 opened {[(b, x.alert.value) for b in (2, 3) for x in got.get(b, [])]}; "
                              f"the host disk under their log dirs is {used:.1%} used as Kafka counts it (1 - usable "
                              f"/ total; LogDirFilling opens at 85 %): free some of it to run this test")
