@@ -179,10 +179,13 @@ def test_leader_epochs_read_from_librdkafkas_statistics_as_json_would(mock, prob
 
 
 def test_the_heartbeat_says_how_long_the_cycle_took(mock, probe):
+    # Not whether it fit in the 1-s interval: on a loaded machine librdkafka's mock thread now
+    # and then answers a request at its next 1-s poll (bench/README): full runs saw 1.2 and 1.6 s.
     probe.cycle()
     hb = latest_of(events(mock, probe), "heartbeat")
-    assert hb.data.cycle_duration_ms is not None and 0 <= hb.data.cycle_duration_ms < 30_000
-    assert probe.last_cycle_s is not None and probe.overruns == 0
+    assert probe.last_cycle_s is not None and hb.data.cycle_duration_ms == int(probe.last_cycle_s * 1000)
+    assert 0 < hb.data.cycle_duration_ms < 30_000
+    assert probe.overruns == (1 if probe.last_cycle_s > probe.cfg.interval_s else 0)
 
 
 def test_log_starts_are_asked_every_log_start_interval_and_carried_in_between():
