@@ -621,12 +621,14 @@ def main() -> int:
         args.out = str(ROOT / "bench" / "results" / ("job-archive.json" if args.archive != "off" else
                                                      "job.json" if args.state == "rules" else f"job-{args.state}-state.json"))
     from streaming.state import function as state
+    made_times = None  # the state times file this run made (removed at the end)
     if args.state == "noop":
         state.make_state_function = noop_state_function
     elif args.state == "carry":
         state.make_state_function = carry_state_function(state.make_state_function)
     else:
-        os.environ.setdefault(TIMES_ENV, tempfile.mktemp(prefix="km-bench-state-times-"))
+        if TIMES_ENV not in os.environ:
+            os.environ[TIMES_ENV] = made_times = tempfile.mktemp(prefix="km-bench-state-times-")
         if args.profile_state:
             os.makedirs(args.profile_state, exist_ok=True)
             os.environ[PROFILE_ENV] = os.path.abspath(args.profile_state)
@@ -677,6 +679,8 @@ def main() -> int:
         stop_spark(spark)
         if cluster is not None:
             cluster.stop()
+        if made_times:
+            pathlib.Path(made_times).unlink(missing_ok=True)
     print(f"{'partitions':>10} {'grp/parts':>9} {'archive':>7} {'drain ev/s':>10} {'(running)':>10} {'rows/bat':>8} {'p50 s':>6} "
           f"{'p95 s':>6} {'JVM MB':>7} {'py MB':>7}")
     for m in results:

@@ -555,6 +555,12 @@ class Exporter:
             return [([(lab, tuple(v)) for lab, v in self._parts.items()], _PARTITION_GAUGES, PART),
                     ([(lab, tuple(v)) for lab, v in self._gparts.items()], _GROUP_PARTITION_GAUGES, GPART)]
 
+    def sample(self, name: str, labels: Optional[dict[str, str]] = None) -> Optional[float]:
+        """One sample of the exporter's own metrics, not of the partition and group-partition
+        stores (None: no such series).  ``registry.get_sample_value`` collects every series to
+        find one: ~4 CPU-s at 300,000 partitions."""
+        return self._base.get_sample_value(name, labels)
+
     # -- /metrics ---------------------------------------------------------------------------------
 
     def render(self, openmetrics: bool = False, gzipped: bool = False) -> bytes:

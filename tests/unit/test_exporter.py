@@ -41,6 +41,15 @@ def test_partition_gauges_set_and_removed():
     assert v(e, "partition_high_watermark", **lab) is None
 
 
+def test_sample_reads_the_exporters_own_series_without_the_partition_stores():
+    e = Exporter()
+    e.apply([part()], batch_id=0)
+    assert e.sample("kafka_monitor_job_start_timestamp_seconds") == v(e, "job_start_timestamp_seconds") > 0
+    lab = {"cluster": "k", "topic": "t", "partition": "0"}
+    assert v(e, "partition_high_watermark", **lab) == 100
+    assert e.sample("kafka_monitor_partition_high_watermark", lab) is None  # not collected: bench/e2e_bench.py
+
+
 def test_alert_series_count_against_the_cap_and_come_back_when_freed():
     e = Exporter(max_series=4)  # two open alerts: alert_active and alert_opened_timestamp_seconds each
     def a(p):
