@@ -18,7 +18,9 @@ After ``--warmup`` seconds (the probe's bootstrap cycles, the job's first batche
 - the delay from observation to ``/metrics``: for every heartbeat, from its event time (the
   probe makes it right after the cycle's observations) to the moment the exporter serves it
   (``kafka_monitor_source_last_heartbeat_timestamp_seconds`` changes; polled every 0.1 s); and
-  the same from the cycle's start (+ its ``cycle_duration_ms``): the first observations' age.
+  the same from the cycle's start (+ its ``cycle_duration_ms``): the first observations' age;
+  and how fast that delay grows (its least-squares slope, s per minute: level when the path
+  keeps up; give ``--measure 300`` or more to tell).
 
 Everything runs on this machine's 2 cores at once: the figures are the system's, contention
 included.  Results: ``bench/results/e2e.json``.
@@ -104,6 +106,16 @@ def events_read(bootstrap: str, batches: list[dict], timeout_s: float = 300.0) -
     return total
 
 
+def trend_per_min(at_s: list[float], ys: list[float]) -> float | None:
+    """The least-squares slope of ``ys`` over their times ``at_s`` (s), per minute: how fast the
+    delay grows (a path that keeps up holds it level)."""
+    if len(ys) < 3:
+        return None
+    mx, my = statistics.fmean(at_s), statistics.fmean(ys)
+    vx = sum((x - mx) ** 2 for x in at_s)
+    return 60 * sum((x - mx) * (y - my) for x, y in zip(at_s, ys)) / vx if vx else None
+
+
 def quantile(xs: list[float], q: float) -> float | None:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
@@ -137,13 +149,14 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
             assert child.poll() is None, f"the probe exited ({child.returncode})"
             time.sleep(0.5)
         first_batch = max((p["batchId"] for p in q.recentProgress), default=-1)
-        delays, cycles, behind = [], [], []
+        delays, seen_at, cycles, behind = [], [], [], []
         last_hb = get("kafka_monitor_source_last_heartbeat_timestamp_seconds", labels)
         t_end = time.monotonic() + measure_s
         while time.monotonic() < t_end:
             hb = get("kafka_monitor_source_last_heartbeat_timestamp_seconds", labels)
             if hb is not None and hb != last_hb:
                 delays.append(time.time() - hb)
+                seen_at.append(time.monotonic())
                 cycles.append(get("kafka_monitor_source_cycle_duration_seconds", labels))
                 behind.append(get("kafka_monitor_job_events_behind", {}))
                 last_hb = hb
@@ -188,6 +201,8 @@ def one_run(spark, n_partitions: int, interval_s: float, warmup_s: float, measur
         "delay_s_p50": statistics.median(delays) if delays else None,
         "delay_s_p95": quantile(delays, 0.95),
         "delay_s_max": max(delays) if delays else None,
+        # > 0: the delay grows, the path falls behind (watch it over --measure 300 or more)
+        "delay_trend_s_per_min": trend_per_min(seen_at, delays),
         # from the cycle's start (its first observations) instead: + the cycle's duration
         "delay_from_cycle_start_s_p50": statistics.median(starts) if starts else None,
         "delay_from_cycle_start_s_p95": quantile(starts, 0.95),
@@ -231,7 +246,7 @@ def main() -> int:
         print(f"{m['partitions']:>8.0f} partitions: probe cycle p50 {m.get('probe_cycle_s_p50', 0):.1f} s, "
               f"{m['events_read_per_s']:.0f} events/s read; job batch p50 {m['job_batch_s_p50']:.1f} s "
               f"(p95 {m['job_batch_s_p95']:.1f}); observation -> /metrics p50 {m['delay_s_p50']:.1f} s, "
-              f"p95 {m['delay_s_p95']:.1f} s")
+              f"p95 {m['delay_s_p95']:.1f} s, trend {m.get('delay_trend_s_per_min', float('nan')):+.2f} s/min")
     report.write(args.out, "e2e", args=vars(args), results=results)
     return 0
 
