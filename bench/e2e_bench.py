@@ -111,9 +111,10 @@ def trend_per_min(at_s: list[float], ys: list[float]) -> float | None:
     delay grows (a path that keeps up holds it level)."""
     if len(ys) < 3:
         return None
-    mx, my = statistics.fmean(at_s), statistics.fmean(ys)
-    vx = sum((x - mx) ** 2 for x in at_s)
-    return 60 * sum((x - mx) * (y - my) for x, y in zip(at_s, ys)) / vx if vx else None
+    try:
+        return 60 * statistics.linear_regression(at_s, ys).slope
+    except statistics.StatisticsError:  # all at one time
+        return None
 
 
 def quantile(xs: list[float], q: float) -> float | None:
