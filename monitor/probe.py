@@ -81,6 +81,15 @@ def _quiet(err: Any) -> None:
     """error_cb of the short-lived retry client: what it meets is the probe's other clients' news."""
 
 
+
+def next_due(due: float, started: float, interval_s: float) -> float:
+    """When the observation after one due at ``due`` and started at ``started`` is due: one
+    interval after ``due``, so a refresh that delays an observation (waiting for its leader
+    epochs, up to a quarter of the interval) does not push every later one back; once a whole
+    interval behind, one interval after ``started``."""
+    nxt = due + interval_s
+    return nxt if nxt > started else started + interval_s
+
 class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
     #: set by an error retrying cannot fix (credentials refused, fatal producer): run() stops with it
     fatal_error: Optional[str] = None
@@ -451,8 +460,9 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                 now = time.monotonic()
                 if now >= next_observation:
                     # when it was due (the first one: when the probe started), for its lag
-                    self._scheduled_at = next_observation if next_observation else started
-                    next_observation = self._next_observation = now + self.cfg.interval_s
+                    due = next_observation if next_observation else started
+                    self._scheduled_at = due
+                    next_observation = self._next_observation = next_due(due, now, self.cfg.interval_s)
                     self.observe()
             except Exception as e:
                 if self._fatal(e):  # e.g. a fatal producer error, raised once from its poll()

@@ -202,3 +202,48 @@ def test_run_reports_the_observation_lag_behind_its_schedule(monkeypatch):
     beats = em.of(Heartbeat)
     assert all(b.observation_lag_ms is not None and b.observation_lag_ms >= 0 for b in beats)
     assert all(b.cycle_duration_ms is not None for b in beats)
+
+
+def test_a_refresh_before_each_observation_does_not_stretch_the_interval():
+    """A refresh that runs when an observation is due delays that observation (it waits up to a
+    quarter of the interval for its leader epochs), not every later one: the observations keep
+    their cadence.  CI saw a 1-s interval observed every ~1.5 s (tests/e2e/test_ha_group.py)."""
+    import threading
+    clock = [1000.0]
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, stats_interval_s=0.05),
+                  emitter=FakeEmitter(), admin=FakeAdmin({}, {}, {}))
+    stop, seen = threading.Event(), []
+
+    def refresh():
+        clock[0] += 0.5
+        return True
+
+    def observe():
+        seen.append((clock[0], probe._scheduled_at))
+        probe._scheduled_at = None
+        clock[0] += 0.1
+        if len(seen) == 10:
+            stop.set()
+
+    def wait(seconds, _stop):
+        clock[0] += seconds
+    probe.refresh_metadata, probe.observe, probe._wait = refresh, observe, wait
+    # a refresh is due with each observation (metadata max age = the interval)
+    probe._refresh_start_in = lambda: (probe._next_observation or 0) - clock[0]
+    import monitor.probe as probe_module
+    real_monotonic = probe_module.time.monotonic
+    probe_module.time.monotonic = lambda: clock[0]
+    try:
+        probe.run(stop)
+    finally:
+        probe_module.time.monotonic = real_monotonic
+    starts = [t for t, _ in seen]
+    assert starts[-1] - starts[0] == pytest.approx(9.0, abs=0.01)  # not 9 * 1.5
+    assert [round(t - due, 6) for t, due in seen[1:]] == [0.5] * 9  # each 0.5 s late, not later
+
+
+def test_an_observation_a_whole_interval_late_restarts_the_cadence():
+    from monitor.probe import next_due
+    assert next_due(10.0, 10.5, 1.0) == 11.0
+    assert next_due(10.0, 11.0, 1.0) == 12.0  # a whole interval behind: one interval from now
+    assert next_due(10.0, 13.7, 1.0) == 14.7  # no burst of observations to catch up
