@@ -26,8 +26,8 @@ interval runs from its observation's start to the next one's.  Per cycle:
   ``observation_lag_ms``);
 - ``phases``: wall, process CPU and main-thread CPU per phase over the interval, exclusive (a
   phase's time does not include the phases called from it): metadata (the refresh and its
-  partition_metadata events), leader_epochs (waiting for and reading the client's statistics),
-  stats (the statistics callback, wherever it runs), min_isr, committed, group_states,
+  partition_metadata events), leader_epochs and stats (the client's statistics: waiting for and
+  reading them, and their callback; code before 2026-12-07 only, when the epochs came from there), min_isr, committed, group_states,
   watermarks, events (serializing and enqueueing events), delivery, other, idle (the probe's
   wait between cycles: librdkafka's threads writing statistics and sending, delivery reports).
 

@@ -116,11 +116,18 @@ def _from_env(section: str, fields: dict[str, Any], env: Mapping[str, str]) -> d
                     out.setdefault(d, {})[sub.replace("_", ".")] = value
                 break
         else:
+            if (section, rest) in REMOVED:
+                raise ConfigError(f"environment {key}: no longer a setting ({REMOVED[section, rest]}); unset it")
             if rest not in fields:
                 raise ConfigError(f"environment {key}: {section} has no setting {rest!r} "
                                   f"(settings: {', '.join(sorted(fields))})")
             out[rest] = value
     return out
+
+
+#: settings that were removed, and why: a file that still sets one is told so
+REMOVED = {("probe", "stats_interval_s"): "leader epochs come with the offsets answers now, not the client's "
+                                          "statistics"}
 
 
 def build(cls: type[T], section: str, *, file_data: Optional[Mapping[str, Any]] = None,
@@ -132,6 +139,9 @@ def build(cls: type[T], section: str, *, file_data: Optional[Mapping[str, Any]] 
     merged: dict[str, Any] = {}
     from_file = dict((file_data or {}).get(section, {}))
     unknown = set(from_file) - set(fields)
+    for name in sorted(unknown):
+        if (section, name) in REMOVED:
+            raise ConfigError(f"{section}.{name}: no longer a setting ({REMOVED[section, name]}); remove it")
     if unknown:
         raise ConfigError(f"{section}.{sorted(unknown)[0]}: unknown setting (settings: {', '.join(sorted(fields))})")
     for layer in (from_file, _from_env(section, fields, os.environ if env is None else env),

@@ -58,7 +58,7 @@ class PartitionView:
     topic: str
     partition: int
     leader: int  # -1 (NO_LEADER): no leader
-    leader_epoch: Optional[int] = None  # librdkafka does not expose it
+    leader_epoch: Optional[int] = None  # not in librdkafka's metadata: see from_confluent
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
     offline_replicas: tuple[int, ...] = ()
@@ -138,8 +138,7 @@ class ClusterView:
         """Build a view from confluent_kafka's ``ClusterMetadata`` (``AdminClient.list_topics()``).
 
         librdkafka's metadata objects carry no leader epoch, rack, offline replicas or
-        ``is_internal``: they become ``None`` (or the epoch from ``leader_epochs``, which the
-        probe reads from the client's statistics), ``None``, the replicas on brokers the response
+        ``is_internal``: they become the epoch below, ``None``, the replicas on brokers the response
         does not list (Kafka lists only live, unfenced brokers, and its offline replicas are
         those on brokers that are not alive, or on an offline log dir, which this cannot see)
         and "name is a known internal topic".  Errors keep their name.
@@ -152,7 +151,13 @@ class ClusterView:
         said there is that same (immutable) :class:`PartitionView` object, and a topic all of
         whose partitions are is the same :class:`TopicView`: the view is equal to one built
         without ``previous``, and comparing it with ``previous`` (``diff_views``, the probe's
-        "changed since sent") costs an identity test where nothing changed."""
+        "changed since sent") costs an identity test where nothing changed.
+
+        Leader epochs: ``leader_epochs`` holds what the leaders of ``previous`` answered (the
+        probe's ListOffsets, whose LATEST answer carries the leader's current epoch).  A partition
+        whose leader is the one in ``previous`` takes that epoch, or keeps the one it had there
+        when its leader did not answer; a partition with a new leader, or new itself, has none
+        (``None``) until a refresh after its leader answered."""
         epochs = leader_epochs or {}
         brokers = tuple(BrokerView(int(b.id), str(b.host), int(b.port), getattr(b, "rack", None))
                         for b in md.brokers.values())
@@ -167,11 +172,12 @@ class ClusterView:
                 return _ints(reported)
             return tuple(r for r in _ints(pmd.replicas) if r not in live)
 
-        def build(name: str, pmd: Any) -> PartitionView:
-            return PartitionView(topic=name, partition=int(pmd.id), leader=int(pmd.leader),
-                                 leader_epoch=getattr(pmd, "leader_epoch", None)
-                                 if getattr(pmd, "leader_epoch", None) is not None
-                                 else epochs.get((name, int(pmd.id))),
+        def build(name: str, pmd: Any, o: Optional[PartitionView]) -> PartitionView:
+            pid, leader = int(pmd.id), int(pmd.leader)
+            epoch = getattr(pmd, "leader_epoch", None)
+            if epoch is None and o is not None and o.leader == leader:
+                epoch = epochs.get((name, pid), o.leader_epoch)
+            return PartitionView(topic=name, partition=pid, leader=leader, leader_epoch=epoch,
                                  replicas=_ints(pmd.replicas), isr=_ints(pmd.isrs),
                                  offline_replicas=offline(pmd),
                                  error=_error_name(pmd.error))
@@ -186,24 +192,27 @@ class ClusterView:
             parts = []
             same = 0  # partitions that are the previous view's objects
             for pmd in tmd.partitions.values():
-                if type(pmd) is not fast_type or not n_old:
-                    parts.append(build(name, pmd))
+                if not n_old:
+                    parts.append(build(name, pmd, None))
                     continue
-                pid = pmd.id
+                pid = int(pmd.id)
                 o = old_parts[pid] if 0 <= pid < n_old and old_parts[pid].partition == pid else None
                 if o is None:
                     if by_id is None:
                         by_id = {p.partition: p for p in old_parts}
                     o = by_id.get(pid)
+                if type(pmd) is not fast_type:
+                    parts.append(build(name, pmd, o))
+                    continue
                 reps = pmd.replicas
                 if (o is not None and pmd.error is None and o.error is None and o.leader == pmd.leader
-                        and o.leader_epoch == epochs.get((name, pid)) and o.replicas == tuple(reps)
+                        and o.leader_epoch == epochs.get((name, pid), o.leader_epoch) and o.replicas == tuple(reps)
                         and o.isr == tuple(pmd.isrs)
                         and o.offline_replicas == (() if all_live(reps) else tuple(r for r in reps if r not in live))):
                     parts.append(o)
                     same += 1
                 else:
-                    parts.append(build(name, pmd))
+                    parts.append(build(name, pmd, o))
             error = _error_name(tmd.error)
             internal = bool(getattr(tmd, "is_internal", name in INTERNAL_TOPICS))
             if (old_topic is not None and same == len(parts) == n_old and old_topic.error == error

@@ -148,7 +148,10 @@ class PartitionMetadata:
     replicas: list[int] = _doc("Replica broker ids, preferred leader first.")
     isr: list[int] = _doc("In-sync replica broker ids.")
     metadata_version: int = _doc("Version of the client's metadata this came from.")
-    leader_epoch: Optional[int] = _doc("Leader epoch, when the client exposes it.", default=None)
+    leader_epoch: Optional[int] = _doc(
+        "The leader's epoch as its last answer to ListOffsets said; null until a refresh after it "
+        "answered (at start, and for one refresh after the leader changed), and where it answers "
+        "without one (offsets_via fetch, librdkafka's mock cluster).", default=None)
     offline_replicas: list[int] = _doc("Replicas on offline log dirs or brokers.", default_factory=list)
     min_insync_replicas: Optional[int] = _doc("The topic's min.insync.replicas, when known.", default=None)
     error: Optional[str] = _doc("Partition-level error code name from the response, if any.", default=None)

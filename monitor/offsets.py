@@ -97,6 +97,10 @@ class ProbeOffsetsMixin:
         self._log_starts_at = float("-inf")
         self._log_starts_due = True
         self._log_starts_for: Optional[list[tuple[str, int]]] = None
+        #: each partition's leader epoch as its leader's latest ListOffsets answer said, and the view
+        #: those requests were sent under (whose leaders they went to): the next refresh's epochs
+        self._answered_epochs: dict[tuple[str, int], int] = {}
+        self._answered_view: Any = None
         #: the group listing, while it is out (_listed_groups); the watched groups it named, and when
         self._listing: Optional[concurrent.futures.Future] = None
         self._groups_seen: dict[str, float] = {}
@@ -296,6 +300,8 @@ class ProbeOffsetsMixin:
             return self._with_log_starts(partitions, latest, stable), at
         get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
         starts = {}  # (topic, partition) -> log start or None
+        epochs = self._answered_epochs = {}
+        self._answered_view = self.metadata.cluster
         self._log_starts_due = False
         for tp, key in zip(self._lo_requests[0], partitions):
             hi, lo = get_hi(tp), get_lo(tp)
@@ -305,6 +311,8 @@ class ProbeOffsetsMixin:
                 starts[key] = self._log_starts[key]
             if type(hi) is ok and type(lo) is ok:  # the common case, without the checks below
                 h, lo, lso = hi.offset, lo.offset, get_lso(tp)
+                if hi.leader_epoch is not None:  # LATEST answers with the leader's current epoch
+                    epochs[key] = hi.leader_epoch
                 if h is not None and h >= 0:
                     # LSO: the read_committed "latest"; an error or a broker without it leaves it unknown
                     lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
@@ -330,10 +338,14 @@ class ProbeOffsetsMixin:
         are asked again at the next observation."""
         out = {}
         get_hi, get_lso, ok, starts = latest.get, stable.get, ListOffsetsResultInfo, self._log_starts
+        epochs = self._answered_epochs = {}
+        self._answered_view = self.metadata.cluster
         for tp, key in zip(self._lo_requests[0], partitions):
             hi = get_hi(tp)
             if type(hi) is ok:
                 h, lso = hi.offset, get_lso(tp)
+                if hi.leader_epoch is not None:
+                    epochs[key] = hi.leader_epoch
                 if h is not None and h >= 0:
                     lso = lso.offset if type(lso) is ok and lso.offset is not None and lso.offset >= 0 else None
                     lo = starts.get(key)

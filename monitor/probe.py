@@ -5,8 +5,8 @@ due, an observation every ``interval_s``, the events through one emitter.  Its p
 
 - ``monitor.probe_config``: its settings, and its share when several probes split a cluster;
 - ``monitor.topology`` (``ProbeTopologyMixin``): the metadata refreshes, ``partition_metadata``
-  and ``broker_state``, with ``monitor.leader_epochs`` (leader epochs, from the client's
-  statistics) and ``monitor.topic_configs`` (each topic's min.insync.replicas);
+  (leader epochs from the observations' ListOffsets answers) and ``broker_state``, with
+  ``monitor.topic_configs`` (each topic's min.insync.replicas);
 - ``monitor.offsets`` (``ProbeOffsetsMixin``): the group listing, committed offsets, group
   states and watermarks of an observation, and the deadline it waits for them;
 - ``monitor.gone``: saying when a watched topic, group or group's committed offset is gone.
@@ -21,15 +21,13 @@ Every ``interval_s``, one observation:
 
 What a cycle costs (``bench/probe_bench.py``, ``bench/README.md``): at 100,000 partitions about
 4 s of work and 0.045 CPU-s per 1,000 partitions per interval, where it took minutes before.
-What it takes: two admin clients — one for the metadata refresh, holding a handle per watched
-topic for their leader epochs in its statistics, and one for everything else, whose broker
-threads do not walk 100,000 partition objects each time they wake; ListOffsets in requests of
-``offsets.LIST_OFFSETS_BATCH`` partitions with one future each (librdkafka merges a request's answers
-in quadratic time); a cluster view that takes over what did not change from the previous one,
-so that "changed since sent" is an identity test; one statistics document read per refresh,
-by a text scan, every ``stats_interval()`` (5 s by default: each document costs ~2 us per
-partition to write), with periodic refreshes timed to land just before one; events serialized
-in bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
+What it takes: ListOffsets in requests of ``offsets.LIST_OFFSETS_BATCH`` partitions with one
+future each (librdkafka merges a request's answers in quadratic time); leader epochs taken from
+those answers rather than from the client's statistics (which needed a topic handle per watched
+topic and a document of every partition every few seconds: about half of a cycle's CPU at
+300,000 partitions, bench/README.md); a cluster view that takes over what did not change
+from the previous one, so that "changed since sent" is an identity test; events serialized in
+bulk (``EventEmitter.emit_rows``); no cyclic garbage collection during a cycle.
 
 The probe says when it falls behind: each heartbeat carries ``cycle_duration_ms`` (the
 refreshes since the previous observation, and this observation) and ``observation_lag_ms``
@@ -56,7 +54,6 @@ from monitor.coordinator import CoordinatorClient
 from monitor.emitter import EventEmitter
 from monitor.gcpause import gc_paused
 from monitor.gone import GoneTracker
-from monitor.leader_epochs import LeaderEpochs
 from monitor.metadata import Cause, MetadataCache, cause_for_error
 from monitor.named_metadata import named_metadata
 from monitor.offsets import ProbeOffsetsMixin
@@ -100,19 +97,15 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         by default they are built from the configuration."""
         self.cfg = cfg.validate()
         self._clock = clock
-        #: leader epochs, from the statistics of the metadata client (its stats_cb)
-        self._epochs = LeaderEpochs(cfg, self._warn_once)
         admin_conf: dict[str, Any] = {
             **cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
-            "error_cb": self._on_client_error,
-            # leader epochs are only in the client's statistics (not in list_topics' objects)
-            "statistics.interval.ms": int(cfg.stats_interval() * 1000), "stats_cb": self._epochs.on_stats}
+            "error_cb": self._on_client_error}
         self._admin = admin if admin is not None else AdminClient(admin_conf)
-        # The admin client above holds a handle for every watched topic (for their leader epochs in
-        # its statistics), and with them a partition object each that its broker threads walk
-        # every time they wake up: at 100,000 partitions, ListOffsets through it cost three times
-        # what they cost through a client without them.  So everything but the metadata refresh
-        # (offsets, groups, configurations) goes through this second one.
+        # Everything but the metadata refresh (offsets, groups, configurations) goes through this
+        # second client.  It was made to keep the topic handles the metadata client once held (for
+        # leader epochs from its statistics) out of the offsets requests' way; it stays, as tested
+        # under paused brokers, because librdkafka sends a client's broker-less requests to the
+        # broker that client used last.
         ops_conf: dict[str, Any] = {**cfg.client_conf(), "socket.timeout.ms": int(cfg.request_timeout_s * 1000),
                                     "error_cb": self._on_client_error}
         self._ops = admin if admin is not None else AdminClient(ops_conf)
@@ -128,7 +121,6 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
         # crash the process asking a coordinator that goes away
         self._coordinator = CoordinatorClient(ops_conf, cfg.request_timeout_s, admin=admin)
         #: when run()'s next observation is due, monotonic s (None outside run())
-        self._next_observation: Optional[float] = None
         self._emitter = emitter or EventEmitter({**cfg.client_conf(), **cfg.events_kafka},
                                                 cfg.events_topic, cluster=cfg.cluster or "unknown",
                                                 source=cfg.source, clock=clock)
@@ -462,7 +454,7 @@ class Probe(ProbeTopologyMixin, ProbeOffsetsMixin):
                     # when it was due (the first one: when the probe started), for its lag
                     due = next_observation if next_observation else started
                     self._scheduled_at = due
-                    next_observation = self._next_observation = next_due(due, now, self.cfg.interval_s)
+                    next_observation = next_due(due, now, self.cfg.interval_s)
                     self.observe()
             except Exception as e:
                 if self._fatal(e):  # e.g. a fatal producer error, raised once from its poll()

@@ -14,7 +14,6 @@ partitions of its share go unobserved.  ``ProbeScope`` answers, for one probe, w
 
 from __future__ import annotations
 
-import math
 import re
 import socket
 import zlib
@@ -62,9 +61,6 @@ class ProbeConfig:
     metadata_max_age_s: Optional[float] = None
     #: minimum gap between metadata refresh attempts (Kafka's retry/refresh backoff)
     refresh_backoff_s: float = 1.0
-    #: statistics interval of the probe's metadata client, where leader epochs come from; default
-    #: (None): interval_s / ceil(interval_s / 5), 5 s at the default interval (see stats_interval())
-    stats_interval_s: Optional[float] = None
     #: how often each topic's configuration (min.insync.replicas) is read again, at a metadata
     #: refresh, answered by the next (see monitor.topic_configs); 10 s: at every refresh at the
     #: default interval, and no faster at shorter ones (0: at every refresh)
@@ -122,8 +118,6 @@ class ProbeConfig:
             raise ConfigError(f"probe.interval_s: must be > 0, got {self.interval_s}")
         if self.metadata_max_age_s is not None and not self.metadata_max_age_s > 0:
             raise ConfigError(f"probe.metadata_max_age_s: must be > 0, got {self.metadata_max_age_s}")
-        if self.stats_interval_s is not None and not 0.05 <= self.stats_interval_s <= 60:
-            raise ConfigError(f"probe.stats_interval_s: must be within 0.05..60, got {self.stats_interval_s}")
         if not self.metadata_snapshot_s >= 0:
             raise ConfigError(f"probe.metadata_snapshot_s: must be >= 0 (0 = send every partition after every "
                               f"refresh), got {self.metadata_snapshot_s}")
@@ -179,18 +173,6 @@ class ProbeConfig:
         if not (self.elr_interval_s == 0 or 5 <= self.elr_interval_s <= 3600):
             raise ConfigError(f"probe.elr_interval_s: must be 0 (off) or within 5..3600, got {self.elr_interval_s}")
         return self
-
-    def stats_interval(self) -> float:
-        """The statistics interval in effect: ``stats_interval_s``, or by default the largest
-        fraction of ``interval_s`` (interval_s / k) not above 5 s.  Every statistics document
-        costs the client ~2 us per partition of the watched topics (0.2 CPU-s at 100,000
-        partitions); the probe reads one per refresh, and times its periodic refreshes so
-        that one comes right after each (``_refresh_start_in`` in monitor/topology.py), which
-        works when the statistics interval divides the refresh period."""
-        if self.stats_interval_s is not None:
-            return self.stats_interval_s
-        k = max(1, math.ceil(self.interval_s / 5.0 - 1e-9))
-        return min(60.0, max(0.05, self.interval_s / k))
 
     def client_conf(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}

@@ -18,14 +18,14 @@ carries ``metadata_at``, the time of the refresh that last confirmed the partiti
 the job knows the view it holds is current without receiving it again.
 
 A refresh also counts each broker's leaderships and replicas (``broker_state``), reads each
-watched topic's min.insync.replicas (``monitor.topic_configs``) and leader epochs
-(``monitor.leader_epochs``), and notes the topics that are gone (``monitor.gone``).
+watched topic's min.insync.replicas (``monitor.topic_configs``), and notes the topics that are
+gone (``monitor.gone``).  Leader epochs come from the observations: each leader's answer to
+ListOffsets LATEST carries its current epoch (``_listing_epochs``).
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 import zlib
@@ -38,7 +38,6 @@ from monitor.access import timed_out
 from monitor.cluster_view import ClusterView
 from monitor.contract import Broker, BrokerState, MetadataRefresh, PartitionCountChange, PartitionMetadata
 from monitor.gcpause import gc_paused
-from monitor.metadata import Reason
 from monitor.named_metadata import NamedMetadataError
 from monitor.shards import HA_DISCOVERY_S
 
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from monitor.elr import ElrWatcher
     from monitor.emitter import EventEmitter
     from monitor.gone import GoneTracker
-    from monitor.leader_epochs import LeaderEpochs
     from monitor.metadata import MetadataCache
     from monitor.named_metadata import NamedMetadata
     from monitor.probe_config import ProbeConfig, ProbeScope
@@ -67,13 +65,13 @@ class ProbeTopologyMixin:
         _ops: Any
         _retry_conf: Optional[dict[str, Any]]
         _emitter: EventEmitter
-        _epochs: LeaderEpochs
         _scope: ProbeScope
         _gone: GoneTracker
         topic_configs: TopicConfigs
         _broker_lock: threading.Lock
         _writes_held: Optional[tuple[int, int, int]]
-        _next_observation: Optional[float]
+        _answered_epochs: dict[tuple[str, int], int]
+        _answered_view: Optional[ClusterView]
         _refresh_busy_s: float
         elr: Optional[ElrWatcher]
 
@@ -186,7 +184,7 @@ class ProbeTopologyMixin:
         return self._refreshed(got[0], got[1], reason, cause, (time.monotonic() - t0) * 1000, sent_at, whole=False)
 
     def _refresh_from_listing(self, reason: str, cause: Optional[str], t0: float, sent_at: int) -> bool:
-        """A refresh through the whole listing (librdkafka's), leader epochs from its statistics."""
+        """A refresh through the whole listing (librdkafka's), leader epochs from the offsets answers."""
         try:
             md = self._list_topics()
         except KafkaException as e:  # transport failure, timeout
@@ -202,17 +200,26 @@ class ProbeTopologyMixin:
             return False
         duration_ms = (time.monotonic() - t0) * 1000
         self._list_s = duration_ms / 1000 if self._list_s is None else 0.7 * self._list_s + 0.3 * duration_ms / 1000
-        watched_now = [n for n, t in md.topics.items() if self._scope.watched(n) and t.error is None]
-        epochs = self._epochs.leader_epochs(self._admin, watched_now, {(n, p.id): p.leader for n in watched_now
-                                                                        for p in md.topics[n].partitions.values()})
         if self._named is not None:
             self._listed_whole_at = t0
-        view = ClusterView.from_confluent(md, leader_epochs=epochs, previous=self.metadata.cluster)
-        ok = self._refreshed(view, md.orig_broker_id if md.orig_broker_id >= 0 else None, reason, cause, duration_ms,
-                             sent_at)
-        if ok:
-            self._epochs.refresh_done()
-        return ok
+        view = ClusterView.from_confluent(md, leader_epochs=self._listing_epochs(), previous=self.metadata.cluster)
+        return self._refreshed(view, md.orig_broker_id if md.orig_broker_id >= 0 else None, reason, cause,
+                               duration_ms, sent_at)
+
+    def _listing_epochs(self) -> dict[tuple[str, int], int]:
+        """The leader epochs a listing's view takes (``ClusterView.from_confluent``): what each
+        leader of the current view answered to the last observation's ListOffsets.  Those were
+        sent under the current view, unless a refresh came between (one the metadata's
+        invalidation started): then only the partitions whose leader it did not change."""
+        epochs, sent_under, current = self._answered_epochs, self._answered_view, self.metadata.cluster
+        if sent_under is current or current is None:
+            return epochs
+        if sent_under is None:
+            return {}
+        def leaders(view: ClusterView) -> dict[tuple[str, int], int]:
+            return {(p.topic, p.partition): p.leader for p in view.partitions()}
+        before, now = leaders(sent_under), leaders(current)
+        return {k: e for k, e in epochs.items() if k in now and before.get(k) == now[k]}
 
     def _refreshed(self, fetched: ClusterView, node_id: Optional[int], reason: str, cause: Optional[str],
                    duration_ms: float, sent_at: Optional[int] = None, whole: bool = True) -> bool:
@@ -368,37 +375,9 @@ class ProbeTopologyMixin:
         self._emit_rows(BrokerState, rows, now)
 
     def _refresh_start_in(self) -> float:
-        """Seconds until the next metadata refresh should start (0: now).
-
-        Kafka's rules say when one is due (``MetadataCache.time_to_next_update``), and a refresh
-        for any reason but the periodic one (bootstrap, invalidated, new topic) starts then.  A
-        periodic one starts at the moment that makes its response arrive just before the metadata
-        client's statistics document nearest the moment the metadata expires — at most half a
-        statistics period early or late — and not after the document that comes before the next
-        observation is due: it then waits a fraction of a second for the leader epochs instead of
-        half a statistics interval on average (which lets that interval be long: its documents
-        are what cost), and the observation stays on its schedule.  Nearest, not the last one
-        before: the documents come a little slower than their interval (librdkafka restarts its
-        timer after writing one), and a refresh always a little early would start the next one's
-        countdown early too, until refreshes came every statistics period (twice per max age
-        at the defaults, seen at 100,000 partitions)."""
-        due = self.metadata.time_to_next_update() / 1000.0
-        stats = self._epochs
-        if (self._list_s is None or stats.ts <= 0 or stats.supported is False
-                or self.metadata.next_reason()[0] != Reason.PERIODIC):
-            return due
-        period, lead = stats.period, 1.5 * self._list_s + 0.25
-        if lead + stats.after_s >= period:
-            return due
-        now, now_ms = time.monotonic(), self._now_ms()
-        expires = now + (self.metadata.last_successful_refresh_ms + self.metadata.metadata_max_age_ms - now_ms) / 1000.0
-        tick = stats.ts + round((expires + lead - stats.ts) / period) * period  # the statistics it waits for
-        if self._next_observation is not None and self._next_observation > expires:
-            bound = self._next_observation - stats.after_s  # ... not after this
-            if tick > bound:
-                tick = stats.ts + math.floor((bound - stats.ts) / period) * period
-        backoff = (self.metadata.last_refresh_ms + self.metadata.refresh_backoff_ms - now_ms) / 1000.0
-        return max(0.0, tick - lead - now, backoff)
+        """Seconds until the next metadata refresh should start (0: now): when Kafka's rules say
+        one is due (``MetadataCache.time_to_next_update``)."""
+        return self.metadata.time_to_next_update() / 1000.0
 
     def _sync_ops_metadata(self) -> None:
         """Leaders moved: bring the second client's metadata to what the probe just saw, so that

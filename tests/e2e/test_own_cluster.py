@@ -74,7 +74,7 @@ def own(kafka_cluster, spark, tmp_path_factory):
         cleanup.callback(writer.stop)
         stop_probe = threading.Event()
         probe = Probe(ProbeConfig(bootstrap_servers=c.bootstrap_servers, events_topic=events, interval_s=1,
-                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                  refresh_backoff_s=0.5, request_timeout_s=5,
                                   topics_include=f"^{re.escape(rep)}$", groups_include="^$",
                                   cluster="own-e2e", source=unique("probe-own-e2e")))
         probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name="own-probe", daemon=True)

@@ -91,7 +91,7 @@ def real(kafka_cluster, tansu, spark, tmp_path_factory, alertmanager):  # noqa: 
         stop_probe = threading.Event()
         probe = Probe(ProbeConfig(bootstrap_servers=c.bootstrap_servers, events_topic=events,
                                   events_kafka={"bootstrap.servers": tansu.bootstrap}, interval_s=1,
-                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                  refresh_backoff_s=0.5, request_timeout_s=5,
                                   topics_include=f"^{re.escape(prefix)}\\.", groups_include="^$",
                                   cluster="real-e2e", source=unique("probe-real-e2e")))
         probe_thread = threading.Thread(target=probe.run, args=(stop_probe,), name="real-probe", daemon=True)

@@ -120,7 +120,7 @@ def two(kafka_cluster, second_kafka_cluster, spark, tmp_path_factory):
             probes[name] = ProbeThread(ProbeConfig(
                 bootstrap_servers=c.bootstrap_servers, events_topic=events,
                 events_kafka={"bootstrap.servers": west.bootstrap_servers}, interval_s=1, refresh_backoff_s=0.5,
-                stats_interval_s=0.5, request_timeout_s=5, topics_include=f"^{re.escape(prefix)}\\.",
+                request_timeout_s=5, topics_include=f"^{re.escape(prefix)}\\.",
                 groups_include=f"^{re.escape(group)}$", cluster=name, source=SOURCE))
             cleanup.callback(probes[name].stop)
 

@@ -49,7 +49,7 @@ def write_path(tansu, spark, tmp_path_factory):
         create_topics(tansu.bootstrap, {events: 3, alerts: 1})
         probe = Probe(ProbeConfig(bootstrap_servers=cluster.bootstrap_servers, events_topic=events,
                                   events_kafka={"bootstrap.servers": tansu.bootstrap}, interval_s=1,
-                                  refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                  refresh_backoff_s=0.5, request_timeout_s=5,
                                   topics_include=f"^{re.escape(prefix)}\\.", groups_include="^$",
                                   cluster="wp", source=unique("probe-wp"),
                                   canary=True, canary_topic=canary, canary_interval_s=0.2))

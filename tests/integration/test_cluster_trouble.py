@@ -67,7 +67,7 @@ def test_rolling_restart_a_broker_gone_and_the_cluster_unreachable(kafka_cluster
     c.create_topic(topic, partitions=3, rf=3, config={"min.insync.replicas": "2"})
     wait_for(lambda: in_sync(c, topic), timeout=60, what="the topic in sync")
     probe, cap = probe_for(c, f"^{topic}$", interval_s=INTERVAL_S, metadata_max_age_s=MAX_AGE_S,
-                           request_timeout_s=3, stats_interval_s=1)
+                           request_timeout_s=3)
     stop = threading.Event()
     crashed: list[BaseException] = []
 

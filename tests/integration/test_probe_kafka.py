@@ -25,11 +25,14 @@ from tests.support.real_cluster import TopicWriter, probe_for
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 
-def refresh_until(probe, cap, cond: Callable[[], object], what: str, timeout: float = 60.0):
-    """Refresh the probe's metadata until ``cond()`` holds (polled, not slept)."""
+def refresh_until(probe, cap, cond: Callable[[], object], what: str, timeout: float = 60.0, observe: bool = False):
+    """Refresh the probe's metadata until ``cond()`` holds (polled, not slept).  ``observe``: an
+    observation after each refresh (the leader epochs come from its ListOffsets answers)."""
     deadline = time.monotonic() + timeout
     while True:
         probe.refresh_metadata()
+        if observe:
+            probe.observe()
         got = cond()
         if got:
             return got
@@ -87,17 +90,15 @@ def test_brokers_stopped_one_then_two_and_returned(kafka_cluster):
     c.create_topic(topic, replica_assignment=[[2, 3, 1]], config={"min.insync.replicas": 2})
     probe, cap = probe_for(c, f"^{topic}$")
     try:
-        first = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
-                              "the full ISR")
+        # a leader's epoch comes from its answer to an observation: known at the refresh after it
+        first = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3
+                              and p.data.leader_epoch is not None and p, "the full ISR, with its epoch", observe=True)
         assert first.data.leader == 2 and first.data.min_insync_replicas == 2
-        assert first.data.leader_epoch is not None
         c.stop_broker(2)
         try:
-            # the epoch may be unknown for a refresh (the client's statistics late on a loaded
-            # machine, monitor/leader_epochs.py): the view with it follows at a later refresh
             moved = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader not in (2, -1) and
                                   2 not in p.data.isr and p.data.leader_epoch is not None and p,
-                                  "leadership away from broker 2, with its epoch")
+                                  "leadership away from broker 2, with its epoch", observe=True)
             assert moved.data.leader_epoch > first.data.leader_epoch
             assert moved.data.offline_replicas == [2] and sorted(moved.data.isr) == [1, 3]
             refresh = latest(cap.events, "metadata_refresh", ok=True)
@@ -114,12 +115,14 @@ def test_brokers_stopped_one_then_two_and_returned(kafka_cluster):
                 c.start_broker(3)
         finally:
             c.start_broker(2)
-        whole = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3 and p,
-                              "the full ISR after both returned")
+        whole = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and len(p.data.isr) == 3
+                              and p.data.leader_epoch is not None and p, "the full ISR after both returned",
+                              observe=True)
         assert whole.data.offline_replicas == [] and whole.data.leader != 2  # not its preferred leader yet
         c.elect_leaders("preferred", [(topic, 0)])
-        back = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader == 2 and p,
-                             "broker 2 leading again after the preferred election")
+        back = refresh_until(probe, cap, lambda: (p := part(cap, topic)) and p.data.leader == 2
+                             and p.data.leader_epoch is not None and p,
+                             "broker 2 leading again after the preferred election, with its epoch", observe=True)
         assert back.data.leader_epoch > whole.data.leader_epoch
     finally:
         probe.close(flush_timeout=1)

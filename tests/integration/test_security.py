@@ -331,7 +331,7 @@ def test_probe_command_works_with_exactly_the_documented_acls(secure, tmp_path):
 
 def _probe_cfg(secure, **kw) -> ProbeConfig:
     flags = dict(bootstrap_servers=secure.bootstrap_servers, cluster="sec", source="probe-acl", interval_s=1,
-                 topics_include=r"^sec\.", groups_include="^sec-", request_timeout_s=5, stats_interval_s=0.2,
+                 topics_include=r"^sec\.", groups_include="^sec-", request_timeout_s=5,
                  kafka=_kv(x_settings(secure, "monitor"), "-X"))
     return build(ProbeConfig, "probe", flags={**flags, **kw})
 

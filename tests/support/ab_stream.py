@@ -168,7 +168,7 @@ class Stream:
         self._stop_probe = threading.Event()
         self.source = unique(f"probe-{name}")
         self._probe = Probe(ProbeConfig(bootstrap_servers=boot, events_topic=self.events, interval_s=1,
-                                        refresh_backoff_s=0.5, stats_interval_s=0.5, request_timeout_s=5,
+                                        refresh_backoff_s=0.5, request_timeout_s=5,
                                         topics_include=f"^{re.escape(watched)}$",
                                         groups_include=f"^{re.escape(group)}$",
                                         cluster=self.cluster, source=self.source))

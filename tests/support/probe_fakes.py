@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ListOffsetsResultInfo
 
 from monitor.contract import Event
 
@@ -31,13 +32,17 @@ class FakeAdmin:
                  errors: dict[tuple, KafkaError] | None = None):
         self.topics, self.committed, self.hw, self.errors = topics, committed, hw, errors or {}
         self.metadata_calls = 0
+        #: (topic, partition) -> its leader (default 1) and the leader epoch its ListOffsets answer carries
+        self.leaders: dict[tuple, int] = {}
+        self.epochs: dict[tuple, int] = {}
 
     def list_topics(self, topic=None, timeout=None):
         self.metadata_calls += 1
         broker = SimpleNamespace(id=1, host="b1", port=9092)
-        parts = lambda n: {p: SimpleNamespace(id=p, leader=1, replicas=[1], isrs=[1], error=None) for p in range(n)}
+        parts = lambda t, n: {p: SimpleNamespace(id=p, leader=self.leaders.get((t, p), 1), replicas=[1], isrs=[1],
+                                                 error=None) for p in range(n)}
         return SimpleNamespace(cluster_id="fake", controller_id=1, orig_broker_id=1, brokers={1: broker},
-                               topics={t: SimpleNamespace(topic=t, partitions=parts(n), error=None)
+                               topics={t: SimpleNamespace(topic=t, partitions=parts(t, n), error=None)
                                        for t, n in self.topics.items()})
 
     def list_consumer_groups(self, request_timeout=None):
@@ -60,7 +65,7 @@ class FakeAdmin:
             if key in self.errors:
                 out[k] = done(exc=KafkaException(self.errors[key]))
             else:
-                out[k] = done(SimpleNamespace(offset=self.hw.get(key, 0)))
+                out[k] = done(ListOffsetsResultInfo(self.hw.get(key, 0), -1, self.epochs.get(key, -1)))
         return out
 
     def poll(self, timeout=0):

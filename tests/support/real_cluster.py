@@ -61,7 +61,7 @@ def broker_alerts(url: str) -> set[tuple[str, str]]:
 def probe_for(cluster, topic_regex: str, groups: str = "^$", **kw):
     opts = dict(bootstrap_servers=cluster.bootstrap_servers, cluster="real", source=unique("probe-real"),
                 topics_include=topic_regex, groups_include=groups, interval_s=1, refresh_backoff_s=0.2,
-                stats_interval_s=0.2, request_timeout_s=5)
+                request_timeout_s=5)
     return capturing_probe(ProbeConfig(**{**opts, **kw}))
 
 

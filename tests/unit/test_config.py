@@ -33,6 +33,11 @@ def test_precedence_and_property_tables(tmp_path):
     ("", {"KAFKA_MONITOR_PROBE_CLUSTER": "prod/eu"}, {"bootstrap_servers": "x"},
      'probe.cluster: must not contain "/"'),
     ("[probe\n", {}, {}, "not valid TOML"),
+    # a removed setting says so, and why
+    ("[probe]\nbootstrap_servers = 'x'\nstats_interval_s = 5\n", {}, {},
+     "probe.stats_interval_s: no longer a setting (leader epochs come with the offsets answers"),
+    ("", {"KAFKA_MONITOR_PROBE_STATS_INTERVAL_S": "5"}, {"bootstrap_servers": "x"},
+     "KAFKA_MONITOR_PROBE_STATS_INTERVAL_S: no longer a setting"),
 ])
 def test_errors_name_the_setting(tmp_path, file_text, env, flags, message):
     f = tmp_path / "km.toml"

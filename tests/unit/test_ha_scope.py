@@ -127,7 +127,7 @@ def test_between_discoveries_a_probe_asks_only_the_groups_that_commit_on_its_top
     committed = {"g-mine": [tp(mine, 0, 5)], "g-other": [tp(other, 0, 6)], "g-both": [tp(mine, 0, 7), tp(other, 0, 8)]}
     admin = AskedAdmin({mine: 2, other: 1}, committed)
     cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, refresh_backoff_s=0,
-                      stats_interval_s=0.05, ha_group="g", shards=n)
+                      ha_group="g", shards=n)
     producer = CapturingProducer()
     probe = Probe(cfg, emitter=EventEmitter({}, cfg.events_topic, cluster="c", source="p", producer=producer),
                   admin=admin)
@@ -261,7 +261,7 @@ def test_between_discoveries_a_probe_names_its_shards_topics_in_its_metadata_req
         return FakeAdmin.describe_configs(admin, resources, request_timeout)
     admin.describe_configs = describe_configs
     cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, refresh_backoff_s=0,
-                      stats_interval_s=0.05, ha_group="g", shards=n, topics_include="^t")
+                      ha_group="g", shards=n, topics_include="^t")
     producer = CapturingProducer()
     probe = Probe(cfg, emitter=EventEmitter({}, cfg.events_topic, cluster="c", source="p", producer=producer),
                   admin=admin)
@@ -339,7 +339,7 @@ def test_no_topic_warning_means_the_patterns_match_nothing_not_an_empty_share(ca
     from tests.support.probe_fakes import FakeAdmin
 
     def warned(include: str, held: set[int]) -> bool:
-        cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4, stats_interval_s=0.05,
+        cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=4,
                           ha_group="g", shards=8, topics_include=include)
         probe = Probe(cfg, emitter=EventEmitter({}, cfg.events_topic, cluster="c", source="p",
                                                 producer=CapturingProducer()), admin=FakeAdmin({"t1": 1, "t2": 1}, {}, {}))

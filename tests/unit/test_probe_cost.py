@@ -1,12 +1,13 @@
 """What the probe does to stay cheap at 100,000 partitions, held to giving the same answers:
-leader epochs read from one statistics document without parsing it, a cluster view that takes
-over unchanged partitions from the previous one, and the heartbeat's cycle duration and lag
-(with a warning when a cycle overruns the interval)."""
+leader epochs taken from the ListOffsets answers (not the client's statistics), a cluster view
+that takes over unchanged partitions from the previous one, and the heartbeat's cycle duration
+and lag (with a warning when a cycle overruns the interval), and the observations' cadence."""
 
 from __future__ import annotations
 
-import json
 import logging
+
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMetadata, TopicMetadata
@@ -14,66 +15,11 @@ from confluent_kafka.admin import BrokerMetadata, ClusterMetadata, PartitionMeta
 from monitor.cluster_view import ClusterView
 from monitor.contract import Heartbeat
 from monitor.emitter import EventEmitter
-from monitor.leader_epochs import _epochs_from_json, epochs_from_stats
 from monitor.metadata import MetadataCache
 from monitor.probe import Probe
 from monitor.probe_config import ProbeConfig
 from tests.support.capture import CapturingProducer
 from tests.support.probe_fakes import FakeAdmin, FakeEmitter
-
-
-def librdkafka_partition(pid: int, leader: int, epoch: int) -> str:
-    """A partition object as librdkafka 2.x writes it in its statistics (rd_kafka_stats_emit_toppar)."""
-    return (f'"{pid}": {{ "partition":{pid}, "broker":{leader}, "leader":{leader}, "desired":false, '
-            f'"unknown":false, "msgq_cnt":0, "msgq_bytes":0, "xmit_msgq_cnt":0, "xmit_msgq_bytes":0, '
-            f'"fetchq_cnt":0, "fetchq_size":0, "fetch_state":"none", "query_offset":-1001, "next_offset":0, '
-            f'"app_offset":-1001, "stored_offset":-1001, "stored_leader_epoch":-1, "commited_offset":-1001, '
-            f'"committed_offset":-1001, "committed_leader_epoch":-1, "eof_offset":-1001, "lo_offset":-1001, '
-            f'"hi_offset":-1001, "ls_offset":-1001, "consumer_lag":-1, "consumer_lag_stored":-1, '
-            f'"leader_epoch":{epoch}, "txmsgs":0, "txbytes":0, "rxmsgs":0, "rxbytes":0, "msgs": 0, '
-            f'"rx_ver_drops": 0, "msgs_inflight": 0, "next_ack_seq": 0, "next_err_seq": 0, "acked_msgid": 0}} ')
-
-
-def librdkafka_stats(topics: dict[str, list[tuple[int, int]]], ts: int = 4342301928) -> str:
-    """A statistics document in librdkafka's layout: topic -> [(leader, epoch) per partition]; each
-    topic also has the unassigned partition -1."""
-    body = []
-    for name, parts in topics.items():
-        ps = [librdkafka_partition(i, leader, epoch) for i, (leader, epoch) in enumerate(parts)]
-        ps.append(librdkafka_partition(-1, -1, -1))
-        body.append(f'"{name}": {{ "topic":"{name}", "age":1621, "metadata_age":1571, "batchsize": {{ "min":0, '
-                    f'"max":0 }} , "batchcnt": {{ "min":0, "max":0 }} , "partitions":{{ {",".join(ps)}}} }} ')
-    return (f'{{ "name": "rdkafka#producer-1", "client_id": "rdkafka", "type": "producer", "ts":{ts}, '
-            f'"time":1795472538, "brokers":{{ "b:1/1": {{ "name":"b:1/1", "nodeid":1, "toppars":{{ }} }} }}, '
-            f'"topics":{{ {",".join(body)}}} , "tx":5, "rx":5}}')
-
-
-def test_epochs_from_one_statistics_document_without_parsing_it():
-    raw = librdkafka_stats({"orders": [(1, 3), (2, 0), (3, -1)], "audit.log": [(2, 7)]})
-    json.loads(raw)  # it is JSON
-    expected = {("orders", 0): (1, 3), ("orders", 1): (2, 0), ("audit.log", 0): (2, 7)}  # no epoch: left out
-    assert epochs_from_stats(raw) == _epochs_from_json(raw) == expected
-
-
-@pytest.mark.parametrize("raw", [
-    # another layout (spacing): parsed instead
-    json.dumps({"ts": 1, "topics": {"t": {"topic": "t", "partitions": {"0": {"partition": 0, "leader": 2,
-                                                                            "leader_epoch": 4}}}}}),
-    # a partition without leader_epoch (an older librdkafka): parsed, left out
-    librdkafka_stats({"t": [(1, 1)]}).replace('"leader_epoch":1, ', ""),
-])
-def test_statistics_in_another_layout_are_parsed(raw):
-    assert epochs_from_stats(raw) == _epochs_from_json(raw)
-
-
-def test_the_probe_reads_only_the_latest_statistics_document():
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", stats_interval_s=0.05),
-                  emitter=FakeEmitter(), admin=FakeAdmin({}, {}, {}))
-    probe._epochs.on_stats(librdkafka_stats({"t": [(1, 1)]}, ts=1_000_000))
-    probe._epochs.on_stats(librdkafka_stats({"t": [(2, 5)]}, ts=2_000_000))
-    assert probe._epochs.ts == 2.0 and probe._epochs.seen == {}  # kept, not read
-    probe._epochs.read()
-    assert probe._epochs.seen == {("t", 0): (2, 5)} and probe._epochs.raw is None
 
 
 def confluent_md(topics: dict[str, list[tuple[int, list[int], list[int]]]], brokers=(1, 2, 3)) -> ClusterMetadata:
@@ -95,13 +41,23 @@ def confluent_md(topics: dict[str, list[tuple[int, list[int], list[int]]]], brok
     return md
 
 
+def rebuilt(md: ClusterMetadata) -> SimpleNamespace:
+    """The same metadata in other objects: from_confluent builds every partition anew (its path
+    without the identity shortcut), which the shortcut's result must equal."""
+    return SimpleNamespace(cluster_id=md.cluster_id, brokers=md.brokers, topics={
+        n: SimpleNamespace(topic=n, error=t.error, partitions={
+            i: SimpleNamespace(id=p.id, leader=p.leader, replicas=p.replicas, isrs=p.isrs, error=p.error)
+            for i, p in t.partitions.items()}) for n, t in md.topics.items()})
+
+
 def test_a_view_built_on_the_previous_one_is_equal_and_shares_what_did_not_change():
     before = {"a": [(1, [1, 2], [1, 2]), (2, [2, 3], [2, 3])], "b": [(3, [3, 1], [3, 1])]}
     after = {"a": [(1, [1, 2], [1, 2]), (2, [2, 3], [2])], "b": [(3, [3, 1], [3, 1])]}  # a/1 lost a replica
     epochs = {("a", 0): 4, ("a", 1): 2, ("b", 0): 9}
-    v1 = ClusterView.from_confluent(confluent_md(before), leader_epochs=epochs)
+    v1 = ClusterView.from_confluent(confluent_md(before), leader_epochs=epochs,
+                                    previous=ClusterView.from_confluent(confluent_md(before)))
     v2 = ClusterView.from_confluent(confluent_md(after), leader_epochs=epochs, previous=v1)
-    assert v2 == ClusterView.from_confluent(confluent_md(after), leader_epochs=epochs)
+    assert v2 == ClusterView.from_confluent(rebuilt(confluent_md(after)), leader_epochs=epochs, previous=v1)
     assert v2.topics["a"].partitions[0] is v1.topics["a"].partitions[0]
     assert v2.topics["a"].partitions[1] is not v1.topics["a"].partitions[1]
     assert v2.topics["b"] is v1.topics["b"]
@@ -110,7 +66,7 @@ def test_a_view_built_on_the_previous_one_is_equal_and_shares_what_did_not_chang
                    (confluent_md({**before, "b": [(1, [3, 1], [3, 1])]}), {"leader_epochs": epochs}),
                    (confluent_md(before, brokers=(1, 2)), {"leader_epochs": epochs})):
         v3 = ClusterView.from_confluent(md, previous=v1, **kw)
-        assert v3 == ClusterView.from_confluent(md, **kw)
+        assert v3 == ClusterView.from_confluent(rebuilt(md), previous=v1, **kw)
         assert v3.topics["b"] is not v1.topics["b"]
     errored = confluent_md(before)
     errored.topics["b"].partitions[0].error = "LEADER_NOT_AVAILABLE"
@@ -118,15 +74,44 @@ def test_a_view_built_on_the_previous_one_is_equal_and_shares_what_did_not_chang
         == "LEADER_NOT_AVAILABLE"
 
 
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_leader_epoch_is_the_one_its_leader_answered(shortcut):
+    """The epochs are what the previous view's leaders answered to ListOffsets LATEST: a partition
+    whose leader is unchanged takes its answer (or keeps its epoch without one); a new leader, or
+    a new partition, has none until a refresh after it answered."""
+    build = (lambda md, **kw: ClusterView.from_confluent(md, **kw)) if shortcut else \
+        (lambda md, **kw: ClusterView.from_confluent(rebuilt(md), **kw))
+
+    def epochs_of(view):
+        return {(p.topic, p.partition): p.leader_epoch for p in view.partitions()}
+    first = build(confluent_md({"a": [(1, [1, 2], [1, 2]), (2, [2, 1], [2, 1])]}), leader_epochs={("a", 0): 3})
+    assert epochs_of(first) == {("a", 0): None, ("a", 1): None}  # no previous view: nobody answered yet
+    answered = build(confluent_md({"a": [(1, [1, 2], [1, 2]), (2, [2, 1], [2, 1])]}),
+                     leader_epochs={("a", 0): 3, ("a", 1): 7}, previous=first)
+    assert epochs_of(answered) == {("a", 0): 3, ("a", 1): 7}
+    # a/0 unanswered this time: keeps 3; a/1's leader moved to 1: its answer (from 2) does not count;
+    # a/2 is new
+    moved = build(confluent_md({"a": [(1, [1, 2], [1, 2]), (1, [2, 1], [1]), (2, [2, 1], [2, 1])]}),
+                  leader_epochs={("a", 1): 7, ("a", 2): 1}, previous=answered)
+    assert epochs_of(moved) == {("a", 0): 3, ("a", 1): None, ("a", 2): None}
+    again = build(confluent_md({"a": [(1, [1, 2], [1, 2]), (1, [2, 1], [1]), (2, [2, 1], [2, 1])]}),
+                  leader_epochs={("a", 0): 3, ("a", 1): 8, ("a", 2): 1}, previous=moved)
+    assert epochs_of(again) == {("a", 0): 3, ("a", 1): 8, ("a", 2): 1}
+    bumped = build(confluent_md({"a": [(1, [1, 2], [1, 2]), (1, [2, 1], [1]), (2, [2, 1], [2, 1])]}),
+                   leader_epochs={("a", 0): 4}, previous=again)  # re-elected on the same broker
+    assert epochs_of(bumped) == {("a", 0): 4, ("a", 1): 8, ("a", 2): 1}
+
+
 def test_the_cache_sees_the_same_changes_with_shared_partitions():
     before = {"a": [(1, [1, 2], [1, 2]), (2, [2, 3], [2, 3])]}
     moved = {"a": [(1, [1, 2], [1, 2]), (3, [2, 3], [2, 3])]}
     cache = MetadataCache(clock=lambda: 1)
-    cache.update(ClusterView.from_confluent(confluent_md(before), leader_epochs={("a", 1): 1}))
-    change = cache.update(ClusterView.from_confluent(confluent_md(moved), leader_epochs={("a", 1): 2},
+    cache.update(ClusterView.from_confluent(confluent_md(before)))
+    cache.update(ClusterView.from_confluent(confluent_md(before), leader_epochs={("a", 1): 1}, previous=cache.cluster))
+    change = cache.update(ClusterView.from_confluent(confluent_md(moved), leader_epochs={("a", 1): 1},
                                                      previous=cache.cluster))
     assert [(c.partition, c.old_leader, c.new_leader, c.old_epoch, c.new_epoch) for c in change.leader_changes] \
-        == [(1, 2, 3, 1, 2)]
+        == [(1, 2, 3, 1, None)]
     leaderless = ClusterView.from_confluent(confluent_md({"a": [(-1, [1, 2], [])]}), previous=cache.cluster)
     assert leaderless.leaderless() == (("a", 0),)
 
@@ -135,7 +120,7 @@ def test_unchanged_partitions_are_not_sent_again_until_their_snapshot_is_due():
     now = [1_900_000_000.0]
     producer = CapturingProducer()
     em = EventEmitter({}, "events", cluster="c", source="p", producer=producer)
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", stats_interval_s=0.05, metadata_snapshot_s=60),
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", metadata_snapshot_s=60),
                   emitter=em, admin=FakeAdmin({"orders": 3}, {}, {}), clock=lambda: now[0])
 
     def sent():
@@ -154,7 +139,7 @@ def test_unchanged_partitions_are_not_sent_again_until_their_snapshot_is_due():
 
 def test_the_heartbeat_carries_the_cycle_and_its_lag_and_an_overrun_is_logged(caplog, monkeypatch):
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, stats_interval_s=0.05),
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1),
                   emitter=em, admin=FakeAdmin({"orders": 1}, {}, {("orders", 0): 5}))
     probe.cycle()
     hb = em.of(Heartbeat)[-1]
@@ -187,7 +172,7 @@ def test_the_heartbeat_carries_the_cycle_and_its_lag_and_an_overrun_is_logged(ca
 def test_run_reports_the_observation_lag_behind_its_schedule(monkeypatch):
     import threading
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=0.2, stats_interval_s=0.05,
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=0.2,
                               refresh_backoff_s=0),
                   emitter=em, admin=FakeAdmin({"orders": 1}, {}, {("orders", 0): 5}))
     stop = threading.Event()
@@ -210,11 +195,14 @@ def test_a_refresh_before_each_observation_does_not_stretch_the_interval():
     their cadence.  CI saw a 1-s interval observed every ~1.5 s (tests/e2e/test_ha_group.py)."""
     import threading
     clock = [1000.0]
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, stats_interval_s=0.05),
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1),
                   emitter=FakeEmitter(), admin=FakeAdmin({}, {}, {}))
     stop, seen = threading.Event(), []
 
+    refresh_due = [0.0]
+
     def refresh():
+        refresh_due[0] = clock[0] + 1.0  # metadata max age = the interval
         clock[0] += 0.5
         return True
 
@@ -228,8 +216,7 @@ def test_a_refresh_before_each_observation_does_not_stretch_the_interval():
     def wait(seconds, _stop):
         clock[0] += seconds
     probe.refresh_metadata, probe.observe, probe._wait = refresh, observe, wait
-    # a refresh is due with each observation (metadata max age = the interval)
-    probe._refresh_start_in = lambda: (probe._next_observation or 0) - clock[0]
+    probe._refresh_start_in = lambda: refresh_due[0] - clock[0]
     import monitor.probe as probe_module
     real_monotonic = probe_module.time.monotonic
     probe_module.time.monotonic = lambda: clock[0]
@@ -247,3 +234,37 @@ def test_an_observation_a_whole_interval_late_restarts_the_cadence():
     assert next_due(10.0, 10.5, 1.0) == 11.0
     assert next_due(10.0, 11.0, 1.0) == 12.0  # a whole interval behind: one interval from now
     assert next_due(10.0, 13.7, 1.0) == 14.7  # no burst of observations to catch up
+
+
+def test_the_probe_reports_the_epochs_its_leaders_answered():
+    """Through the probe's cycle (a refresh, then an observation): the first view has no epochs
+    (nothing answered yet), the next has each leader's; a moved leader's epoch is unknown for one
+    refresh; an epoch bumped on the same leader shows at the refresh after the observation that
+    saw it.  Each change is one partition_metadata, nothing else is sent again."""
+    producer = CapturingProducer()
+    em = EventEmitter({}, "events", cluster="c", source="p", producer=producer)
+    admin = FakeAdmin({"t": 2}, {}, {("t", 0): 5, ("t", 1): 5})
+    admin.epochs = {("t", 0): 3, ("t", 1): 5}
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", metadata_snapshot_s=3600), emitter=em, admin=admin)
+
+    def sent(step):
+        step()
+        out = {(e.data.partition, e.data.leader, e.data.leader_epoch) for e in producer.events
+               if e.type == "partition_metadata"}
+        producer.events.clear()
+        return out
+
+    def cycle():
+        return sent(probe.cycle)
+    assert cycle() == {(0, 1, None), (1, 1, None)}
+    assert cycle() == {(0, 1, 3), (1, 1, 5)}
+    assert cycle() == set()
+    admin.leaders[("t", 1)], admin.epochs[("t", 1)] = 2, 6
+    assert sent(probe.refresh_metadata) == {(1, 2, None)}
+    # a second refresh before any observation: leader 1's answer (5) is not taken for leader 2
+    assert sent(probe.refresh_metadata) == set()
+    assert cycle() == set()
+    assert cycle() == {(1, 2, 6)}
+    admin.epochs[("t", 0)] = 4
+    assert cycle() == set()  # the refresh ran before the observation that saw it
+    assert cycle() == {(0, 1, 4)}

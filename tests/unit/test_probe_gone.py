@@ -65,7 +65,7 @@ class Clock:
 def make(admin: Any, **kw: Any) -> tuple[Probe, CapturingProducer]:
     clock = kw.pop("clock", None) or Clock()
     cfg = ProbeConfig(bootstrap_servers="fake:9092", cluster="c", source="p", interval_s=kw.pop("interval_s", 4.0),
-                      refresh_backoff_s=kw.pop("refresh_backoff_s", 0), stats_interval_s=0.05, **kw)
+                      refresh_backoff_s=kw.pop("refresh_backoff_s", 0), **kw)
     producer = CapturingProducer()
     emitter = EventEmitter({}, cfg.events_topic, cluster="c", source="p", producer=producer, clock=clock)
     return Probe(cfg, emitter=emitter, admin=admin, clock=clock), producer
@@ -178,8 +178,7 @@ def test_a_topic_back_after_one_miss_is_not_gone():
 def test_a_topic_not_sent_is_sent_at_the_next_complete_miss():
     admin = GoneAdmin({"orders": 2}, {})
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=4, refresh_backoff_s=0,
-                              stats_interval_s=0.05), emitter=em, admin=admin)
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=4, refresh_backoff_s=0), emitter=em, admin=admin)
     refused: list[int] = []
 
     def emit_rows(cls, rows, observed_at):

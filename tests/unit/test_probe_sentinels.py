@@ -19,8 +19,7 @@ from tests.support.probe_fakes import FakeAdmin, FakeEmitter, tp
 
 def make(admin: FakeAdmin):
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, refresh_backoff_s=0,
-                                      stats_interval_s=0.05), emitter=em,
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1, refresh_backoff_s=0), emitter=em,
                   admin=admin)
     return probe, em
 

@@ -82,8 +82,7 @@ def test_the_asker_answers_a_silent_group_by_the_deadline_and_does_not_pile_requ
 
 def make(admin, interval_s: float = 4.0):
     em = FakeEmitter()
-    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=interval_s, refresh_backoff_s=0,
-                              stats_interval_s=0.05), emitter=em, admin=admin)
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=interval_s, refresh_backoff_s=0), emitter=em, admin=admin)
     return probe, em
 
 
