@@ -59,7 +59,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from monitor.access import permanent_error
+from monitor.access import permanent_error, timed_out
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ ARROW_BATCH_BYTES = 32 << 20
 RECORDS_PER_TASK = 1_000
 #: how long a watermark read waits for brokers (option offsetsTimeoutMs)
 OFFSETS_TIMEOUT_S = 10.0
+#: clients kept after being replaced (_list_topic), while requests of theirs may be out
+RETIRED_MAX = 4
 #: how long a read task waits for the records of its range (a leader change, a broker down)
 READ_IDLE_TIMEOUT_S = 300.0
 
@@ -151,7 +153,12 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.timeout_s = int(opts.get("offsetstimeoutms", str(int(OFFSETS_TIMEOUT_S * 1000)))) / 1000.0
         if self.timeout_s <= 0:
             raise SourceError("option 'offsetsTimeoutMs' must be > 0")
-        self._admin = None
+        self._admin: Any = None
+        #: clients replaced after a metadata request timed out, kept until their requests end
+        #: (librdkafka can crash a client destroyed with requests in flight)
+        self._retired: list = []
+        self.metadata_retries = 0
+        self._brokers: list[str] = []  # host:port of the brokers the last metadata answer listed
         self._latest: Optional[dict] = None
         #: partition -> (since when it is unreadable, epoch ms; why)
         self._unreadable: dict[int, tuple[int, str]] = {}
@@ -162,9 +169,41 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _admin_client(self):
         if self._admin is None:
-            from confluent_kafka.admin import AdminClient
-            self._admin = AdminClient(dict(self.kafka))
+            self._admin = self._new_client(dict(self.kafka))
         return self._admin
+
+    def _new_client(self, conf: dict) -> Any:
+        from confluent_kafka.admin import AdminClient
+        return AdminClient(conf)
+
+    def _list_topic(self, timeout_s: float) -> Any:
+        """The events topic's metadata.  librdkafka sends the request to the broker its client
+        last used, and asked again it goes there again: a paused broker held every trigger's
+        metadata, and the leaders the source fell back to were stale for the whole pause (a
+        batch of 73 s, seen in tests/e2e/test_own_cluster.py).  So the first attempt waits half
+        the time, and a timed-out one is sent again through a new client, bootstrapped from the
+        brokers the last answer listed as well as the configured ones, which the source then
+        keeps: its ListOffsets go to the leaders that client just learnt."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return self._admin_client().list_topics(self.topic, timeout=timeout_s / 2)
+        except KafkaException as e:
+            if not timed_out(e):
+                raise
+        self.metadata_retries += 1
+        self._pending = [f for f in self._pending if not f.done()]
+        if self._pending:
+            self._retired.append(self._admin)
+            del self._retired[:-RETIRED_MAX]  # (bounded: their requests end within a timeout)
+        elif self._retired:
+            self._retired.clear()
+        configured = [b.strip() for b in str(self.kafka.get("bootstrap.servers", "")).split(",") if b.strip()]
+        bootstrap = ",".join(dict.fromkeys(configured + self._brokers))
+        self._admin = self._new_client({**self.kafka, "bootstrap.servers": bootstrap})
+        log.info("%s: metadata request timed out after %.1fs; asking again through a new client", self.topic,
+                 timeout_s / 2)
+        return self._admin.list_topics(self.topic, timeout=timeout_s / 2)
 
     def _watermarks(self, known: tuple[int, ...] = ()) -> dict[int, tuple[int, int]]:
         """(earliest, latest) of every partition that answered; the others are noted as
@@ -173,14 +212,14 @@ class KafkaStreamReader(DataSourceStreamReader):
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        admin = self._admin_client()
         asked_at = int(time.time() * 1000)
         # metadata comes from one broker, which may be the one that does not answer: with the
         # leaders of the last answer at hand, wait half a timeout for it and go on with those
         try:
-            md = admin.list_topics(self.topic, timeout=self.timeout_s / 2 if self._leaders else self.timeout_s)
+            md = self._list_topic(self.timeout_s / 2 if self._leaders else self.timeout_s)
             tmd = md.topics.get(self.topic)
             err = tmd.error if tmd is not None else None
+            self._brokers = [f"{b.host}:{b.port}" for b in md.brokers.values()]
         except KafkaException as e:
             tmd, err = None, e.args[0] if e.args else e
             if not self._leaders:
@@ -199,6 +238,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                 return {}
         if err is not None:
             log.info("%s: metadata unavailable (%s); asking the leaders it last named", self.topic, err)
+        admin = self._admin_client()
         why: dict[int, str] = {}
         by_leader: dict[int, list] = {}
         for p, leader in self._leaders.items():
@@ -333,6 +373,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             wait_futures(self._pending, timeout=self.timeout_s + 1.0)
             self._pending = []
         self._admin = None
+        self._retired.clear()
 
     # -- executor side ----------------------------------------------------------------------
 

@@ -30,7 +30,9 @@ class FakeAdmin:
         if isinstance(self.metadata_error, Exception):
             raise self.metadata_error
         parts = {p: SimpleNamespace(id=p, leader=b) for p, b in self.leaders.items()}
-        return SimpleNamespace(topics={topic: SimpleNamespace(error=self.metadata_error, partitions=parts)})
+        brokers = {b: SimpleNamespace(id=b, host=f"b{b}", port=9092) for b in (1, 2, 3)}
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=self.metadata_error, partitions=parts)},
+                               brokers=brokers)
 
     def list_offsets(self, specs, request_timeout):
         self.requests.append(sorted(tp.partition for tp in specs))
@@ -53,6 +55,7 @@ def reader(admin: FakeAdmin, timeout_ms: int = 200) -> KafkaStreamReader:
     r = KafkaStreamReader({"subscribe": TOPIC, "kafka.bootstrap.servers": "unused:9092",
                            "offsetsTimeoutMs": str(timeout_ms)})
     r._admin = admin
+    r._new_client = lambda conf: admin  # a timed-out metadata request's second try: the same fake
     return r
 
 
@@ -170,3 +173,27 @@ def test_a_first_start_leaves_out_a_partition_it_cannot_read_then_reads_it_from_
     end = r.latestOffset(start, ReadAllAvailable())
     assert end["offsets"] == {"0": 20, "1": 20, "2": 20}
     assert [(p, s, e) for t in r.partitions(start, end) for p, s, e in t.ranges] == [(0, 0, 20), (1, 0, 20), (2, 0, 20)]
+
+
+def test_a_metadata_request_that_times_out_is_sent_again_through_a_new_client():
+    """librdkafka sends a client's metadata request to the broker it last used; a paused one held
+    every trigger's metadata, and the source read from stale leaders for the whole pause.  A
+    timed-out request is sent again through a new client, bootstrapped from the brokers the last
+    answer listed too, which the source keeps (its ListOffsets go where that one's metadata says);
+    the old client is kept while requests of its own are out."""
+    old = fresh()
+    r = reader(old)
+    assert r.latestOffset(START, ReadAllAvailable())["offsets"] == {"0": 20, "1": 20, "2": 20}
+    old.answers[1] = None  # broker 2 silent: a request of the old client stays out
+    r.latestOffset(START, ReadAllAvailable())
+    old.metadata_error = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+    new = FakeAdmin({0: 2, 1: 3, 2: 3}, {0: (0, 30), 1: (0, 30), 2: (0, 30)})  # leadership moved
+    made: list[dict] = []
+    r._new_client = lambda conf: made.append(conf) or new
+    end = r.latestOffset(START, ReadAllAvailable())
+    assert r.metadata_retries == 1 and r._admin is new
+    assert made[0]["bootstrap.servers"] == "unused:9092,b1:9092,b2:9092,b3:9092"
+    assert end["offsets"] == {"0": 30, "1": 30, "2": 30} and "unreadable" not in r.reportLatestOffset()
+    assert r._retired == [old]  # its request for partition 1 is still out
+    r.stop()
+    assert r._retired == [] and r._admin is None
