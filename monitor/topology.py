@@ -11,7 +11,8 @@ partition gets a ``partition_metadata`` when its leader, leader epoch, replicas,
 replicas, min.insync.replicas, error or eligible leader replicas (``monitor.elr``) differ from what the probe last sent for it, and at least
 every ``metadata_snapshot_s`` even when nothing changed (a job started on an empty checkpoint,
 or one that missed an event, has the whole view within that time).  The first snapshots are
-spread over that period, so a large cluster's partitions do not all come due in one refresh.
+spread over that period, so a large cluster's partitions do not all come due in one refresh, and
+a partition sent for a change keeps its place in it.
 Sending changes only is what keeps the job's work following change: at 100,000 partitions a
 full view every 10 s is 100,000 events that say nothing new.  Each ``partition_offsets``
 carries ``metadata_at``, the time of the refresh that last confirmed the partition's view, so
@@ -282,9 +283,9 @@ class ProbeTopologyMixin:
         else:
             self._elr_waited = frozenset()
         failed = set(self._emit_rows(PartitionMetadata, rows, now))
-        for i, (tp, shown, first) in enumerate(pending):
+        for i, (tp, shown, due) in enumerate(pending):
             if i not in failed:  # not enqueued: tried again at the next refresh
-                sent[tp] = (shown, now + self._snapshot_after_ms(tp, first=first))
+                sent[tp] = (shown, self._next_snapshot_ms(tp, due, now))
         self._md_sent = sent  # partitions no longer watched are forgotten
         self._gone.note_topics(view, topics, now)
         if watched != self._watched_partitions:
@@ -329,7 +330,7 @@ class ProbeTopologyMixin:
                 rows.append((name, pv.partition, pv.leader, list(pv.replicas), list(pv.isr), version,
                              pv.leader_epoch, list(offline), mi, pv.error,
                              None if elr is None else list(elr[0]), None if elr is None else list(elr[1])))
-                pending.append((tp, shown, last is None))
+                pending.append((tp, shown, None if last is None else last[1]))
         return watched, leaders, rows, pending, sent, frozenset(unknown)
 
     def _elr_wait_s(self) -> float:
@@ -390,11 +391,16 @@ class ProbeTopologyMixin:
             self.invalidate(e.args[0] if e.args else e, "metadata request (offsets client)")
             self._warn_once("ops_metadata", "metadata refresh of the offsets client failed: %s", e)
 
-    def _snapshot_after_ms(self, tp: tuple[str, int], first: bool) -> int:
-        """How long after sending a partition's metadata it is sent again unchanged: the snapshot
-        period, except after the first send, when it is spread over (0, period] by a hash of the
-        partition, so that the snapshots of a large cluster are not all due in one refresh."""
+    def _next_snapshot_ms(self, tp: tuple[str, int], due: Optional[int], now: int) -> int:
+        """When a partition's metadata just sent (at ``now``) is sent again unchanged: at its next
+        snapshot time.  The first send sets its phase, spread over (0, period] by a hash of the
+        partition, so that the snapshots of a large cluster are not all due in one refresh; a
+        send for a change keeps that phase (``due``: the snapshot it was due for), otherwise one
+        change of every partition at once (their leader epochs, known from the second refresh
+        on) would bring all their snapshots into one refresh for good."""
         period = int(self.cfg.metadata_snapshot_s * 1000)
-        if not first or period <= 0:
-            return period
-        return 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
+        if period <= 0:
+            return now
+        if due is None:
+            return now + 1 + zlib.crc32(f"{tp[0]}/{tp[1]}".encode()) % period
+        return due if due > now else due + ((now - due) // period + 1) * period

@@ -268,3 +268,26 @@ def test_the_probe_reports_the_epochs_its_leaders_answered():
     admin.epochs[("t", 0)] = 4
     assert cycle() == set()  # the refresh ran before the observation that saw it
     assert cycle() == {(0, 1, 4)}
+
+
+def test_a_change_of_every_partition_keeps_their_snapshots_spread():
+    """The second refresh sends every partition again (its leader epoch is known from then on);
+    their next snapshots stay where the first send spread them, not all one period after it."""
+    now = [1_900_000_000.0]
+    producer = CapturingProducer()
+    em = EventEmitter({}, "events", cluster="c", source="p", producer=producer)
+    admin = FakeAdmin({"t": 50}, {}, {})
+    admin.epochs = {("t", p): 1 for p in range(50)}
+    probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", metadata_snapshot_s=60), emitter=em, admin=admin,
+                  clock=lambda: now[0])
+    probe.cycle()
+    spread = {tp: due for tp, (_, due) in probe._md_sent.items()}
+    assert len(set(spread.values())) > 40
+    producer.events.clear()
+    now[0] += 10
+    probe.cycle()
+    assert sum(e.type == "partition_metadata" for e in producer.events) == 50  # each with its epoch now
+    kept = {tp: due for tp, (_, due) in probe._md_sent.items()}
+    t = int(now[0] * 1000)
+    # the same phase: a due time passed since moves on by whole periods
+    assert kept == {tp: due if due > t else due + 60_000 for tp, due in spread.items()}
