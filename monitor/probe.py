@@ -81,9 +81,9 @@ def _quiet(err: Any) -> None:
 
 def next_due(due: float, started: float, interval_s: float) -> float:
     """When the observation after one due at ``due`` and started at ``started`` is due: one
-    interval after ``due``, so a refresh that delays an observation (waiting for its leader
-    epochs, up to a quarter of the interval) does not push every later one back; once a whole
-    interval behind, one interval after ``started``."""
+    interval after ``due``, so a refresh that delays an observation (a large cluster's listing,
+    an ELR look) does not push every later one back; once a whole interval behind, one interval
+    after ``started``."""
     nxt = due + interval_s
     return nxt if nxt > started else started + interval_s
 

@@ -190,9 +190,10 @@ def test_run_reports_the_observation_lag_behind_its_schedule(monkeypatch):
 
 
 def test_a_refresh_before_each_observation_does_not_stretch_the_interval():
-    """A refresh that runs when an observation is due delays that observation (it waits up to a
-    quarter of the interval for its leader epochs), not every later one: the observations keep
-    their cadence.  CI saw a 1-s interval observed every ~1.5 s (tests/e2e/test_ha_group.py)."""
+    """A refresh that runs when an observation is due delays that observation, not every later
+    one: the observations keep their cadence.  A full run saw a 1-s interval observed every
+    ~1.5 s (tests/e2e/test_ha_group.py), while a refresh waited up to a quarter of the interval
+    for the leader epochs in the client's statistics."""
     import threading
     clock = [1000.0]
     probe = Probe(ProbeConfig(bootstrap_servers="fake:9092", interval_s=1),
