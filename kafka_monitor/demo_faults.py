@@ -121,10 +121,13 @@ class FaultCycle:
         return b
 
     def stop_two(self) -> Optional[list]:
-        """Fault 3: stop two brokers, keeping the one that leads the first partition: every
-        partition is down to one in-sync replica, under min.insync.replicas."""
+        """Fault 3: stop two brokers, keeping the first partition's preferred leader: every
+        partition is down to one in-sync replica, under min.insync.replicas.  The faults before
+        end with the leaders back on their preferred replicas, so it leads that partition; its
+        leader as just read could be a broker's metadata a moment behind that election (seen in a
+        full run: brokers 1 and 3 stopped, where the test expects 2 and 3)."""
         parts = self._partitions()
-        keep = parts[min(parts)][0]
+        keep = parts[min(parts)][1][0]
         down = sorted({b for _, reps, _ in parts.values() for b in reps} - {keep})[:2]
         self.say(f"fault 3/3: stopping {_brokers(down)} for {self.two_down_s:g} s: the ISR of {self.topic} drops "
                  f"to [{keep}], below min.insync.replicas: expect UnderMinIsr (critical; acks=all writes fail and "
