@@ -15,7 +15,7 @@ error text and the ACL, never a client property: no password can end up in them.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -47,6 +47,23 @@ def timed_out(e: Any) -> bool:
     broker it waits for never came up)."""
     err = kafka_error(e)
     return err is not None and err.code() == KafkaError._TIMED_OUT
+
+
+T = TypeVar("T")
+
+
+def again_if_timed_out(first: Callable[[], T], again: Optional[Callable[[], T]]) -> T:
+    """``first()`` (a metadata request); when it timed out, ``again()`` (the same request through
+    a new client), when given.  librdkafka sends a client's metadata request to the broker it last
+    used, and asked again it goes there again: with that broker paused every try waits out its
+    timeout.  A new client's connection to a paused broker never gets past ApiVersion, so it asks
+    another.  Errors other than a timeout are raised as they are."""
+    try:
+        return first()
+    except KafkaException as e:
+        if again is None or not timed_out(e):
+            raise
+    return again()
 
 
 def authorization_resource(e: Any) -> Optional[str]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from monitor.access import timed_out
+from monitor.access import again_if_timed_out
 from monitor.cluster_view import ClusterView
 from monitor.contract import Broker, BrokerState, MetadataRefresh, PartitionCountChange, PartitionMetadata
 from monitor.gcpause import gc_paused
@@ -129,19 +129,18 @@ class ProbeTopologyMixin:
         return min(self.cfg.request_timeout_s, max(2.0, 0.25 * self.cfg.interval_s, usual))
 
     def _list_topics(self) -> Any:
-        """The cluster's metadata.  librdkafka sends the request to the usable broker it last
-        sent to, which is often a paused one, and a second try through the same client (or the
-        offsets client) went there again.  So the first attempt waits ``refresh_wait_s()``, and a
-        timed-out one is sent again, for the rest of the request timeout, through a new client:
-        its connection to a paused broker never gets past ApiVersion, so it asks another."""
+        """The cluster's metadata.  The first attempt waits ``refresh_wait_s()``, and a
+        timed-out one is sent again, for the rest of the request timeout, through a new client
+        (``again_if_timed_out``: the usable broker librdkafka last sent to is often a paused
+        one), which is dropped once it answered."""
         first = self.refresh_wait_s() if self._retry_conf is not None else self.cfg.request_timeout_s
-        try:
-            return self._admin.list_topics(timeout=first)
-        except KafkaException as e:
-            if self._retry_conf is None or not timed_out(e):
-                raise
+        conf = self._retry_conf
+        return again_if_timed_out(lambda: self._admin.list_topics(timeout=first),
+                                  None if conf is None else lambda: self._list_topics_again(conf, first))
+
+    def _list_topics_again(self, conf: dict, first: float) -> Any:
         self.refresh_retries += 1
-        client = AdminClient(self._retry_conf)
+        client = AdminClient(conf)
         try:
             return client.list_topics(timeout=max(first, self.cfg.request_timeout_s - first))
         finally:

@@ -59,7 +59,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from monitor.access import permanent_error, timed_out
+from monitor.access import again_if_timed_out, permanent_error
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.timeout_s <= 0:
             raise SourceError("option 'offsetsTimeoutMs' must be > 0")
         self._admin: Any = None
-        #: clients replaced after a metadata request timed out, kept until their requests end
-        #: (librdkafka can crash a client destroyed with requests in flight)
-        self._retired: list = []
+        #: (client, its requests still out when it was replaced) after a metadata request timed
+        #: out (``_retire``)
+        self._retired: list[tuple[Any, list]] = []
         self.metadata_retries = 0
         self._brokers: list[str] = []  # host:port of the brokers the last metadata answer listed
         self._latest: Optional[dict] = None
@@ -177,33 +177,38 @@ class KafkaStreamReader(DataSourceStreamReader):
         return AdminClient(conf)
 
     def _list_topic(self, timeout_s: float) -> Any:
-        """The events topic's metadata.  librdkafka sends the request to the broker its client
-        last used, and asked again it goes there again: a paused broker held every trigger's
-        metadata, and the leaders the source fell back to were stale for the whole pause (a
-        batch of 73 s, seen in tests/e2e/test_own_cluster.py).  So the first attempt waits half
-        the time, and a timed-out one is sent again through a new client, bootstrapped from the
-        brokers the last answer listed as well as the configured ones, which the source then
-        keeps: its ListOffsets go to the leaders that client just learnt."""
-        from confluent_kafka import KafkaException
+        """The events topic's metadata.  A paused broker held every trigger's metadata, and the
+        leaders the source fell back to were stale for the whole pause (a batch of 73 s, seen in
+        tests/e2e/test_own_cluster.py).  So the first attempt waits half the time, and a
+        timed-out one is sent again through a new client (``again_if_timed_out``), bootstrapped
+        from the brokers the last answer listed as well as the configured ones, which the source
+        then keeps: its ListOffsets go to the leaders that client just learnt."""
+        return again_if_timed_out(lambda: self._admin_client().list_topics(self.topic, timeout=timeout_s / 2),
+                                  lambda: self._list_topic_again(timeout_s / 2))
 
-        try:
-            return self._admin_client().list_topics(self.topic, timeout=timeout_s / 2)
-        except KafkaException as e:
-            if not timed_out(e):
-                raise
+    def _list_topic_again(self, timeout_s: float) -> Any:
         self.metadata_retries += 1
-        self._pending = [f for f in self._pending if not f.done()]
-        if self._pending:
-            self._retired.append(self._admin)
-            del self._retired[:-RETIRED_MAX]  # (bounded: their requests end within a timeout)
-        elif self._retired:
-            self._retired.clear()
+        self._retire(self._admin)
         configured = [b.strip() for b in str(self.kafka.get("bootstrap.servers", "")).split(",") if b.strip()]
         bootstrap = ",".join(dict.fromkeys(configured + self._brokers))
         self._admin = self._new_client({**self.kafka, "bootstrap.servers": bootstrap})
         log.info("%s: metadata request timed out after %.1fs; asking again through a new client", self.topic,
-                 timeout_s / 2)
-        return self._admin.list_topics(self.topic, timeout=timeout_s / 2)
+                 timeout_s)
+        return self._admin.list_topics(self.topic, timeout=timeout_s)
+
+    def _retire(self, client: Any) -> None:
+        """Keep a replaced client while ListOffsets requests are out (librdkafka can crash a
+        client destroyed with requests in flight), with those requests; clients whose requests
+        all ended go.  At most ``RETIRED_MAX`` are kept: past that, the oldest one's requests
+        are waited for (they end within a request timeout) before it goes."""
+        self._pending = [f for f in self._pending if not f.done()]
+        self._retired = [(c, fs) for c, fs in self._retired if not all(f.done() for f in fs)]
+        if self._pending:
+            self._retired.append((client, list(self._pending)))
+        while len(self._retired) > RETIRED_MAX:
+            oldest, futures = self._retired.pop(0)
+            wait_futures(futures, timeout=self.timeout_s + 1.0)
+            del oldest
 
     def _watermarks(self, known: tuple[int, ...] = ()) -> dict[int, tuple[int, int]]:
         """(earliest, latest) of every partition that answered; the others are noted as

@@ -194,6 +194,47 @@ def test_a_metadata_request_that_times_out_is_sent_again_through_a_new_client():
     assert r.metadata_retries == 1 and r._admin is new
     assert made[0]["bootstrap.servers"] == "unused:9092,b1:9092,b2:9092,b3:9092"
     assert end["offsets"] == {"0": 30, "1": 30, "2": 30} and "unreadable" not in r.reportLatestOffset()
-    assert r._retired == [old]  # its request for partition 1 is still out
+    assert [c for c, _ in r._retired] == [old]  # its request for partition 1 is still out
     r.stop()
     assert r._retired == [] and r._admin is None
+
+
+def test_replaced_clients_are_kept_while_their_requests_are_out_and_the_oldest_is_waited_for(monkeypatch):
+    """Each metadata timeout replaces the client; one whose ListOffsets request is still out
+    is kept with it, one whose requests all ended goes.  Past RETIRED_MAX the oldest one's
+    requests are waited for (bounded by the timeout) before it goes, never dropped while out."""
+    from streaming.read import source
+
+    waited: list[list] = []
+
+    def wait(fs, timeout):  # the reader's waits, without waiting: what is not done is late
+        waited.append(list(fs))
+        return {f for f in fs if f.done()}, {f for f in fs if not f.done()}
+
+    monkeypatch.setattr(source, "wait_futures", wait)
+    clients = [fresh() for _ in range(source.RETIRED_MAX + 3)]
+    for c in clients:
+        c.answers[1] = None  # each client's request for partition 1 stays out
+    r = reader(clients[0])
+    made = iter(clients[1:])
+    r._new_client = lambda conf: next(made)
+    r.latestOffset(START, ReadAllAvailable())
+    for i in range(1, source.RETIRED_MAX + 2):
+        clients[i - 1].metadata_error = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        waited.clear()
+        r.latestOffset(START, ReadAllAvailable())
+        assert r._admin is clients[i]
+        kept = [c for c, _ in r._retired]
+        assert kept == clients[max(0, i - source.RETIRED_MAX):i]
+        if i > source.RETIRED_MAX:  # the oldest went, after a wait for its own request
+            assert waited[0] and all(not f.done() for f in waited[0])
+    # a client whose requests all ended goes at the next replacement, without a wait
+    for _, fs in r._retired:
+        for f in fs:
+            if not f.done():
+                f.set_result(SimpleNamespace(offset=20))
+    clients[source.RETIRED_MAX + 1].metadata_error = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+    waited.clear()
+    r.latestOffset(START, ReadAllAvailable())
+    assert [c for c, _ in r._retired] == [clients[source.RETIRED_MAX + 1]]
+    assert len(waited) == 1  # only this call's own ListOffsets wait
