@@ -300,8 +300,7 @@ class ProbeOffsetsMixin:
             return self._with_log_starts(partitions, latest, stable), at
         get_hi, get_lo, get_lso, ok = latest.get, earliest.get, stable.get, ListOffsetsResultInfo
         starts = {}  # (topic, partition) -> log start or None
-        epochs = self._answered_epochs = {}
-        self._answered_view = self.metadata.cluster
+        epochs = self._new_answers()
         self._log_starts_due = False
         for tp, key in zip(self._lo_requests[0], partitions):
             hi, lo = get_hi(tp), get_lo(tp)
@@ -338,8 +337,7 @@ class ProbeOffsetsMixin:
         are asked again at the next observation."""
         out = {}
         get_hi, get_lso, ok, starts = latest.get, stable.get, ListOffsetsResultInfo, self._log_starts
-        epochs = self._answered_epochs = {}
-        self._answered_view = self.metadata.cluster
+        epochs = self._new_answers()
         for tp, key in zip(self._lo_requests[0], partitions):
             hi = get_hi(tp)
             if type(hi) is ok:
@@ -356,6 +354,12 @@ class ProbeOffsetsMixin:
             if hi is not None and not hasattr(hi, "offset"):
                 self._partition_offsets_error(key, hi)
         return out
+
+    def _new_answers(self) -> dict[tuple[str, int], int]:
+        """The leader epochs of this round of ListOffsets answers, to be filled: they replace the
+        last round's, under the view the requests were sent with."""
+        self._answered_epochs, self._answered_view = {}, self.metadata.cluster
+        return self._answered_epochs
 
     def _partition_offsets_error(self, key: tuple[str, int], err: Any) -> None:
         """A partition's ListOffsets answered with an error: the metadata invalidated where the
