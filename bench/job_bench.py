@@ -76,12 +76,18 @@ EVENTS_TOPIC = "kafka-monitor.events"
 PARTS_PER_TOPIC = 100
 
 
-def isr_of(i: int, cycle: int) -> list[int]:
-    return [1, 2, 3] if (i + cycle) % 97 else [1, 2]  # a few ISR changes each cycle
+#: partition i's ISR is short in the cycles where (i + cycle) is a multiple of this (and full
+#: again the cycle after): a partition in 97 shrinks, and one grows back, each cycle
+ISR_EVERY = 97
+
+
+def isr_of(i: int, cycle: int, every: int = ISR_EVERY) -> list[int]:
+    """Partition i's ISR in ``cycle``; ``every`` 0: never short."""
+    return [1, 2] if every and (i + cycle) % every == 0 else [1, 2, 3]
 
 
 def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: float = 1.0,
-                 snapshot_cycles: int = 6, idle_groups: float = 0.0) -> list[Event]:
+                 snapshot_cycles: int = 6, idle_groups: float = 0.0, isr_every: int = ISR_EVERY) -> list[Event]:
     """One observation cycle as the probe sends it: a partition's metadata on the first cycle,
     when it changed, and as a snapshot every ``snapshot_cycles`` cycles (spread: partition i's
     comes in the cycles where cycle = i mod snapshot_cycles); ``snapshot_cycles`` = 1 sends
@@ -98,8 +104,8 @@ def cycle_events(n_parts: int, n_pairs: int, cycle: int, t_ms: int, active: floa
 
     for i in range(n_parts):
         topic, part = f"t{i // PARTS_PER_TOPIC}", i % PARTS_PER_TOPIC
-        isr = isr_of(i, cycle)
-        if cycle == 0 or isr != isr_of(i, cycle - 1) or (cycle - i) % snapshot_cycles == 0:
+        isr = isr_of(i, cycle, isr_every)
+        if cycle == 0 or isr != isr_of(i, cycle - 1, isr_every) or (cycle - i) % snapshot_cycles == 0:
             evs.append(ev(PartitionMetadata(topic=topic, partition=part, leader=1, leader_epoch=3, replicas=[1, 2, 3],
                                             isr=isr, metadata_version=cycle + 1, min_insync_replicas=2)))
         moving = (i % 1000) < active * 1000
@@ -383,7 +389,7 @@ class Scraper:
 def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycles: int, cycle_s: float,
             trigger_s: float, active: float, snapshot_cycles: int, scrape_rate: float = 0.0,
             source: str = "python", cluster=None, archive: bool = False, encoding: str = "rows",
-            idle_groups: float = 0.0) -> dict:
+            idle_groups: float = 0.0, isr_every: int = ISR_EVERY) -> dict:
     from streaming.sinks.exporter import Exporter
     from streaming.job import JobConfig, start, stop_query
 
@@ -394,7 +400,8 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         ser = serialize_rows if encoding == "rows" else serialize
         counts = EventCounts()
         backlog = [r for c in range(backlog_cycles)
-                   for r in ser(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles, idle_groups))]
+                   for r in ser(cycle_events(n_parts, n_pairs, c, t0 + c * 10_000, active, snapshot_cycles, idle_groups,
+                                      isr_every))]
         backlog_events = sum(r[2] if len(r) > 2 else 1 for r in backlog)
         learn = counts if encoding == "rows" else None  # v1: a record is an event
         produce(broker.bootstrap, "kafka-monitor.events", backlog, learn)
@@ -402,7 +409,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         # cycles will be produced, roughly), so that making them does not compete with the job
         t1 = int(time.time() * 1000) + 30_000
         cycles = [ser(cycle_events(n_parts, n_pairs, c, t1 + int(k * cycle_s * 1000), active, snapshot_cycles,
-                                   idle_groups))
+                                   idle_groups, isr_every))
                   for k, c in enumerate(range(backlog_cycles, backlog_cycles + steady_cycles))]
         cfg = JobConfig(bootstrap_servers=broker.bootstrap, checkpoint_dir=f"{work}/ckpt", trigger_s=trigger_s,
                         # about as many events a batch whatever the encoding
@@ -554,7 +561,7 @@ def one_run(spark, n_parts: int, n_pairs: int, backlog_cycles: int, steady_cycle
         **scrape,
         "breakdown": breakdown,
         "partitions": n_parts, "group_partitions": n_pairs, "active": active, "snapshot_cycles": snapshot_cycles,
-        "idle_groups": idle_groups,
+        "idle_groups": idle_groups, "isr_every": isr_every,
         "archive": archive,
         "encoding": encoding, "backlog_records": len(backlog), "backlog_events": backlog_events,
         "drain_s": drain_s, "drain_events_per_s": backlog_events / drain_s,
@@ -585,6 +592,10 @@ def main() -> int:
                     help="share of group partitions whose consumer sits at the HW of a partition nobody writes to "
                          "(held in columns after the lag rules' window of such cycles: give --backlog-cycles 11 "
                          "or more; default 0: every consumer lags and commits each cycle)")
+    ap.add_argument("--isr-every", type=int, default=ISR_EVERY,
+                    help="one partition in this many has its ISR shrink each cycle, and the one that shrank the "
+                         "cycle before grows back (each change opens or resolves alerts; 0: no ISR changes, a "
+                         "calm cluster; default %(default)s: ~1%% of the partitions, a busy day's worst)")
     ap.add_argument("--metadata", choices=["changes", "every-cycle"], default="changes",
                     help="partition metadata as the probe sends it: on change and as a snapshot every "
                          "metadata_snapshot_s (default), or every partition every cycle (what the probe sent before it sent changes only)")
@@ -663,7 +674,7 @@ def main() -> int:
                 runs.append(one_run(spark, n_parts, n_pairs, args.backlog_cycles, args.steady_cycles, args.cycle_s,
                                    args.trigger_s, args.active, snapshot_cycles, args.scrape_rate,
                                    source=args.source, cluster=cluster, archive=archive, encoding=args.encoding,
-                                   idle_groups=args.idle_groups))
+                                   idle_groups=args.idle_groups, isr_every=args.isr_every))
                 print(f"[bench]   {runs[-1]}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(x[k] for x in runs)
                        if all(isinstance(x[k], (int, float)) for x in runs) else None)

@@ -41,7 +41,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 import report  # noqa: E402  (bench/report.py)
-from job_bench import cycle_events  # noqa: E402
+from job_bench import ISR_EVERY, cycle_events  # noqa: E402
 from streaming import job  # noqa: E402
 from streaming.sinks.batch import sink_rows  # noqa: E402
 from streaming.ingest import parsing  # noqa: E402
@@ -77,9 +77,9 @@ def _timed(spent: dict):
 
 
 def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int,
-            idle_groups: float = 0.0) -> list[dict[int, pd.DataFrame]]:
+            idle_groups: float = 0.0, isr_every: int = ISR_EVERY) -> list[dict[int, pd.DataFrame]]:
     """One cycle's rows as two batches, each {bucket: frame} as the state function gets them."""
-    evs = cycle_events(n_parts, n_pairs, cycle, t_ms, idle_groups=idle_groups)
+    evs = cycle_events(n_parts, n_pairs, cycle, t_ms, idle_groups=idle_groups, isr_every=isr_every)
     values = pa.array([e.to_json() for e in evs], pa.binary())
     flat = parsing.parse_values(values)
     keys = flat.column("bucket_key").to_pylist()
@@ -93,7 +93,8 @@ def _frames(n_parts: int, n_pairs: int, cycle: int, t_ms: int, buckets: int,
     return out
 
 
-def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int, idle_groups: float = 0.0) -> dict:
+def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int, idle_groups: float = 0.0,
+             isr_every: int = ISR_EVERY) -> dict:
     fn = st.make_state_function(st.StateConfig(run_id="bench"))
     states = {k: FakeState() for k in range(buckets)}
     exporter = Exporter(max_series=10_000_000)
@@ -101,7 +102,7 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int, id
     rows: list[dict] = []
     batch_id = 0
     for cycle in range(warm + timed):
-        for batch in _frames(n_parts, n_pairs, cycle, t0 + cycle * 10_000, buckets, idle_groups):
+        for batch in _frames(n_parts, n_pairs, cycle, t0 + cycle * 10_000, buckets, idle_groups, isr_every):
             spent: dict = defaultdict(float)
             outs = []
             t = time.perf_counter()
@@ -129,7 +130,8 @@ def one_size(n_parts: int, n_pairs: int, warm: int, timed: int, buckets: int, id
                       f"state {state_s:.2f} s, sink {sink_s:.2f} s", file=sys.stderr)
     exporter.shutdown()
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0] if k.endswith("_s")}
-    return {"partitions": n_parts, "group_partitions": n_pairs, "idle_groups": idle_groups, "buckets": buckets,
+    return {"partitions": n_parts, "group_partitions": n_pairs, "idle_groups": idle_groups, "isr_every": isr_every,
+            "buckets": buckets,
             "batches": len(rows),
             "rows_per_batch": statistics.median(r["rows"] for r in rows),
             "stored_mb": rows[-1]["stored_bytes"] / 1e6, "median_s": med}
@@ -145,12 +147,14 @@ def main() -> int:
     ap.add_argument("--idle-groups", type=float, default=0.0,
                     help="share of group partitions whose consumer sits at the HW of a partition nobody writes to "
                          "(at rest in columns after the lag rules' window of such cycles: give --warm 11 or more)")
+    ap.add_argument("--isr-every", type=int, default=ISR_EVERY,
+                    help="one partition in this many has its ISR shrink each cycle (0: none; bench/job_bench.py)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/state.json"))
     args = ap.parse_args()
     results = []
     for size in args.sizes:
         parts, pairs = (int(x) for x in size.split(":"))
-        results.append(one_size(parts, pairs, args.warm, args.timed, args.buckets, args.idle_groups))
+        results.append(one_size(parts, pairs, args.warm, args.timed, args.buckets, args.idle_groups, args.isr_every))
     print(f"{'partitions':>10} {'rows/batch':>10} {'state s':>8} {'sink s':>7} {'stored MB':>9}  phases (s)")
     for r in results:
         m = r["median_s"]
