@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import threading
 import time
 
@@ -281,6 +283,17 @@ def test_cli_probe_started_again_after_librdkafka_aborts_it(tansu, tmp_path):
     assert len(crash) == 1 and "signal SIGABRT" in crash[0], crash
 
 
+class _Into(logging.Handler):
+    """Keeps each record's time and text in ``into`` (a bounded deque)."""
+
+    def __init__(self, into: collections.deque):
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(f"{record.created:.3f} {record.getMessage()}")
+
+
 @pytest.mark.slow  # ~55 s
 def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
     """Its events cluster gone: the probe's cycles go on at their pace (producing never blocks),
@@ -299,7 +312,16 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
     # the bound is on messages (librdkafka's msg_cnt); len(producer) also counts delivery reports
     # and error events waiting for poll(), so it may pass 40 (seen in CI: 41)
     queued: list[int] = []
-    emitter = EventEmitter({"bootstrap.servers": sink.bootstrap, "message.timeout.ms": 3000, "log_level": 0,
+    # once in ~10 full runs the producer delivered nothing after the events cluster came back (no
+    # fatal error, no renewal; not reproduced alone in 27 outages): its own account of its brokers
+    # and its idempotence state, kept for that failure's message
+    rk_log: collections.deque = collections.deque(maxlen=1000)
+    rk_logger = logging.getLogger(unique("rk"))
+    rk_logger.propagate = False
+    rk_logger.setLevel(logging.DEBUG)
+    rk_logger.addHandler(_Into(rk_log))
+    emitter = EventEmitter({"bootstrap.servers": sink.bootstrap, "message.timeout.ms": 3000,
+                            "debug": "eos,broker,topic,metadata", "logger": rk_logger,
                             "statistics.interval.ms": 100,
                             "stats_cb": lambda s: queued.append(json.loads(s)["msg_cnt"])},
                            events, cluster="c", source="buffered-probe", max_buffered=40)
@@ -349,7 +371,8 @@ def test_events_cluster_away_the_probe_keeps_observing_within_its_buffer(tansu):
                 raise AssertionError(f"{e}: {emitter.sent - sent_before} events delivered since the events "
                                      f"cluster came back, {emitter.dropped - dropped} more dropped, "
                                      f"{emitter.renewals} producer renewals, last error "
-                                     f"{emitter.last_error!r}") from None
+                                     f"{emitter.last_error!r}; the producer's last log lines:\n"
+                                     + "\n".join(rk_log)) from None
         finally:
             reader.close()
         assert emitter.renewals >= 1  # the events cluster came back without the producer's state
