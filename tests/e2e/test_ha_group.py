@@ -239,24 +239,45 @@ def test_three_probes_share_a_cluster_and_hand_over_without_a_gap(spark, kafka_c
         assert not opened(), opened()
 
         # -- SIGSTOP one past the session timeout -------------------------------------------------
-        before = value("events_dropped_total", reason="fenced") or 0  # a former owner's last events can
-        probes[paused].signal(signal.SIGSTOP)                          # share a batch with the new owner's
-        time.sleep(SESSION_S + 4)
-        wait_for(lambda: paused not in held(), timeout=30, what=f"{paused}'s shards taken by the others")
-        cont_mark = len(tail.events)
-        probes[paused].signal(signal.SIGCONT)
+        def stale_after(mark: int) -> list:
+            """The paused probe's events the tail read after ``mark`` under an epoch of a shard
+            that a newer one had superseded before it."""
+            events = list(tail.events)
+            top: dict[int, int] = {}
+            for x in events[:mark]:
+                if x.epoch is not None:
+                    top[x.shard] = max(top.get(x.shard, -1), x.epoch)
+            return [e for e in events[mark:] if e.source == paused and e.epoch is not None
+                    and e.epoch < top.get(e.shard, -1)]
+
+        # A pause that catches the probe with nothing queued sends nothing under old epochs, and
+        # there is then nothing to fence: the tail tells, and the pause is made again (at most 3)
+        late: list = []
+        for attempt in range(1, 4):
+            before = value("events_dropped_total", reason="fenced") or 0  # a former owner's last events can
+            probes[paused].signal(signal.SIGSTOP)                          # share a batch with the new owner's
+            time.sleep(SESSION_S + 4)
+            wait_for(lambda: paused not in held(), timeout=30, what=f"{paused}'s shards taken by the others")
+            cont_mark = len(tail.events)
+            probes[paused].signal(signal.SIGCONT)
+            deadline = time.monotonic() + 15  # what it had queued goes out as soon as it runs
+            while not late and time.monotonic() < deadline:
+                time.sleep(0.5)
+                late = stale_after(cont_mark)
+            wait_for(lambda: held().get(paused, 0) >= 3 and sum(held().values()) == SHARDS, timeout=60,
+                     what=f"{paused} back in the group with a share")
+            if late:
+                break
+            print(f"SIGSTOP {paused} (pause {attempt}): it sent nothing under a superseded epoch; pausing again")
+        assert late, f"{paused} sent nothing under a superseded epoch after 3 pauses (linger.ms=2000 should hold some)"
         wait_for(lambda: (value("events_dropped_total", reason="fenced") or 0) > before, timeout=30,
-                 what="events of the resumed probe's old epochs fenced")
-        wait_for(lambda: held().get(paused, 0) >= 3 and sum(held().values()) == SHARDS, timeout=60,
-                 what=f"{paused} back in the group with a share")
+                 what=f"the {len(late)} events of {paused}'s old epochs (the tail read them) fenced by the job")
         fenced = value("events_dropped_total", reason="fenced") or 0
         newest: dict[int, int] = {}
         for e in list(tail.events):
             if e.epoch is not None:
                 newest[e.shard] = max(newest.get(e.shard, -1), e.epoch)
-        late = [e for e in tail.events[cont_mark:] if e.source == paused and e.epoch is not None
-                and e.epoch < max((x.epoch for x in tail.events[:cont_mark] if x.shard == e.shard and x.epoch is not None),
-                                  default=-1)]
+        late = stale_after(cont_mark)
         superseded = [e for e in list(tail.events) if e.epoch is not None and e.epoch < newest[e.shard]]
         print(f"SIGSTOP {paused} past the session timeout: {fenced - before:.0f} events fenced after SIGCONT "
               f"(the tail read {len(late)} of its events with a superseded epoch after it)")
