@@ -16,7 +16,6 @@ them fails loudly):
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any, Callable, Iterator
 
@@ -25,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection, Top
 from confluent_kafka.admin import AdminClient
 
 from tests.support.mock_cluster import ApiKey, Err, MockCluster
+from tests.support.rdkafka_log import LogCapture
 
 pytestmark = pytest.mark.integration
 
@@ -55,28 +55,6 @@ class Stats:
         if self.latest is None:
             return None
         return self.latest.get("topics", {}).get(topic, {}).get("partitions", {}).get(str(partition))
-
-
-class LogCapture(logging.Handler):
-    """librdkafka debug lines, delivered through the client's ``logger`` on poll/flush."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-        self.logger = logging.getLogger(f"km.test.rdkafka.{id(self)}")
-        self.logger.propagate = False
-        self.logger.setLevel(logging.DEBUG)
-        self.logger.addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def matching(self, *needles: str) -> list[str]:
-        return [line for line in self.lines if all(n in line for n in needles)]
-
-    def close(self) -> None:
-        self.logger.removeHandler(self)
-        super().close()
 
 
 def poll_until(clients: list[Any], cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition"):
